@@ -1,0 +1,46 @@
+"""The envelope handed from stage to stage over JetStream."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.contracts.request import AgentRequest
+from shared.contracts.routing import HistoryEntry, ModelSlot, RoutingDecision
+
+STREAM = "INTENTROUTE_PIPELINE"
+SUBJECT_PREFIX = "intentroute.stage"
+CLASSIFY_SUBJECT = f"{SUBJECT_PREFIX}.classify"
+RETRIEVE_SUBJECT = f"{SUBJECT_PREFIX}.retrieve"
+GENERATE_SUBJECT_PREFIX = f"{SUBJECT_PREFIX}.generate"
+VALIDATE_SUBJECT = f"{SUBJECT_PREFIX}.validate"
+
+
+def generate_subject(slot: ModelSlot | str) -> str:
+    return f"{GENERATE_SUBJECT_PREFIX}.{ModelSlot(slot).value}"
+
+
+class Passage(msgspec.Struct, frozen=True):
+    doc_id: str
+    title: str
+    text: str
+    score: float
+    source: str = ""
+
+
+class Envelope(msgspec.Struct, kw_only=True):
+    request: AgentRequest
+    # Epoch seconds when the gateway accepted the request (request-log latency).
+    accepted_at: float
+    decision: RoutingDecision | None = None
+    history: list[HistoryEntry] = []
+    passages: list[Passage] = []
+    retrieval_query: str = ""
+    retrieval_retried: bool = False
+    # Generated answer handed to the validator (CODE_GENERATION, RC-07).
+    answer: str = ""
+    answered_by: str = ""
+    # Parser feedback for the one trace-guided retry (RC-08).
+    parser_feedback: str = ""
+    attempt: int = 0
+    # Per-stage latency in milliseconds, stage name -> ms.
+    timings: dict[str, float] = {}

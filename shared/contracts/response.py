@@ -1,0 +1,53 @@
+"""`agent.response.<request_id>`: the streamed answer."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from shared.contracts.routing import RoutingDecision
+
+SUBJECT_PREFIX = "agent.response"
+STREAM = "AGENT_RESPONSES"
+# Malformed requests whose request_id cannot be read are answered here.
+UNADDRESSABLE_SUBJECT = "agent.response._invalid"
+
+
+def response_subject(request_id: str) -> str:
+    return f"{SUBJECT_PREFIX}.{request_id}"
+
+
+class ChunkKind(enum.StrEnum):
+    TEXT = "text"  # a piece of the answer
+    STATUS = "status"  # progress note (e.g. "validating code"), not part of the answer
+    RESET = "reset"  # a redelivered stage restarts the answer: discard text so far
+    CLARIFICATION = "clarification"  # clarity gate policy "ask": options, nothing generated
+    FINAL = "final"
+
+
+class ValidationStatus(enum.StrEnum):
+    VALID = ""
+    INVALID_UNRESOLVED = "INVALID_UNRESOLVED"
+    PARSER_UNAVAILABLE = "PARSER_UNAVAILABLE"
+
+
+class ErrorInfo(msgspec.Struct, frozen=True):
+    code: str
+    message: str
+
+
+class ResponseChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    request_id: str
+    seq: int
+    text: str = ""
+    kind: ChunkKind = ChunkKind.TEXT
+    is_final: bool = False
+    query_type: str = ""
+    validation_status: str = ""
+    error: ErrorInfo | None = None
+    decision: RoutingDecision | None = None
+    avap_code: str = ""
+    # "extractive" | "ollama:<model>" | "echo": which backend wrote the answer.
+    answered_by: str = ""
+    retried: bool = False
