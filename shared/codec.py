@@ -1,0 +1,16 @@
+"""One encoder and one typed decoder per contract, reused on every hop."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.contracts.pipeline import Envelope
+from shared.contracts.request import AgentRequest
+from shared.contracts.response import ResponseChunk
+
+_encoder = msgspec.json.Encoder()
+encode = _encoder.encode
+
+decode_envelope = msgspec.json.Decoder(Envelope).decode
+decode_request = msgspec.json.Decoder(AgentRequest).decode
+decode_chunk = msgspec.json.Decoder(ResponseChunk).decode

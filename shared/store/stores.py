@@ -1,0 +1,258 @@
+"""asyncpg-backed stores with group commit.
+
+Reads are single indexed queries. Writes go through `GroupCommitWriter`: callers
+await their row, concurrent rows are written in one transaction, so under load
+many requests share one round trip and nothing is acknowledged before it is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import asyncpg
+import msgspec
+
+from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
+from shared.store import asyncpg_dsn
+
+log = logging.getLogger("intentroute.store")
+
+
+class HistoryRow(msgspec.Struct, frozen=True):
+    agent_id: str
+    session_id: str
+    request_id: str
+    type: str
+    topic: str
+    layer: str
+    confidence: float
+
+
+class TurnRow(msgspec.Struct, frozen=True):
+    """One finished turn: the user's query and the assistant's answer."""
+
+    agent_id: str
+    session_id: str
+    request_id: str
+    query: str
+    answer: str
+    query_type: str
+
+
+class RequestLogRow(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    agent_id: str
+    session_id: str
+    outcome: str
+    query_type: str = ""
+    layer: str = ""
+    confidence: float | None = None
+    model_slot: str = ""
+    answered_by: str = ""
+    stage_ms: dict[str, float] = {}
+    total_ms: float | None = None
+    validation_status: str = ""
+    retried: bool = False
+
+
+Row = HistoryRow | TurnRow | RequestLogRow
+
+_SQL_SESSION = """
+INSERT INTO sessions (agent_id, session_id) VALUES ($1, $2)
+ON CONFLICT (agent_id, session_id) DO UPDATE SET updated_at = now()
+"""
+_SQL_HISTORY = """
+INSERT INTO classify_history
+    (agent_id, session_id, request_id, type, topic, layer, confidence)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (request_id) DO NOTHING
+"""
+_SQL_MESSAGE = """
+INSERT INTO messages (agent_id, session_id, request_id, role, content, query_type)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (request_id, role) DO NOTHING
+"""
+_SQL_LOG = """
+INSERT INTO request_log
+    (request_id, agent_id, session_id, query_type, layer, confidence, model_slot,
+     answered_by, stage_ms, total_ms, outcome, validation_status, retried)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13)
+ON CONFLICT (request_id) DO UPDATE SET
+    query_type = EXCLUDED.query_type, layer = EXCLUDED.layer,
+    confidence = EXCLUDED.confidence, model_slot = EXCLUDED.model_slot,
+    answered_by = EXCLUDED.answered_by, stage_ms = EXCLUDED.stage_ms,
+    total_ms = EXCLUDED.total_ms, outcome = EXCLUDED.outcome,
+    validation_status = EXCLUDED.validation_status, retried = EXCLUDED.retried
+"""
+_SQL_LAST_HISTORY = """
+SELECT type, topic FROM classify_history
+WHERE agent_id = $1 AND session_id = $2
+ORDER BY id DESC LIMIT $3
+"""
+_SQL_LAST_ANSWER = """
+SELECT content FROM messages
+WHERE agent_id = $1 AND session_id = $2 AND role = 'assistant'
+ORDER BY id DESC LIMIT 1
+"""
+_SQL_LAST_TURNS = """
+SELECT role, content FROM messages
+WHERE agent_id = $1 AND session_id = $2
+ORDER BY id DESC LIMIT $3
+"""
+
+
+async def _write_batch(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
+    sessions: set[tuple[str, str]] = set()
+    history: list[tuple[Any, ...]] = []
+    messages: list[tuple[Any, ...]] = []
+    logs: list[tuple[Any, ...]] = []
+    for row in rows:
+        if isinstance(row, HistoryRow):
+            history.append(
+                (row.agent_id, row.session_id, row.request_id, row.type,
+                 row.topic[:60], row.layer, row.confidence)
+            )
+        elif isinstance(row, TurnRow):
+            sessions.add((row.agent_id, row.session_id))
+            messages.append(
+                (row.agent_id, row.session_id, row.request_id, "user", row.query,
+                 row.query_type)
+            )
+            messages.append(
+                (row.agent_id, row.session_id, row.request_id, "assistant", row.answer,
+                 row.query_type)
+            )
+        else:
+            logs.append(
+                (row.request_id, row.agent_id, row.session_id, row.query_type, row.layer,
+                 row.confidence, row.model_slot, row.answered_by, json.dumps(row.stage_ms),
+                 row.total_ms, row.outcome, row.validation_status, row.retried)
+            )
+    async with conn.transaction():
+        if sessions:
+            await conn.executemany(_SQL_SESSION, sorted(sessions))
+        if history:
+            await conn.executemany(_SQL_HISTORY, history)
+        if messages:
+            await conn.executemany(_SQL_MESSAGE, messages)
+        if logs:
+            await conn.executemany(_SQL_LOG, logs)
+
+
+class GroupCommitWriter:
+    """Batches rows from concurrent callers into one transaction per round trip."""
+
+    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 256, retries: int = 3) -> None:
+        self._pool = pool
+        self._queue: asyncio.Queue[tuple[Row, asyncio.Future[None]]] = asyncio.Queue()
+        self._max_batch = max_batch
+        self._retries = retries
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="group-commit-writer")
+
+    async def write(self, *rows: Row) -> None:
+        """Returns once every row is committed; raises if the store keeps failing."""
+        self.start()
+        loop = asyncio.get_running_loop()
+        futures = []
+        for row in rows:
+            fut: asyncio.Future[None] = loop.create_future()
+            self._queue.put_nowait((row, fut))
+            futures.append(fut)
+        await asyncio.gather(*futures)
+
+    async def _run(self) -> None:
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            await self._flush(batch)
+
+    async def _flush(self, batch: list[tuple[Row, asyncio.Future[None]]]) -> None:
+        error: BaseException | None = None
+        for attempt in range(self._retries):
+            try:
+                async with self._pool.acquire() as conn:
+                    await _write_batch(conn, [row for row, _ in batch])
+                error = None
+                break
+            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+                error = exc
+                log.warning("store write failed (attempt %d): %s", attempt + 1, exc)
+                await asyncio.sleep(0.05 * 2**attempt)
+        for _, fut in batch:
+            if fut.done():
+                continue
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(StoreUnavailable(str(error)))
+
+    async def close(self) -> None:
+        """Flush what is queued, then stop."""
+        if self._task is None:
+            return
+        while not self._queue.empty():
+            await asyncio.sleep(0.005)
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        self._task = None
+
+
+class StoreUnavailable(Exception):
+    """The store could not take a write after retries (retryable by redelivery)."""
+
+
+class HistoryReader(Protocol):
+    async def last_history(
+        self, agent_id: str, session_id: str, n: int = HISTORY_WINDOW
+    ) -> list[HistoryEntry]: ...
+
+
+class Store:
+    """Reads and group-committed writes, all keyed by (agent_id, session_id)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.writer = GroupCommitWriter(pool)
+
+    @classmethod
+    async def connect(cls, database_url: str, *, min_size: int = 1, max_size: int = 4) -> Store:
+        pool = await asyncpg.create_pool(
+            asyncpg_dsn(database_url), min_size=min_size, max_size=max_size
+        )
+        assert pool is not None
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self.writer.close()
+        await self.pool.close()
+
+    async def last_history(
+        self, agent_id: str, session_id: str, n: int = HISTORY_WINDOW
+    ) -> list[HistoryEntry]:
+        """At most the last `n` (RC-06: 6) entries, oldest first."""
+        n = min(n, HISTORY_WINDOW)
+        rows = await self.pool.fetch(_SQL_LAST_HISTORY, agent_id, session_id, n)
+        return [HistoryEntry(type=QueryType(r["type"]), topic=r["topic"]) for r in reversed(rows)]
+
+    async def previous_answer(self, agent_id: str, session_id: str) -> str | None:
+        return await self.pool.fetchval(_SQL_LAST_ANSWER, agent_id, session_id)
+
+    async def last_turns(self, agent_id: str, session_id: str, n: int = 4) -> list[tuple[str, str]]:
+        rows = await self.pool.fetch(_SQL_LAST_TURNS, agent_id, session_id, n)
+        return [(r["role"], r["content"]) for r in reversed(rows)]
+
+    async def write(self, *rows: Row) -> None:
+        await self.writer.write(*rows)
