@@ -5,7 +5,8 @@ from __future__ import annotations
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Tracer, TracerProvider as ApiTracerProvider
+from opentelemetry.trace import Tracer
+from opentelemetry.trace import TracerProvider as ApiTracerProvider
 
 _NOOP = trace.NoOpTracerProvider()
 

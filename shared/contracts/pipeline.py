@@ -42,5 +42,7 @@ class Envelope(msgspec.Struct, kw_only=True):
     # Parser feedback for the one trace-guided retry (RC-08).
     parser_feedback: str = ""
     attempt: int = 0
+    # Next free seq on the response subject (a stage that sent status chunks moves it).
+    seq: int = 0
     # Per-stage latency in milliseconds, stage name -> ms.
     timings: dict[str, float] = {}

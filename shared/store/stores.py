@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import asyncpg
 import msgspec
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
 
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
 from shared.store import asyncpg_dsn
@@ -175,6 +177,8 @@ class GroupCommitWriter:
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             await self._flush(batch)
+            for _ in batch:
+                self._queue.task_done()
 
     async def _flush(self, batch: list[tuple[Row, asyncio.Future[None]]]) -> None:
         error: BaseException | None = None
@@ -200,8 +204,7 @@ class GroupCommitWriter:
         """Flush what is queued, then stop."""
         if self._task is None:
             return
-        while not self._queue.empty():
-            await asyncio.sleep(0.005)
+        await self._queue.join()
         self._task.cancel()
         try:
             await self._task
@@ -223,17 +226,27 @@ class HistoryReader(Protocol):
 class Store:
     """Reads and group-committed writes, all keyed by (agent_id, session_id)."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, tracer: Tracer | None = None) -> None:
         self.pool = pool
         self.writer = GroupCommitWriter(pool)
+        self._tracer = tracer or trace.NoOpTracer()
 
     @classmethod
-    async def connect(cls, database_url: str, *, min_size: int = 1, max_size: int = 4) -> Store:
+    async def connect(
+        cls,
+        database_url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        tracer: Tracer | None = None,
+    ) -> Store:
+        if not database_url:
+            raise StoreUnavailable("DATABASE_URL is not set")
         pool = await asyncpg.create_pool(
             asyncpg_dsn(database_url), min_size=min_size, max_size=max_size
         )
         assert pool is not None
-        return cls(pool)
+        return cls(pool, tracer=tracer)
 
     async def close(self) -> None:
         await self.writer.close()
@@ -244,15 +257,18 @@ class Store:
     ) -> list[HistoryEntry]:
         """At most the last `n` (RC-06: 6) entries, oldest first."""
         n = min(n, HISTORY_WINDOW)
-        rows = await self.pool.fetch(_SQL_LAST_HISTORY, agent_id, session_id, n)
+        with self._tracer.start_as_current_span("store.last_history"):
+            rows = await self.pool.fetch(_SQL_LAST_HISTORY, agent_id, session_id, n)
         return [HistoryEntry(type=QueryType(r["type"]), topic=r["topic"]) for r in reversed(rows)]
 
     async def previous_answer(self, agent_id: str, session_id: str) -> str | None:
-        return await self.pool.fetchval(_SQL_LAST_ANSWER, agent_id, session_id)
+        with self._tracer.start_as_current_span("store.previous_answer"):
+            return await self.pool.fetchval(_SQL_LAST_ANSWER, agent_id, session_id)
 
     async def last_turns(self, agent_id: str, session_id: str, n: int = 4) -> list[tuple[str, str]]:
         rows = await self.pool.fetch(_SQL_LAST_TURNS, agent_id, session_id, n)
         return [(r["role"], r["content"]) for r in reversed(rows)]
 
     async def write(self, *rows: Row) -> None:
-        await self.writer.write(*rows)
+        with self._tracer.start_as_current_span("store.write", attributes={"rows": len(rows)}):
+            await self.writer.write(*rows)

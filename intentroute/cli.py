@@ -1,0 +1,311 @@
+"""`intentroute` command line: run the stack, one worker, ask, ingest, benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from intentroute.stack import StackInfo, embedded_stack, read_state, write_state
+from intentroute.workers import WORKERS
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON on stdout).")
+app.add_typer(bench_app, name="bench")
+
+STATE_DIR = Path(os.environ.get("INTENTROUTE_HOME", ".intentroute"))
+DEMO_KB = Path(__file__).resolve().parent.parent / "kb" / "avap"
+
+SAMPLE_QUESTIONS: list[dict[str, str]] = [
+    {"query": "What does addParam do in AVAP and in which order does it search the request?"},
+    {"query": "Write an AVAP endpoint that reads userId from the request and returns it"},
+    {"query": "en menos palabras"},
+    {
+        "query": "You have a project usage percentage of 20%. Provide an insight in 2 sentences.",
+        "extra_context": "project=demo usage_percentage=20 plan=starter monthly_calls=2000 "
+        "calls_used=400",
+    },
+]
+
+
+def _urls() -> tuple[str, str]:
+    """NATS / Postgres URLs from the environment, else from a running `intentroute up`."""
+    nats_url = os.environ.get("NATS_URL", "")
+    db_url = os.environ.get("DATABASE_URL", "")
+    if not (nats_url and db_url):
+        state = read_state(STATE_DIR)
+        if state:
+            nats_url = nats_url or state.nats_url
+            db_url = db_url or state.database_url
+    return nats_url, db_url
+
+
+def _parse_replicas(spec: list[str]) -> dict[str, int]:
+    counts = {name: 1 for name in WORKERS}
+    for item in spec:
+        for part in item.split(","):
+            if not part.strip():
+                continue
+            name, _, value = part.partition("=")
+            if name.strip() not in counts:
+                raise typer.BadParameter(f"unknown worker {name!r}; known: {', '.join(WORKERS)}")
+            counts[name.strip()] = int(value)
+    return counts
+
+
+@app.command()
+def up(
+    replicas: Annotated[
+        list[str],
+        typer.Option(help="Replicas per worker, e.g. --replicas classifier=2,generator-main=2"),
+    ] = [],  # noqa: B006
+    ingest_path: Annotated[
+        Path | None, typer.Option("--ingest", help="Knowledge base to ingest before starting")
+    ] = None,
+    demo: Annotated[bool, typer.Option(help="Ask one sample question per type")] = False,
+    exit_after_demo: Annotated[bool, typer.Option(help="Stop after the demo")] = False,
+) -> None:
+    """Start the embedded stack if needed, migrate, and run every worker."""
+    counts = _parse_replicas(replicas)
+    nats_env, db_env = os.environ.get("NATS_URL", ""), os.environ.get("DATABASE_URL", "")
+    with embedded_stack(STATE_DIR, nats_url=nats_env, database_url=db_env) as (nats_url, db_url):
+        from shared.store import migrate
+
+        migrate(db_url)
+        env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url)
+        index_dir = Path(env.setdefault("INDEX_DIR", str(STATE_DIR / "index")))
+        kb = ingest_path or (DEMO_KB if not (index_dir / "CURRENT").exists() else None)
+        if kb is not None:
+            _ingest(kb, index_dir)
+        extra_procs = _start_parser(env)
+        procs: list[subprocess.Popen[bytes]] = list(extra_procs)
+        for name, count in counts.items():
+            for _ in range(count):
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "intentroute.cli", "worker", name], env=env
+                ))
+        write_state(STATE_DIR, StackInfo(nats_url=nats_url, database_url=db_url,
+                                         parser_url=env.get("AVAP_PARSER_URL", ""),
+                                         pid=os.getpid()))
+        typer.echo(f"intentroute up: NATS {nats_url}  Postgres {db_url}  "
+                   f"workers {', '.join(f'{n}x{c}' for n, c in counts.items())}", err=True)
+        stop = {"flag": False}
+
+        def _stop(*_: object) -> None:
+            stop["flag"] = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        try:
+            if demo:
+                asyncio.run(_demo(nats_url))
+                if exit_after_demo:
+                    stop["flag"] = True
+            while not stop["flag"]:
+                dead = [p for p in procs if p.poll() is not None]
+                if dead:
+                    typer.echo(f"a worker exited with {dead[0].returncode}; stopping", err=True)
+                    raise typer.Exit(1)
+                time.sleep(0.5)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            (STATE_DIR / "stack.json").unlink(missing_ok=True)
+
+
+def _start_parser(env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+    """The reference AVAP parser service, unless AVAP_PARSER_URL points elsewhere."""
+    if env.get("AVAP_PARSER_URL") or env.get("AVAP_PARSER_TIMEOUT", "").strip() in ("0", "0.0"):
+        return []
+    try:
+        import services.parser.server  # noqa: F401
+    except ImportError:
+        return []
+    from intentroute.stack import free_port
+
+    port = free_port()
+    env["AVAP_PARSER_URL"] = f"127.0.0.1:{port}"
+    return [subprocess.Popen(
+        [sys.executable, "-m", "intentroute.cli", "parser", "--port", str(port)], env=env
+    )]
+
+
+async def _demo(nats_url: str) -> None:
+    import nats
+
+    nc = await nats.connect(nats_url)
+    session = f"demo-{uuid.uuid4().hex[:8]}"
+    try:
+        for sample in SAMPLE_QUESTIONS:
+            typer.secho(f"\n> {sample['query']}", bold=True)
+            await _ask(nc, agent="demo", session=session, json_lines=False,
+                       extra_context=sample.get("extra_context", ""), query=sample["query"])
+    finally:
+        await nc.drain()
+
+
+@app.command()
+def worker(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(WORKERS)}")]) -> None:
+    """Run one worker (for ops: scale a stage by running more of these)."""
+    nats_url, db_url = _urls()
+    if nats_url:
+        os.environ["NATS_URL"] = nats_url
+    if db_url:
+        os.environ["DATABASE_URL"] = db_url
+    from intentroute.workers import create_worker
+
+    worker_app = create_worker(name)
+    asyncio.run(worker_app.run())
+
+
+@app.command()
+def ask(
+    query: Annotated[str, typer.Argument(help="The question")],
+    session: Annotated[str, typer.Option(help="Session id")] = "cli",
+    agent: Annotated[str, typer.Option(help="Agent (caller) id")] = "cli",
+    extra_context: Annotated[str, typer.Option(help="Platform data for PLATFORM")] = "",
+    editor: Annotated[Path | None, typer.Option(help="File whose text is editor_context")] = None,
+    query_type: Annotated[str, typer.Option(help="Caller-declared type")] = "",
+    json_lines: Annotated[bool, typer.Option("--json", help="One JSON line per chunk")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer")] = 120.0,
+) -> None:
+    """Publish a question on NATS and print the answer as it streams."""
+    nats_url, _ = _urls()
+    if not nats_url:
+        typer.echo("no NATS_URL and no running `intentroute up`", err=True)
+        raise typer.Exit(2)
+
+    async def run() -> int:
+        import nats
+
+        nc = await nats.connect(nats_url)
+        try:
+            return await _ask(
+                nc, agent=agent, session=session, query=query, json_lines=json_lines,
+                extra_context=extra_context, query_type=query_type or None, timeout=timeout,
+                editor_context=editor.read_text(encoding="utf-8") if editor else "",
+            )
+        finally:
+            await nc.drain()
+
+    raise typer.Exit(asyncio.run(run()))
+
+
+async def _ask(
+    nc: object,
+    *,
+    agent: str,
+    session: str,
+    query: str,
+    json_lines: bool,
+    extra_context: str = "",
+    editor_context: str = "",
+    query_type: str | None = None,
+    timeout: float = 120.0,
+) -> int:
+    import msgspec
+
+    from shared.client import ask as ask_stream
+    from shared.contracts.request import AgentRequest
+    from shared.contracts.response import ChunkKind
+
+    req = AgentRequest(
+        request_id=uuid.uuid4().hex, session_id=session, agent_id=agent, query=query,
+        query_type=query_type, extra_context=extra_context, editor_context=editor_context,
+    )
+    code = 0
+    async for chunk in ask_stream(nc, req, timeout=timeout):  # type: ignore[arg-type]
+        if json_lines:
+            typer.echo(msgspec.json.encode(chunk).decode())
+            continue
+        if chunk.kind == ChunkKind.STATUS:
+            typer.secho(f"[{chunk.text}]", dim=True, err=True)
+        elif chunk.kind == ChunkKind.RESET:
+            typer.secho("\n[answer restarted]", dim=True, err=True)
+        elif chunk.text:
+            typer.echo(chunk.text, nl=False)
+        if chunk.is_final:
+            typer.echo("")
+            if chunk.error:
+                typer.secho(f"error {chunk.error.code}: {chunk.error.message}", fg="red",
+                            err=True)
+                code = 1
+            dec = chunk.decision
+            info = f"type={chunk.query_type}"
+            if dec:
+                info += f" layer={dec.layer} confidence={dec.confidence:.2f} slot={dec.model_slot}"
+            if chunk.answered_by:
+                info += f" by={chunk.answered_by}"
+            if chunk.avap_code or chunk.validation_status:
+                info += f" validation={chunk.validation_status or 'VALID'}"
+            typer.secho(f"[{info}]", dim=True, err=True)
+    return code
+
+
+@app.command()
+def ingest(
+    path: Annotated[Path, typer.Argument(help="Markdown/text file or folder, or corpus.jsonl")],
+    index_dir: Annotated[Path | None, typer.Option(help="Index directory")] = None,
+) -> None:
+    """Ingest documents into the embedded index (idempotent)."""
+    target = index_dir or Path(os.environ.get("INDEX_DIR", str(STATE_DIR / "index")))
+    _ingest(path, target)
+
+
+def _ingest(path: Path, index_dir: Path) -> None:
+    from services.retriever.index import ingest as run_ingest
+    from shared.embeddings import SentenceTransformerEncoder, pin_threads
+
+    pin_threads(2)
+    encoder = SentenceTransformerEncoder(os.environ.get("EMBEDDING_MODEL", "all-MiniLM-L6-v2"))
+    report = run_ingest(path, index_dir, encoder, progress=True)
+    typer.echo(json.dumps({"index_dir": str(index_dir), **_as_dict(report)}), err=True)
+
+
+def _as_dict(obj: object) -> dict[str, object]:
+    import msgspec
+
+    return msgspec.to_builtins(obj) if not isinstance(obj, dict) else obj  # type: ignore[no-any-return]
+
+
+@app.command()
+def migrate() -> None:
+    """Apply the Alembic migrations to DATABASE_URL."""
+    _, db_url = _urls()
+    if not db_url:
+        typer.echo("DATABASE_URL is not set", err=True)
+        raise typer.Exit(2)
+    from shared.store import migrate as run_migrate
+
+    run_migrate(db_url)
+
+
+@bench_app.command("pipeline")
+def bench_pipeline(
+    json_out: Annotated[bool, typer.Option("--json")] = True,
+    requests: Annotated[int, typer.Option(help="Sequential requests for latency")] = 400,
+    load: Annotated[int, typer.Option(help="Requests for the throughput run")] = 3000,
+) -> None:
+    """End-to-end latency and throughput with the echo generator, all workers here."""
+    from bench.pipeline import run
+
+    typer.echo(json.dumps(run(requests=requests, load=load)))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,78 @@
+"""Worker registry: name -> app factory. The CLI and tests start workers by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from faststream import FastStream
+from opentelemetry.trace import TracerProvider
+
+from shared.contracts.routing import ModelSlot
+
+WORKERS: tuple[str, ...] = (
+    "gateway",
+    "classifier",
+    "retriever",
+    "generator-main",
+    "generator-conversational",
+    "validator",
+)
+
+
+def create_worker(
+    name: str,
+    environ: Mapping[str, str] | None = None,
+    *,
+    tracer_provider: TracerProvider | None = None,
+) -> FastStream:
+    """Build the named worker's app from the environment (or `environ`)."""
+    factories: dict[str, Callable[[], FastStream]] = {
+        "gateway": lambda: _gateway(environ, tracer_provider),
+        "classifier": lambda: _classifier(environ, tracer_provider),
+        "retriever": lambda: _retriever(environ, tracer_provider),
+        "generator-main": lambda: _generator(environ, ModelSlot.MAIN, tracer_provider),
+        "generator-conversational": lambda: _generator(
+            environ, ModelSlot.CONVERSATIONAL, tracer_provider
+        ),
+        "validator": lambda: _validator(environ, tracer_provider),
+    }
+    if name not in factories:
+        raise KeyError(f"unknown worker {name!r}; known: {', '.join(WORKERS)}")
+    return factories[name]()
+
+
+def _gateway(environ: Mapping[str, str] | None, tp: TracerProvider | None) -> FastStream:
+    from services.gateway.app import create_app
+    from services.gateway.settings import GatewaySettings
+
+    return create_app(GatewaySettings.from_env(environ), tracer_provider=tp)
+
+
+def _classifier(environ: Mapping[str, str] | None, tp: TracerProvider | None) -> FastStream:
+    from services.classifier.app import create_app
+    from services.classifier.settings import ClassifierSettings
+
+    return create_app(ClassifierSettings.from_env(environ), tracer_provider=tp)
+
+
+def _retriever(environ: Mapping[str, str] | None, tp: TracerProvider | None) -> FastStream:
+    from services.retriever.app import create_app
+    from services.retriever.settings import RetrieverSettings
+
+    return create_app(RetrieverSettings.from_env(environ), tracer_provider=tp)
+
+
+def _generator(
+    environ: Mapping[str, str] | None, slot: ModelSlot, tp: TracerProvider | None
+) -> FastStream:
+    from services.generator.app import create_app
+    from services.generator.settings import GeneratorSettings
+
+    return create_app(GeneratorSettings.from_env(environ, slot=slot), tracer_provider=tp)
+
+
+def _validator(environ: Mapping[str, str] | None, tp: TracerProvider | None) -> FastStream:
+    from services.validator.app import create_app
+    from services.validator.settings import ValidatorSettings
+
+    return create_app(ValidatorSettings.from_env(environ), tracer_provider=tp)

@@ -1,0 +1,39 @@
+"""Classifier worker: settings -> broker -> router -> lifespan (store, cascade)."""
+
+from __future__ import annotations
+
+from faststream import FastStream
+from faststream.nats import NatsBroker
+from opentelemetry.trace import TracerProvider
+
+from services.classifier.cascade import Cascade
+from services.classifier.handlers import ClassifierDeps, build_router
+from services.classifier.settings import ClassifierSettings
+from shared.runtime import build_app
+from shared.store.stores import Store
+from shared.telemetry import build_tracer_provider, tracer_for
+
+
+def create_app(
+    settings: ClassifierSettings | None = None,
+    *,
+    tracer_provider: TracerProvider | None = None,
+) -> FastStream:
+    settings = settings or ClassifierSettings.from_env()
+    provider = tracer_provider or build_tracer_provider(
+        "intentroute-classifier", settings.common.otlp_endpoint
+    )
+
+    async def make_deps(broker: NatsBroker) -> ClassifierDeps:
+        store = await Store.connect(
+            settings.common.database_url, tracer=tracer_for("intentroute.classifier", provider)
+        )
+        cascade = Cascade(trusted_agents=settings.trusted_agents)
+        return ClassifierDeps(store, cascade)
+
+    return build_app(
+        common=settings.common,
+        routers=[build_router(settings)],
+        make_deps=make_deps,
+        tracer_provider=provider,
+    )

@@ -1,0 +1,112 @@
+"""gRPC AskAgent / AskAgentStream: the same contract for callers that speak gRPC.
+
+A gRPC request is checked like a NATS one (bad input -> INVALID_ARGUMENT), then
+published on `agent.request`, so it takes the same durable path through the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+import msgspec
+from nats.aio.client import Client
+
+from services.gateway.validation import InputError, check_request
+from shared.client import AnswerTimeout, ask
+from shared.contracts.request import AgentRequest
+from shared.contracts.response import ChunkKind, ResponseChunk
+from shared.grpc import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger("intentroute.gateway.grpc")
+
+
+def to_request(msg: agent_pb2.AgentRequest) -> AgentRequest:
+    return AgentRequest(
+        request_id=msg.request_id or uuid.uuid4().hex,
+        session_id=msg.session_id,
+        agent_id=msg.agent_id,
+        query=msg.query,
+        query_type=msg.query_type or None,
+        extra_context=msg.extra_context,
+        user_info=msg.user_info,
+        editor_context=msg.editor_context,
+    )
+
+
+def to_response(chunk: ResponseChunk) -> agent_pb2.AgentResponse:
+    return agent_pb2.AgentResponse(
+        text=chunk.text,
+        avap_code=chunk.avap_code,
+        is_final=chunk.is_final,
+        validation_status=chunk.validation_status,
+        query_type=chunk.query_type,
+        request_id=chunk.request_id,
+        kind=chunk.kind.value,
+        error_code=chunk.error.code if chunk.error else "",
+        error_message=chunk.error.message if chunk.error else "",
+        decision_json=msgspec.json.encode(chunk.decision).decode() if chunk.decision else "",
+    )
+
+
+class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
+    def __init__(self, nc: Client, *, answer_timeout: float) -> None:
+        self._nc = nc
+        self._timeout = answer_timeout
+
+    async def _checked(
+        self, request: agent_pb2.AgentRequest, context: grpc.aio.ServicerContext
+    ) -> AgentRequest:
+        checked = check_request(to_request(request))
+        if isinstance(checked, InputError):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{checked.code}: {checked.message}"
+            )
+        assert isinstance(checked, AgentRequest)
+        return checked
+
+    async def _chunks(
+        self, req: AgentRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[ResponseChunk]:
+        try:
+            async for chunk in ask(self._nc, req, timeout=self._timeout):
+                yield chunk
+        except AnswerTimeout as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+
+    async def AskAgentStream(  # noqa: N802 (gRPC method name)
+        self, request: agent_pb2.AgentRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[agent_pb2.AgentResponse]:
+        req = await self._checked(request, context)
+        async for chunk in self._chunks(req, context):
+            yield to_response(chunk)
+
+    async def AskAgent(  # noqa: N802 (gRPC method name)
+        self, request: agent_pb2.AgentRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.AgentResponse:
+        req = await self._checked(request, context)
+        parts: list[str] = []
+        async for chunk in self._chunks(req, context):
+            if chunk.kind == ChunkKind.RESET:
+                parts.clear()
+            elif chunk.kind in (ChunkKind.TEXT, ChunkKind.CLARIFICATION):
+                parts.append(chunk.text)
+            if chunk.is_final:
+                final = to_response(chunk)
+                final.text = "".join(parts) + chunk.text
+                return final
+        await context.abort(grpc.StatusCode.INTERNAL, "answer ended without a final chunk")
+        raise AssertionError("unreachable")
+
+
+async def start_grpc(nc: Client, listen: str, *, answer_timeout: float) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AssistanceEngineServicer_to_server(
+        AssistanceEngine(nc, answer_timeout=answer_timeout), server
+    )
+    server.add_insecure_port(listen)
+    await server.start()
+    log.info("[gateway] gRPC AskAgent listening on %s", listen)
+    return server

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from shared.settings import CommonSettings, env_float, env_int, env_str
+
+
+class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
+    common: CommonSettings
+    # gRPC AskAgent / AskAgentStream listener; empty host:port disables it.
+    grpc_listen: str = ""
+    answer_timeout: float = 120.0
+    batch_size: int = 32
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> GatewaySettings:
+        return cls(
+            common=CommonSettings.from_env(environ),
+            grpc_listen=env_str("GATEWAY_GRPC_LISTEN", "", environ),
+            answer_timeout=env_float("GATEWAY_ANSWER_TIMEOUT", 120.0, environ),
+            batch_size=env_int("GATEWAY_BATCH", 32, environ),
+        )

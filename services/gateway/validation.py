@@ -1,0 +1,88 @@
+"""Input checks for `agent.request`: every bad input maps to one error code."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from shared.contracts.request import (
+    MAX_CONTEXT_CHARS,
+    MAX_ID_CHARS,
+    MAX_QUERY_CHARS,
+    AgentRequest,
+)
+from shared.contracts.routing import QueryType
+
+
+class InputError(msgspec.Struct, frozen=True):
+    code: str
+    message: str
+    # Best-effort id so the error can still be answered on the caller's subject.
+    request_id: str = ""
+
+
+_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+_RAW_ID_RE = re.compile(rb'"request_id"\s*:\s*"([A-Za-z0-9_\-]{1,128})"')
+_REQUIRED = ("request_id", "session_id", "agent_id", "query")
+_CONTEXT_FIELDS = ("extra_context", "user_info", "editor_context")
+_decoder = msgspec.json.Decoder(AgentRequest)
+
+
+def salvage_request_id(raw: bytes) -> str:
+    """The request_id of a payload that does not decode, if one can be seen."""
+    match = _RAW_ID_RE.search(raw[:4096])
+    return match.group(1).decode() if match else ""
+
+
+def parse_request(raw: bytes) -> AgentRequest | InputError:
+    try:
+        req = _decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        code = "MISSING_FIELD" if "missing required field" in text.lower() else "INVALID_FIELD"
+        return InputError(code, f"request does not match the contract: {text}",
+                          salvage_request_id(raw))
+    except msgspec.DecodeError as exc:
+        return InputError("MALFORMED_JSON", f"request is not valid JSON: {exc}",
+                          salvage_request_id(raw))
+    return check_request(req)
+
+
+def check_request(req: AgentRequest) -> AgentRequest | InputError:
+    rid = req.request_id if _ID_RE.match(req.request_id or "") else ""
+    for name in _REQUIRED:
+        if not getattr(req, name).strip():
+            return InputError("MISSING_FIELD", f"field '{name}' is required and empty", rid)
+    for name in ("request_id", "session_id", "agent_id"):
+        value = getattr(req, name)
+        if len(value) > MAX_ID_CHARS:
+            return InputError(
+                "OVERSIZED_FIELD", f"field '{name}' exceeds {MAX_ID_CHARS} characters", rid
+            )
+        if not _ID_RE.match(value):
+            return InputError(
+                "INVALID_FIELD",
+                f"field '{name}' may only hold letters, digits, '-' and '_'",
+                rid,
+            )
+    if len(req.query) > MAX_QUERY_CHARS:
+        return InputError(
+            "OVERSIZED_FIELD", f"field 'query' exceeds {MAX_QUERY_CHARS} characters", rid
+        )
+    for name in _CONTEXT_FIELDS:
+        if len(getattr(req, name)) > MAX_CONTEXT_CHARS:
+            return InputError(
+                "OVERSIZED_FIELD", f"field '{name}' exceeds {MAX_CONTEXT_CHARS} characters", rid
+            )
+    if req.query_type is not None and req.query_type != "":
+        try:
+            QueryType(req.query_type)
+        except ValueError:
+            allowed = ", ".join(t.value for t in QueryType)
+            return InputError(
+                "UNKNOWN_QUERY_TYPE",
+                f"query_type '{req.query_type}' is not one of: {allowed}",
+                rid,
+            )
+    return req

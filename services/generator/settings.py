@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from shared.contracts.routing import ModelSlot
+from shared.settings import CommonSettings, env_float, env_int, env_str
+
+
+class GeneratorSettings(msgspec.Struct, frozen=True, kw_only=True):
+    common: CommonSettings
+    slot: ModelSlot = ModelSlot.MAIN
+    ollama_host: str = ""
+    # RC-05: main slot model; the conversational slot falls back to it when unset.
+    model_main: str = ""
+    model_conversational: str = ""
+    ollama_timeout: float = 120.0
+    # "auto" (Ollama when OLLAMA_HOST is set, else extractive) | "extractive" | "echo"
+    backend: str = "auto"
+    # Concurrent answers per replica (answers stream for seconds; do not serialise them).
+    concurrency: int = 16
+
+    @property
+    def model(self) -> str:
+        if self.slot == ModelSlot.CONVERSATIONAL:
+            return self.model_conversational or self.model_main
+        return self.model_main
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, slot: ModelSlot | None = None
+    ) -> GeneratorSettings:
+        return cls(
+            common=CommonSettings.from_env(environ),
+            slot=slot or ModelSlot(env_str("GENERATOR_SLOT", "main", environ)),
+            ollama_host=env_str("OLLAMA_HOST", "", environ),
+            model_main=env_str("OLLAMA_MODEL_NAME", "", environ),
+            model_conversational=env_str("OLLAMA_MODEL_NAME_CONVERSATIONAL", "", environ),
+            ollama_timeout=env_float("OLLAMA_TIMEOUT", 120.0, environ),
+            backend=env_str("GENERATOR_BACKEND", "auto", environ),
+            concurrency=env_int("GENERATOR_CONCURRENCY", 16, environ),
+        )

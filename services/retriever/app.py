@@ -1,0 +1,52 @@
+"""Retriever worker: settings -> broker -> router -> lifespan (index, encoder)."""
+
+from __future__ import annotations
+
+from faststream import FastStream
+from faststream.nats import NatsBroker
+from opentelemetry.trace import TracerProvider
+
+from services.retriever.adapters import EmbeddedRetrieval, Retrieval
+from services.retriever.handlers import RetrieverDeps, build_router
+from services.retriever.settings import RetrieverSettings
+from shared.runtime import build_app
+from shared.store.stores import Store
+from shared.telemetry import build_tracer_provider, tracer_for
+
+
+def build_retrieval(settings: RetrieverSettings) -> Retrieval:
+    if settings.es_url:
+        from services.retriever.es_backend import ElasticsearchRetrieval
+
+        return ElasticsearchRetrieval.from_settings(settings)
+    encoder = None
+    if settings.method != "bm25":
+        from shared.embeddings import SentenceTransformerEncoder, pin_threads
+
+        pin_threads(1)
+        encoder = SentenceTransformerEncoder(settings.embedding_model)
+    return EmbeddedRetrieval(settings.index_dir, method=settings.method, encoder=encoder)
+
+
+def create_app(
+    settings: RetrieverSettings | None = None,
+    *,
+    retrieval: Retrieval | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> FastStream:
+    settings = settings or RetrieverSettings.from_env()
+    provider = tracer_provider or build_tracer_provider(
+        "intentroute-retriever", settings.common.otlp_endpoint
+    )
+    tracer = tracer_for("intentroute.retriever", provider)
+
+    async def make_deps(broker: NatsBroker) -> RetrieverDeps:
+        store = await Store.connect(settings.common.database_url, tracer=tracer)
+        return RetrieverDeps(store, retrieval or build_retrieval(settings))
+
+    return build_app(
+        common=settings.common,
+        routers=[build_router(settings)],
+        make_deps=make_deps,
+        tracer_provider=provider,
+    )

@@ -1,0 +1,70 @@
+"""Retriever subscriber: passages for RETRIEVAL / CODE_GENERATION, then the main slot."""
+
+from __future__ import annotations
+
+import time
+
+from faststream import Context
+from faststream.middlewares import AckPolicy
+from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
+
+from services.retriever.adapters import Retrieval
+from services.retriever.settings import RetrieverSettings
+from shared.bus import PIPELINE_STREAM, consumer_config, publish_stage
+from shared.codec import encode
+from shared.contracts.pipeline import RETRIEVE_SUBJECT, generate_subject
+from shared.contracts.routing import RETRIEVING_TYPES
+from shared.stage import PermanentError, decode_or_report, stage_guard
+from shared.store.stores import Store
+
+
+class RetrieverDeps:
+    def __init__(self, store: Store, retrieval: Retrieval) -> None:
+        self.store = store
+        self.retrieval = retrieval
+
+    async def close(self) -> None:
+        await self.retrieval.close()
+        await self.store.close()
+
+
+def build_router(settings: RetrieverSettings) -> NatsRouter:
+    router = NatsRouter()
+
+    @router.subscriber(
+        RETRIEVE_SUBJECT,
+        stream=PIPELINE_STREAM,
+        durable="retriever",
+        pull_sub=PullSub(batch_size=settings.batch_size, timeout=5.0),
+        config=consumer_config(settings.common),
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+    )
+    async def on_retrieve(
+        msg: NatsMessage,
+        deps: RetrieverDeps = Context("deps"),
+        broker: NatsBroker = Context("broker"),
+    ) -> None:
+        env = await decode_or_report(broker, msg, "retrieve")
+        if env is None:
+            return
+        async with stage_guard(broker, msg, env, stage="retrieve",
+                               max_deliver=settings.common.max_deliver, store=deps.store):
+            started = time.perf_counter()
+            decision = env.decision
+            # RC-04 guard: a PLATFORM/CONVERSATIONAL envelope here is a routing bug.
+            if decision is None or decision.type not in RETRIEVING_TYPES:
+                raise PermanentError(
+                    "RC04_VIOLATION",
+                    f"{decision.type if decision else 'unclassified'} request reached the "
+                    "retriever",
+                )
+            await deps.retrieval.maybe_reload()
+            env.retrieval_query = env.retrieval_query or env.request.query
+            env.passages = await deps.retrieval.search(env.retrieval_query, settings.top_k)
+            env.timings["retrieve"] = round((time.perf_counter() - started) * 1000, 3)
+            await publish_stage(
+                broker, generate_subject(decision.model_slot), encode(env),
+                msg_id=f"{env.request.request_id}:retrieved",
+            )
+
+    return router

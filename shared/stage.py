@@ -1,0 +1,155 @@
+"""What every stage does around its handler: decode once, sort errors, never loop.
+
+Errors are either permanent (`PermanentError`: the request can never succeed; the
+caller gets a final error chunk and the message is acknowledged) or retryable
+(anything else: nack with backoff so another delivery, possibly on another
+replica, tries again). On the last allowed delivery a retryable error becomes an
+error answer too, so a poison message ends as a reply, never as a loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+from faststream.nats import NatsBroker, NatsMessage
+
+from shared.bus import AnswerStream, deliveries
+from shared.codec import decode_envelope, encode
+from shared.contracts.pipeline import Envelope
+from shared.contracts.response import UNADDRESSABLE_SUBJECT, ChunkKind, ErrorInfo, ResponseChunk
+from shared.store.stores import RequestLogRow, Store, TurnRow
+
+log = logging.getLogger("intentroute.stage")
+
+
+class PermanentError(Exception):
+    """A request that cannot succeed however often it is retried."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+async def decode_or_report(broker: NatsBroker, msg: NatsMessage, stage: str) -> Envelope | None:
+    """Decode the envelope; an undecodable one is reported and acknowledged."""
+    try:
+        return decode_envelope(msg.body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.error("[%s] undecodable envelope dropped to %s: %s", stage, UNADDRESSABLE_SUBJECT, exc)
+        chunk = ResponseChunk(
+            request_id="",
+            seq=0,
+            kind=ChunkKind.FINAL,
+            is_final=True,
+            error=ErrorInfo("BAD_ENVELOPE", f"{stage}: envelope does not decode: {exc}"),
+        )
+        await broker.publish(encode(chunk), UNADDRESSABLE_SUBJECT)
+        return None
+
+
+async def answer_error(
+    broker: NatsBroker,
+    store: Store | None,
+    env: Envelope,
+    code: str,
+    message: str,
+    *,
+    start_seq: int = 0,
+) -> None:
+    """Final error chunk to the caller plus a request-log row saying so."""
+    req = env.request
+    await AnswerStream(broker, req.request_id, start_seq=start_seq).error(
+        code, message, decision=env.decision
+    )
+    if store is not None:
+        dec = env.decision
+        await store.write(
+            RequestLogRow(
+                request_id=req.request_id,
+                agent_id=req.agent_id,
+                session_id=req.session_id,
+                outcome=f"error:{code}",
+                query_type=dec.type.value if dec else "",
+                layer=dec.layer.value if dec else "",
+                confidence=dec.confidence if dec else None,
+                model_slot=dec.model_slot.value if dec else "",
+                stage_ms=env.timings,
+            )
+        )
+
+
+@asynccontextmanager
+async def stage_guard(
+    broker: NatsBroker,
+    msg: NatsMessage,
+    env: Envelope,
+    *,
+    stage: str,
+    max_deliver: int,
+    store: Store | None,
+) -> AsyncIterator[None]:
+    try:
+        yield
+    except PermanentError as exc:
+        log.warning("[%s] %s permanent error %s: %s", stage, env.request.request_id,
+                    exc.code, exc.message)
+        await answer_error(broker, store, env, exc.code, exc.message)
+    except Exception as exc:
+        attempt = deliveries(msg)
+        if attempt >= max_deliver:
+            log.error("[%s] %s failed on delivery %d/%d, answering with an error: %r",
+                      stage, env.request.request_id, attempt, max_deliver, exc)
+            await answer_error(
+                broker, None, env, "STAGE_FAILED",
+                f"{stage} failed after {attempt} attempts: {exc}",
+            )
+            return
+        log.warning("[%s] %s retryable error on delivery %d: %r",
+                    stage, env.request.request_id, attempt, exc)
+        await msg.nack(delay=min(0.2 * attempt, 2.0))
+
+
+async def finish_turn(
+    store: Store,
+    env: Envelope,
+    *,
+    answer: str,
+    answered_by: str,
+    validation_status: str = "",
+    retried: bool = False,
+) -> None:
+    """Store the turn and its request-log row before the final chunk goes out, so the
+    next turn of the session already sees this answer."""
+    req = env.request
+    dec = env.decision
+    assert dec is not None
+    await store.write(
+        TurnRow(
+            agent_id=req.agent_id,
+            session_id=req.session_id,
+            request_id=req.request_id,
+            query=req.query,
+            answer=answer,
+            query_type=dec.type.value,
+        ),
+        RequestLogRow(
+            request_id=req.request_id,
+            agent_id=req.agent_id,
+            session_id=req.session_id,
+            outcome="ok",
+            query_type=dec.type.value,
+            layer=dec.layer.value,
+            confidence=dec.confidence,
+            model_slot=dec.model_slot.value,
+            answered_by=answered_by,
+            stage_ms=env.timings,
+            total_ms=round((time.time() - env.accepted_at) * 1000, 3),
+            validation_status=validation_status,
+            retried=retried or env.retrieval_retried,
+        ),
+    )
