@@ -335,6 +335,9 @@ def ingest(
             seen_ids.add(c.chunk_id)
             chunks.append(c)
 
+    if not chunks:
+        raise ValueError(f"no documents to index under {path} (.md, .txt, BEIR .jsonl)")
+
     with _ingest_lock(index_dir):
         prev: _Snapshot | None = None
         if read_current(index_dir) is not None:
@@ -545,11 +548,8 @@ class EmbeddedIndex:
         n = len(snap.chunks)
 
         qv = query_vector
-        if qv is None and (method != "bm25" or self.encoder is not None):
-            if method == "bm25":
-                qv = None  # bm25-only: don't pay for an embedding nobody asked for
-            else:
-                qv = self.encode_query(query)
+        if qv is None and method != "bm25":  # bm25 alone doesn't pay for an embedding
+            qv = self.encode_query(query)
         sims = None
         if qv is not None and n:
             sims = np.asarray(snap.vectors @ np.asarray(qv, dtype=np.float32), dtype=np.float32)

@@ -1,0 +1,143 @@
+"""Discriminative context-relevance check (ADR-0009 Decision 2, Future Path).
+
+Replaces the LLM YES/NO call with a score computed from what retrieval already has
+(query vector, passage vectors, dense/BM25/RRF scores): microseconds, no extra model.
+The check only decides whether to spend the single reformulation retry (RC-08).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from services.retriever.index import SearchResult
+
+TOP_N = 8  # the generator sees 8 passages; signals look at the same ones
+
+
+def _top1_dense(r: SearchResult) -> float:
+    return float(r.dense_top1)
+
+
+def _mean_topk_cosine(r: SearchResult) -> float:
+    s = r.dense_scores[:TOP_N]
+    return float(np.mean(s)) if s else math.nan
+
+
+def _centroid_cosine(r: SearchResult) -> float:
+    """The seed's formula: cosine(query, mean(embed(chunks)))."""
+    if r.query_vector is None or r.passage_vectors is None or len(r.passage_vectors) == 0:
+        return math.nan
+    centroid = np.asarray(r.passage_vectors[:TOP_N], dtype=np.float32).mean(axis=0)
+    norm = float(np.linalg.norm(centroid) * np.linalg.norm(r.query_vector))
+    return float(centroid @ r.query_vector) / norm if norm else math.nan
+
+
+def _dense_margin(r: SearchResult) -> float:
+    """How far the best dense hit stands out from the passages handed over."""
+    s = r.dense_scores[:TOP_N]
+    return float(r.dense_top1 - np.mean(s)) if s else math.nan
+
+
+def _top1_bm25(r: SearchResult) -> float:
+    return float(r.bm25_top1)
+
+
+def _bm25_peak(r: SearchResult) -> float:
+    """BM25 top-1 over the mean BM25 score of the returned passages: scale-free
+    (raw BM25 grows with query length), high when one passage matches clearly."""
+    s = [x for x in r.bm25_scores[:TOP_N] if x > 0]
+    return float(r.bm25_top1 / np.mean(s)) if s else 0.0
+
+
+def _rrf_top1(r: SearchResult) -> float:
+    """Fused score of the first passage: 2/61 when BM25 and dense agree on it."""
+    return float(r.passages[0].score) if r.passages and r.method == "hybrid" else math.nan
+
+
+SIGNALS: dict[str, Callable[[SearchResult], float]] = {
+    "top1_dense": _top1_dense,
+    "mean_topk_cosine": _mean_topk_cosine,
+    "centroid_cosine": _centroid_cosine,
+    "dense_margin": _dense_margin,
+    "top1_bm25": _top1_bm25,
+    "bm25_peak": _bm25_peak,
+    "rrf_top1": _rrf_top1,
+}
+
+# Calibrated on SciFact train (809 queries, hybrid top-10, all-MiniLM-L6-v2) with
+# `python -m bench.retrieval relevance`: positives = queries with nDCG@10 == 0; the
+# threshold maximises Youden's J. See RELEVANCE_CALIBRATION for the measured figures.
+DEFAULT_SIGNAL = "top1_dense"
+DEFAULT_THRESHOLD = 0.40
+RELEVANCE_CALIBRATION: dict[str, float] = {}
+
+
+def relevance_signal(result: SearchResult, method: str = DEFAULT_SIGNAL) -> float:
+    """Higher = more likely the context answers the query. NaN if not computable."""
+    try:
+        fn = SIGNALS[method]
+    except KeyError:
+        raise ValueError(f"unknown signal {method!r}; choose from {sorted(SIGNALS)}") from None
+    return fn(result)
+
+
+def is_relevant(signal: float, threshold: float = DEFAULT_THRESHOLD) -> bool:
+    """A NaN signal (no vectors) counts as relevant: without evidence, don't retry."""
+    return math.isnan(signal) or signal >= threshold
+
+
+def calibrate(
+    signals: Sequence[float], labels: Sequence[bool], criterion: str = "youden"
+) -> tuple[float, float]:
+    """Pick the threshold below which the check fires.
+
+    `labels[i]` is True when query i had irrelevant context (nDCG@10 == 0). Returns
+    (threshold, auc) where auc = P(signal of a good query > signal of a bad one); the
+    threshold maximises Youden's J (TPR - FPR) or F1 of "fires <=> bad".
+    """
+    if criterion not in ("youden", "f1"):
+        raise ValueError("criterion must be 'youden' or 'f1'")
+    pairs = [(s, bool(y)) for s, y in zip(signals, labels, strict=True) if not math.isnan(s)]
+    if not pairs:
+        raise ValueError("no finite signals")
+    s = np.array([p[0] for p in pairs], dtype=np.float64)
+    bad = np.array([p[1] for p in pairs])
+    n_bad, n_good = int(bad.sum()), int((~bad).sum())
+    if n_bad == 0 or n_good == 0:
+        raise ValueError("need both classes to calibrate")
+    auc = roc_auc_good_vs_bad(s, bad)
+
+    uniq = np.unique(s)
+    # Candidate cut-offs between consecutive values, plus one above the maximum.
+    cands = np.concatenate([(uniq[:-1] + uniq[1:]) / 2, [uniq[-1] + 1e-9]])
+    best_t, best_v = float(cands[0]), -math.inf
+    for t in cands:
+        fires = s < t
+        tp = int((fires & bad).sum())
+        fp = int((fires & ~bad).sum())
+        if criterion == "youden":
+            v = tp / n_bad - fp / n_good
+        else:
+            prec = tp / (tp + fp) if tp + fp else 0.0
+            rec = tp / n_bad
+            v = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+        if v > best_v:
+            best_t, best_v = float(t), v
+    return best_t, auc
+
+
+def roc_auc_good_vs_bad(signals: np.ndarray, bad: np.ndarray) -> float:
+    """AUC of the signal ranking good queries (label False) above bad ones (Mann-Whitney
+    U with average ranks, so ties count 1/2)."""
+    signals = np.asarray(signals, dtype=np.float64)
+    good = ~np.asarray(bad, dtype=bool)
+    order = np.argsort(signals, kind="mergesort")
+    ranks = np.empty(len(signals), dtype=np.float64)
+    ranks[order] = np.arange(1, len(signals) + 1)
+    _, inv = np.unique(signals, return_inverse=True)  # average the ranks of tied values
+    ranks = (np.bincount(inv, weights=ranks) / np.bincount(inv))[inv]
+    n_good, n_bad = int(good.sum()), int((~good).sum())
+    return float((ranks[good].sum() - n_good * (n_good + 1) / 2) / (n_good * n_bad))

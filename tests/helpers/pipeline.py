@@ -1,0 +1,87 @@
+"""Run workers in-process against the real servers, and talk to them as a caller."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from faststream import FastStream, TestApp
+from nats.aio.client import Client
+
+from intentroute.workers import WORKERS, create_worker
+from shared.client import ask
+from shared.contracts.pipeline import Passage
+from shared.contracts.request import AgentRequest
+from shared.contracts.response import ResponseChunk
+
+
+class RecordingRetrieval:
+    """Wraps a real retrieval backend and records every query it is asked."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.queries: list[str] = []
+
+    async def search(self, query: str, k: int) -> list[Passage]:
+        self.queries.append(query)
+        result: list[Passage] = await self.inner.search(query, k)
+        return result
+
+    async def maybe_reload(self) -> bool:
+        return bool(await self.inner.maybe_reload())
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def base_env(nats_url: str, database_url: str, index_dir: Path, **extra: str) -> dict[str, str]:
+    env = {
+        "NATS_URL": nats_url,
+        "DATABASE_URL": database_url,
+        "INDEX_DIR": str(index_dir),
+        "RETRIEVER_METHOD": "bm25",
+        "STAGE_ACK_WAIT": "3",
+        "LOG_LEVEL": "WARNING",
+        "GENERATOR_BACKEND": "auto",
+    }
+    env.update(extra)
+    return env
+
+
+@asynccontextmanager
+async def running(
+    env: Mapping[str, str],
+    names: tuple[str, ...] = WORKERS,
+    *,
+    retrievals: list[Any] | None = None,
+    tracer_provider: Any = None,
+) -> AsyncIterator[list[FastStream]]:
+    """Start the named workers (a name may repeat for replicas) and stop them after."""
+    apps: list[FastStream] = []
+    retrievals = list(retrievals or [])
+    async with AsyncExitStack() as stack:
+        for name in names:
+            if name == "retriever" and retrievals:
+                from services.retriever.app import create_app
+                from services.retriever.settings import RetrieverSettings
+
+                app = create_app(RetrieverSettings.from_env(env), retrieval=retrievals.pop(0),
+                                 tracer_provider=tracer_provider)
+            else:
+                app = create_worker(name, env, tracer_provider=tracer_provider)
+            await stack.enter_async_context(TestApp(app))
+            apps.append(app)
+        yield apps
+
+
+def make_request(query: str, **fields: Any) -> AgentRequest:
+    fields.setdefault("session_id", f"s-{uuid.uuid4().hex[:8]}")
+    fields.setdefault("agent_id", "tests")
+    return AgentRequest(request_id=uuid.uuid4().hex, query=query, **fields)
+
+
+async def ask_all(nc: Client, req: AgentRequest, timeout: float = 30.0) -> list[ResponseChunk]:
+    return [chunk async for chunk in ask(nc, req, timeout=timeout)]
