@@ -38,7 +38,8 @@ STOPWORDS: frozenset[str] = frozenset(
 # Words that point back into the conversation instead of naming their subject.
 DEICTIC: frozenset[str] = frozenset(
     """
-    it its this that these those them they there same above previous former latter eso esto ese esa esos esas este esta estos estas ello aquello dicho dicha
+    it its this that these those them they there same above previous former latter
+    eso esto ese esa esos esas este esta estos estas ello aquello dicho dicha
     anterior mismo misma
     """.split()
 )

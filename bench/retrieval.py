@@ -1,0 +1,357 @@
+"""Retrieval benchmark on a BEIR dataset (SciFact): quality, latency, ingestion, and
+the relevance-check calibration of ADR-0009 Decision 2.
+
+    python -m bench.retrieval eval --beir /work/shared/data/scifact
+    python -m bench.retrieval relevance --beir /work/shared/data/scifact
+    python -m bench.retrieval ingest-speed --beir /work/shared/data/scifact --kb kb
+
+The index (with its embeddings) is cached under /tmp/intentroute-bench/ and reused:
+ingest is idempotent, so only the first run embeds the corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from bench.ir_metrics import evaluate_run, ndcg_at_k
+from shared.embeddings import Encoder
+
+CACHE_ROOT = Path(tempfile.gettempdir()) / "intentroute-bench"
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def load_qrels(path: Path) -> dict[str, dict[str, int]]:
+    """BEIR qrels TSV with a header line: query-id, corpus-id, score."""
+    out: dict[str, dict[str, int]] = {}
+    with Path(path).open(encoding="utf-8") as f:
+        header = f.readline()
+        if not header.lower().startswith("query"):
+            raise ValueError(f"{path}: expected a 'query-id corpus-id score' header")
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < 3:
+                continue
+            out.setdefault(parts[0], {})[parts[1]] = int(parts[2])
+    return out
+
+
+def load_queries(path: Path, only: set[str] | None = None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                qid = str(row["_id"])
+                if only is None or qid in only:
+                    out[qid] = row["text"]
+    return out
+
+
+def _pctl(values: Sequence[float], p: float) -> float:
+    return float(np.percentile(np.asarray(values), p)) if values else math.nan
+
+
+def _default_index_dir(corpus: Path) -> Path:
+    return CACHE_ROOT / f"{Path(corpus).resolve().parent.name}-index"
+
+
+def _encoder(encoder: Encoder | None) -> Encoder:
+    if encoder is not None:
+        return encoder
+    from shared.embeddings import SentenceTransformerEncoder
+
+    return SentenceTransformerEncoder()
+
+
+def _doc_ranking(result: Any, k: int) -> list[str]:
+    seen: list[str] = []
+    for p in result.passages:
+        if p.doc_id not in seen:
+            seen.append(p.doc_id)
+    return seen[:k]
+
+
+def _open_index(corpus: Path, index_dir: Path | None, encoder: Encoder, progress: bool
+                ) -> tuple[Any, Any, dict[str, Any]]:
+    from services.retriever.index import EmbeddedIndex, ingest
+
+    index_dir = index_dir or _default_index_dir(corpus)
+    report = ingest(corpus, index_dir, encoder, progress=progress)
+    index = EmbeddedIndex.open(index_dir, encoder)
+    full = index.manifest.get("full_embed") or {}
+    if report.changed and report.embedded == report.chunks:
+        ingest_info = {"ingest_docs_per_s": report.docs_per_s, "ingest_cached": False}
+    else:  # vectors came from the cache: report the run that embedded them
+        ingest_info = {"ingest_docs_per_s": float(full.get("docs_per_s", math.nan)),
+                       "ingest_cached": True}
+    ingest_info["ingest"] = msgspec.to_builtins(report)
+    return index, report, ingest_info
+
+
+# ---------------------------------------------------------------------------- evaluate
+
+
+def evaluate(
+    corpus: Path,
+    queries: Path,
+    qrels: Path,
+    methods: list[str],
+    index_dir: Path | None = None,
+    *,
+    k: int = 10,
+    encoder: Encoder | None = None,
+    progress: bool = True,
+    warmup: int = 5,
+) -> dict[str, Any]:
+    """nDCG/Recall/MRR@k per method on the queries present in qrels, plus ingest
+    throughput and hybrid query latency (query embedding included, 1 thread)."""
+    from shared.embeddings import pin_threads
+
+    pin_threads(1)
+    enc = _encoder(encoder)
+    index, _, ingest_info = _open_index(corpus, index_dir, enc, progress)
+    judged = load_qrels(qrels)
+    qs = load_queries(queries, set(judged))
+    judged = {q: judged[q] for q in qs}
+
+    for q in list(qs.values())[:warmup]:  # first calls pay for lazy init
+        index.search(q, k=k, method="hybrid")
+    runs: dict[str, dict[str, list[str]]] = {m: {} for m in methods}
+    latencies: list[float] = []
+    for qid, text in qs.items():
+        t = time.perf_counter()
+        res = index.search(text, k=k, method="hybrid")
+        latencies.append((time.perf_counter() - t) * 1000)
+        qv = res.query_vector
+        for m in methods:
+            r = res if m == "hybrid" else index.search(text, k=k, method=m, query_vector=qv)
+            runs[m][qid] = _doc_ranking(r, k)
+
+    out: dict[str, Any] = {}
+    for m in methods:
+        out[m] = evaluate_run(runs[m], judged, k)
+    out.update({
+        "queries": len(qs),
+        "chunks": len(index),
+        "index_version": index.version,
+        "ingest_docs_per_s": ingest_info["ingest_docs_per_s"],
+        "ingest_cached": ingest_info["ingest_cached"],
+        "query_ms_p50": _pctl(latencies, 50),
+        "query_ms_p95": _pctl(latencies, 95),
+        "bm25_config": index.manifest["bm25"],
+    })
+    return out
+
+
+# ---------------------------------------------------------------------------- relevance
+
+
+def relevance_report(
+    corpus: Path,
+    queries: Path,
+    qrels: Path,
+    index_dir: Path | None = None,
+    *,
+    encoder: Encoder | None = None,
+    strategies: Sequence[str] = ("broaden", "prf", "both"),
+    signal: str | None = None,
+    threshold: float | None = None,
+    folds: int = 5,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """AUC of each relevance signal for telling nDCG@10 == 0 queries from the rest
+    (hybrid retrieval), the calibrated threshold of the best one, how often it fires,
+    and what the one reformulation retry does to nDCG@10 on the queries it fires on."""
+    from services.retriever.index import rrf
+    from services.retriever.reformulate import reformulate_with_hint
+    from services.retriever.relevance import (
+        SIGNALS,
+        calibrate,
+        relevance_signal,
+    )
+    from shared.embeddings import pin_threads
+
+    pin_threads(1)
+    enc = _encoder(encoder)
+    index, _, _ = _open_index(corpus, index_dir, enc, progress)
+    judged = load_qrels(qrels)
+    qs = load_queries(queries, set(judged))
+
+    qids = list(qs)
+    results = {q: index.search(qs[q], k=10, method="hybrid") for q in qids}
+    ndcg = np.array([ndcg_at_k(_doc_ranking(results[q], 10), judged[q]) for q in qids])
+    bad = ndcg == 0
+    sig = {name: np.array([relevance_signal(results[q], name) for q in qids])
+           for name in SIGNALS}
+
+    per_signal: dict[str, Any] = {}
+    for name, vals in sig.items():
+        ok = ~np.isnan(vals)
+        thr, auc = calibrate(vals[ok].tolist(), bad[ok].tolist())
+        fires = vals < thr
+        per_signal[name] = {
+            "auc": auc,
+            "youden_threshold": thr,
+            "fire_rate": float(fires.mean()),
+            "tpr": float((fires & bad).sum() / bad.sum()),
+            "fpr": float((fires & ~bad).sum() / (~bad).sum()),
+        }
+    chosen = signal or max(per_signal, key=lambda s: per_signal[s]["auc"])
+    thr = threshold if threshold is not None else per_signal[chosen]["youden_threshold"]
+    vals = sig[chosen]
+    fires = vals < thr
+
+    # Out-of-fold check of the threshold (the in-sample J is optimistic).
+    rng = np.random.default_rng(0)
+    fold_of = rng.permutation(len(qids)) % folds
+    oof_fire = np.zeros(len(qids), dtype=bool)
+    for f in range(folds):
+        tr = fold_of != f
+        t_f, _ = calibrate(vals[tr].tolist(), bad[tr].tolist())
+        oof_fire[~tr] = vals[~tr] < t_f
+    cv = {
+        "folds": folds,
+        "fire_rate": float(oof_fire.mean()),
+        "tpr": float((oof_fire & bad).sum() / bad.sum()),
+        "fpr": float((oof_fire & ~bad).sum() / (~bad).sum()),
+    }
+
+    retry: dict[str, Any] = {}
+    fired_ids = [q for q, f in zip(qids, fires, strict=True) if f]
+    base = {q: n for q, n in zip(qids, ndcg, strict=True)}
+    for strategy in strategies:
+        for mode in ("replace", "fuse"):
+            deltas = []
+            for q in fired_ids:
+                first = results[q]
+                new_q = reformulate_with_hint(qs[q], first.passages[:3], strategy=strategy)
+                second = index.search(new_q, k=10, method="hybrid")
+                if mode == "replace":  # ADR-0009: generate on the second retrieval
+                    ranking = _doc_ranking(second, 10)
+                else:  # keep what the first retrieval found, let the retry add to it
+                    ranking = [d for d, _ in rrf([_doc_ranking(first, 10),
+                                                  _doc_ranking(second, 10)])][:10]
+                deltas.append(ndcg_at_k(ranking, judged[q]) - base[q])
+            d = np.array(deltas)
+            retry[f"{strategy}/{mode}"] = {
+                "fired": len(d),
+                "improved": float((d > 1e-9).mean()) if len(d) else 0.0,
+                "worse": float((d < -1e-9).mean()) if len(d) else 0.0,
+                "unchanged": float((np.abs(d) <= 1e-9).mean()) if len(d) else 0.0,
+                "mean_delta_ndcg": float(d.mean()) if len(d) else 0.0,
+                "ndcg_all_queries_after": float(
+                    (ndcg.sum() + d.sum()) / len(qids)) if len(d) else float(ndcg.mean()),
+            }
+    return {
+        "queries": len(qids),
+        "hybrid_ndcg@10": float(ndcg.mean()),
+        "share_ndcg0": float(bad.mean()),
+        "signals": per_signal,
+        "chosen_signal": chosen,
+        "threshold": thr,
+        "fire_rate": float(fires.mean()),
+        "fired_precision": float((fires & bad).sum() / max(1, fires.sum())),
+        "cross_validated": cv,
+        "retry": retry,
+    }
+
+
+# ---------------------------------------------------------------------------- ingest speed
+
+
+def ingest_speed(
+    corpus: Path,
+    kb: Path | None = None,
+    *,
+    n_docs: int = 120,
+    batch_sizes: Sequence[int] = (16, 64),
+    encoder: Encoder | None = None,
+) -> dict[str, Any]:
+    """Embedding throughput on chunks of <= 128 tokens (SciFact abstracts split like
+    plain text), length-sorted vs file order, per batch size; and a full ingest of
+    `kb` (Markdown) into a throwaway index."""
+    from services.retriever.index import ingest
+    from services.retriever.ingest import chunk_text, load_documents
+    from shared.embeddings import pin_threads
+
+    pin_threads(1)
+    enc = _encoder(encoder)
+    chunks = []
+    for i, doc in enumerate(load_documents(corpus)):
+        if i >= n_docs:
+            break
+        chunks.extend(chunk_text(doc.text, doc.source, 128, 16, title=doc.title))
+    texts = [c.indexed_text for c in chunks]
+    enc.encode(texts[:8])  # warm-up
+    out: dict[str, Any] = {"chunks": len(texts), "docs": n_docs}
+    for bs in batch_sizes:
+        for sort in (False, True):
+            order = sorted(texts, key=len) if sort else texts
+            t = time.perf_counter()
+            for s in range(0, len(order), bs):
+                enc.encode(order[s : s + bs], batch_size=bs)
+            secs = time.perf_counter() - t
+            out[f"bs{bs}_{'sorted' if sort else 'unsorted'}_chunks_per_s"] = len(texts) / secs
+    if kb is not None:
+        tmp = Path(tempfile.mkdtemp(prefix="kb-index-", dir=CACHE_ROOT))
+        try:
+            r = ingest(kb, tmp, enc, progress=False)
+            out["kb"] = msgspec.to_builtins(r)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    beir = Path(args.beir) if args.beir else None
+    corpus = Path(args.corpus) if args.corpus else (beir / "corpus.jsonl" if beir else None)
+    queries = Path(args.queries) if args.queries else (beir / "queries.jsonl" if beir else None)
+    qrels = Path(args.qrels) if args.qrels else (beir / "qrels" / "train.tsv" if beir else None)
+    if not (corpus and queries and qrels):
+        raise SystemExit("give --beir DIR or --corpus/--queries/--qrels")
+    return corpus, queries, qrels
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.retrieval", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["eval", "relevance", "ingest-speed"])
+    ap.add_argument("--beir", help="BEIR dir (corpus.jsonl, queries.jsonl, qrels/train.tsv)")
+    ap.add_argument("--corpus")
+    ap.add_argument("--queries")
+    ap.add_argument("--qrels")
+    ap.add_argument("--methods", default="bm25,dense,hybrid")
+    ap.add_argument("--index-dir", type=Path, default=None)
+    ap.add_argument("--kb", type=Path, default=None, help="Markdown dir for ingest-speed")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    corpus, queries, qrels = _paths(args)
+    if args.command == "eval":
+        res = evaluate(corpus, queries, qrels, args.methods.split(","), args.index_dir,
+                       progress=not args.no_progress)
+    elif args.command == "relevance":
+        res = relevance_report(corpus, queries, qrels, args.index_dir,
+                               progress=not args.no_progress)
+    else:
+        res = ingest_speed(corpus, args.kb)
+    print(json.dumps(res, indent=2, default=float))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""A worker killed mid-answer, one trace across the five workers, the gRPC face."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import grpc
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from shared.client import ask, assemble
+from shared.contracts.response import ChunkKind
+from shared.grpc import agent_pb2, agent_pb2_grpc
+from tests.helpers.pipeline import ask_all, base_env, make_request, running
+
+pytestmark = pytest.mark.integration
+
+
+async def test_worker_killed_mid_answer_request_is_still_answered(
+    nc, nats_url, database_url, kb_index, fake_ollama
+) -> None:
+    """The generator dies after streaming part of the answer; after ack_wait JetStream
+    redelivers to a fresh replica, which restarts the answer (RESET) and finishes."""
+    fake_ollama.token_delay = 0.3
+    fake_ollama.responder = lambda body: [f"tok{i} " for i in range(8)]
+    env = base_env(nats_url, database_url, kb_index, OLLAMA_HOST=fake_ollama.url,
+                   OLLAMA_MODEL_NAME="big:1.7b")
+    doomed = subprocess.Popen(
+        [sys.executable, "-m", "intentroute.cli", "worker", "generator-main"],
+        env={**os.environ, **env},
+    )
+    try:
+        async with running(env, ("gateway", "classifier", "retriever")):
+            req = make_request("what does addResult do?")
+            first_text = asyncio.Event()
+            chunks: list = []
+
+            async def collect() -> None:
+                async for chunk in ask(nc, req, timeout=60):
+                    chunks.append(chunk)
+                    if chunk.kind == ChunkKind.TEXT:
+                        first_text.set()
+
+            answer = asyncio.create_task(collect())
+            # Kill only once part of the answer has reached the caller.
+            await asyncio.wait_for(first_text.wait(), 60)
+            doomed.send_signal(signal.SIGKILL)
+            doomed.wait(10)
+            fake_ollama.token_delay = 0.0
+            async with running(env, ("generator-main",)):
+                await answer
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+    assert chunks[-1].is_final and chunks[-1].error is None
+    assert sum(c.is_final for c in chunks) == 1
+    assert any(c.kind == ChunkKind.RESET for c in chunks)
+    assert assemble(chunks) == "".join(f"tok{i} " for i in range(8))
+    assert len(fake_ollama.requests) == 2
+
+
+async def test_one_request_one_trace_across_the_five_workers(
+    nc, nats_url, database_url, kb_index
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    env = base_env(nats_url, database_url, kb_index)
+    async with running(env, tracer_provider=provider):
+        chunks = await ask_all(nc, make_request("write an endpoint returning a sha256 hash",
+                                                query_type="CODE_GENERATION"))
+    assert chunks[-1].is_final
+    spans = exporter.get_finished_spans()
+    consumers = {s.name for s in spans if s.kind.name == "CONSUMER"}
+    for stage in ("agent.request", "intentroute.stage.classify", "intentroute.stage.retrieve",
+                  "intentroute.stage.generate.main", "intentroute.stage.validate"):
+        assert any(stage in name for name in consumers), (stage, consumers)
+    traces = {s.context.trace_id for s in spans if s.kind.name == "CONSUMER"}
+    assert len(traces) == 1
+    assert any(s.name.startswith("store.") for s in spans)
+
+
+async def test_grpc_ask_agent_stream_and_bad_input(nc, nats_url, database_url,
+                                                  kb_index) -> None:
+    from intentroute.stack import free_port
+
+    port = free_port()
+    env = base_env(nats_url, database_url, kb_index, GATEWAY_GRPC_LISTEN=f"127.0.0.1:{port}")
+    async with running(env), grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = agent_pb2_grpc.AssistanceEngineStub(channel)
+        req = agent_pb2.AgentRequest(query="How do I read a request parameter?",
+                                     session_id="g1", agent_id="grpc")
+        streamed = [r async for r in stub.AskAgentStream(req)]
+        unary = await stub.AskAgent(agent_pb2.AgentRequest(
+            query="what is my quota usage? 80% of my plan", session_id="g1", agent_id="grpc",
+            extra_context="quota_used=80%"))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.AskAgent(agent_pb2.AgentRequest(query="x", session_id="g1",
+                                                       agent_id="grpc", query_type="SQL"))
+    assert streamed[-1].is_final and streamed[-1].query_type == "RETRIEVAL"
+    assert "".join(r.text for r in streamed[:-1])
+    assert unary.is_final and unary.query_type == "PLATFORM" and "quota_used=80%" in unary.text
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "UNKNOWN_QUERY_TYPE" in (err.value.details() or "")
