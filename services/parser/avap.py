@@ -399,7 +399,7 @@ class _Parser:
         code = scan.code
         if not code:
             return
-        if self.content_foreign(n, c, code):
+        if self.content_foreign(n, c, code, s):
             return
 
         am = _ASSIGN.match(code)
@@ -435,27 +435,28 @@ class _Parser:
             return
         self.report(n, c, SYNTAX_ERROR, f"unrecognized statement '{_snippet(s)}' — expected command(...)")
 
-    def content_foreign(self, n: int, c: int, code: str) -> bool:
-        """Foreign constructs that can appear anywhere in a line (string contents masked)."""
+    def content_foreign(self, n: int, c: int, code: str, s: str) -> bool:
+        """Foreign constructs anywhere in a line: detected on `code` (strings masked),
+        quoted from the source line `s`."""
         if code.endswith(";"):
-            self.foreign(n, c + len(code) - 1, code, "JavaScript/Go", "AVAP lines have no ';' terminator", "")
+            self.foreign(n, c + len(code) - 1, s, "JavaScript/Go", "AVAP lines have no ';' terminator", "")
         elif code.endswith(":"):
-            self.foreign(n, c, code, "Python", "AVAP blocks are if(...)/startLoop(...)/try() closed by end()", "")
+            self.foreign(n, c, s, "Python", "AVAP blocks are if(...)/startLoop(...)/try() closed by end()", "")
         elif ":=" in code:
             self.foreign(
-                n, c + code.index(":="), code, "Go", "assign with addVar(name, value) or x = command(...)",
+                n, c + code.index(":="), s, "Go", "assign with addVar(name, value) or x = command(...)",
                 "addVar",
             )
         elif "=>" in code:
-            self.foreign(n, c + code.index("=>"), code, "JavaScript", "AVAP has no arrow functions", "")
+            self.foreign(n, c + code.index("=>"), s, "JavaScript", "AVAP has no arrow functions", "")
         elif "===" in code or "!==" in code:
-            self.foreign(n, c, code, "JavaScript", "compare inside if(variable, value, comparator)", "if")
+            self.foreign(n, c, s, "JavaScript", "compare inside if(variable, value, comparator)", "if")
         elif _COMPOUND.match(code):
-            self.foreign(n, c, code, "Python/JavaScript/Go", "update variables with addVar(name, value)", "addVar")
+            self.foreign(n, c, s, "Python/JavaScript/Go", "update variables with addVar(name, value)", "addVar")
         elif ("f\"" in code or "f'" in code or "F\"" in code) and _FSTRING.search(code):
-            self.foreign(n, c, code, "Python", "build strings with backtick templates `text ${var}`", "")
+            self.foreign(n, c, s, "Python", "build strings with backtick templates `text ${var}`", "")
         elif "new " in code and _NEW_OBJECT.search(code):
-            self.foreign(n, c, code, "JavaScript", "AVAP has no objects; use the built-in commands", "")
+            self.foreign(n, c, s, "JavaScript", "AVAP has no objects; use the built-in commands", "")
         else:
             return False
         return True
@@ -522,7 +523,7 @@ class _Parser:
             raw_args = [s[bounds[i] : bounds[i + 1] - 1].strip() for i in range(len(bounds) - 1)]
         else:
             args = raw_args = []
-        line_c = c - (len(code) - len(code[code.index(name) :])) if False else c
+        line_c = c
         cmd = COMMANDS.get(name)
         if cmd is None:
             sugg = suggest_command(name)
@@ -550,7 +551,7 @@ class _Parser:
                 f"({', '.join(p.name for p in cmd.params) or 'none'}) but got {len(args)}",
                 cmd.signature(),
             )
-        else:
+        elif len(args) == expected:
             self.check_args(n, line_c, name, args, raw_args)
         if name in BLOCK_COMMANDS:
             self.block(n, line_c, name)

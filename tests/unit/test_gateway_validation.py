@@ -1,0 +1,57 @@
+import json
+
+import pytest
+
+from services.gateway.validation import InputError, parse_request, salvage_request_id
+from shared.contracts.request import AgentRequest
+
+OK = {"request_id": "r1", "session_id": "s1", "agent_id": "a1", "query": "What is addVar?"}
+
+
+def _parse(**overrides: object) -> AgentRequest | InputError:
+    return parse_request(json.dumps({**OK, **overrides}).encode())
+
+
+def test_valid_request_decodes_with_defaults() -> None:
+    req = _parse()
+    assert isinstance(req, AgentRequest)
+    assert req.query_type is None and req.extra_context == ""
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code"),
+    [
+        ({"query": "   "}, "MISSING_FIELD"),
+        ({"query": "x" * 8001}, "OVERSIZED_FIELD"),
+        ({"extra_context": "x" * 32001}, "OVERSIZED_FIELD"),
+        ({"session_id": "s" * 129}, "OVERSIZED_FIELD"),
+        ({"agent_id": "a b"}, "INVALID_FIELD"),
+        ({"query": 12}, "INVALID_FIELD"),
+        ({"query_type": "BILLING"}, "UNKNOWN_QUERY_TYPE"),
+    ],
+)
+def test_each_bad_field_maps_to_its_code(overrides: dict[str, object], code: str) -> None:
+    err = _parse(**overrides)
+    assert isinstance(err, InputError)
+    assert err.code == code
+    assert err.message
+
+
+def test_missing_field_is_reported_with_the_request_id() -> None:
+    body = {k: v for k, v in OK.items() if k != "agent_id"}
+    err = parse_request(json.dumps(body).encode())
+    assert isinstance(err, InputError) and err.code == "MISSING_FIELD"
+    assert err.request_id == "r1"
+    assert "agent_id" in err.message
+
+
+def test_malformed_json_salvages_the_request_id() -> None:
+    err = parse_request(b'{"request_id": "abc-1", "query": "unterminated')
+    assert isinstance(err, InputError) and err.code == "MALFORMED_JSON"
+    assert err.request_id == "abc-1"
+    assert salvage_request_id(b"garbage") == ""
+
+
+def test_known_query_types_are_accepted() -> None:
+    for qt in ("RETRIEVAL", "CODE_GENERATION", "CONVERSATIONAL", "PLATFORM"):
+        assert isinstance(_parse(query_type=qt), AgentRequest)

@@ -1,0 +1,62 @@
+import pytest
+
+from services.classifier.cascade import Cascade
+from services.classifier.rules import has_platform_prefix, rules_decide
+from shared.contracts.request import AgentRequest
+from shared.contracts.routing import Layer, ModelSlot, QueryType
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "You have a project usage percentage of 20%, provide a recommendation",
+        "You have a project usage percentage of 20%. Provide an insight. Rules: Exactly 3 "
+        "sentences.",
+        "cuántas llamadas llevo este mes?",
+        "my invoice for October looks wrong",
+        "how many requests do I have left on my plan",
+        "tengo el 85% de la cuota consumida, ¿qué hago?",
+        "mi factura de este mes es más alta",
+        "we reached 95% of our quota",
+    ],
+)
+def test_rc02_platform_data_signals(query: str) -> None:
+    assert rules_decide(query) == QueryType.PLATFORM
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Write AVAP code that applies a 20% discount to the price",
+        "genera un script AVAP que calcule un descuento del 20%",
+        "how do I call the Stripe billing API with RequestPost in AVAP",
+        "what is addVar?",
+        "explain this",
+    ],
+)
+def test_hard_negatives_are_left_to_the_later_layers(query: str) -> None:
+    assert rules_decide(query) is None
+
+
+def test_rc01_prefix_anywhere_case_insensitive() -> None:
+    assert has_platform_prefix("SYSTEM: You are a direct and concise assistant. Summarise.")
+    assert not has_platform_prefix("you are a helpful assistant")
+
+
+async def test_cascade_order_declared_then_rules_then_default() -> None:
+    cascade = Cascade(trusted_agents=("platform",))
+    base = {"request_id": "r", "session_id": "s", "agent_id": "platform"}
+    declared = await cascade.decide(
+        AgentRequest(**base, query="You have 20% usage", query_type="RETRIEVAL"), []
+    )
+    assert (declared.type, declared.layer) == (QueryType.RETRIEVAL, Layer.DECLARED)
+    untrusted = await cascade.decide(
+        AgentRequest(request_id="r", session_id="s", agent_id="someone",
+                     query="You have a project usage percentage of 20%",
+                     query_type="RETRIEVAL"), []
+    )
+    assert (untrusted.type, untrusted.layer) == (QueryType.PLATFORM, Layer.RULES)
+    assert untrusted.model_slot == ModelSlot.CONVERSATIONAL
+    default = await cascade.decide(AgentRequest(**base, query="what is startLoop"), [])
+    assert (default.type, default.layer, default.model_slot) == (
+        QueryType.RETRIEVAL, Layer.DEFAULT, ModelSlot.MAIN)
