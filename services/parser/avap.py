@@ -16,11 +16,12 @@ Two modes:
   closed implicitly by an enclosing block's end), quoted variable names, `#` comments, bare
   `end`/`else`/`endLoop`/`try`, and `function name(a, b) { ... }` blocks with `return`.
 
-Unknown commands fail in both modes, with one lenient exception: inside a `try()` body a
-call to a name that is not a near miss of any command is accepted with a
-TOLERATED_UNKNOWN_COMMAND warning. Such a call can only be a deliberate runtime-error probe
-that the program handles itself (the Lite tests do exactly this); a near miss such as
-`getSHA256` inside a try is still a hallucination and stays an UNKNOWN_COMMAND error.
+Unknown commands fail in both modes, with one narrow lenient exception: inside a `try()`
+body, a zero-argument call statement whose name is not a near miss of any command (the
+Lite tests' `comandoInexistente()`) is accepted with a TOLERATED_UNKNOWN_COMMAND warning.
+Such a call can do nothing but raise the runtime error the handler is there to catch. A
+near miss (`getSHA256`) or a call with arguments (`sendEmail(to, body)`) inside a try is
+still a hallucination and an UNKNOWN_COMMAND error. Warnings never make a program invalid.
 """
 
 from __future__ import annotations
@@ -84,9 +85,13 @@ _ATTRIBUTE = re.compile(r"(?<![\w.])[A-Za-z_]\w*\.[A-Za-z_]")
 _COMPOUND = re.compile(r"[A-Za-z_][\w.\[\]]*\s*(?:[-+*/%]=|\+\+|--)")
 _BAD_TARGET = re.compile(r"[A-Za-z_]\w*(?:\.\w+|\[[^\]]*\])+\s*=(?!=)")
 _FSTRING = re.compile(r"(?<![\w$])[fF][rR]?[\"']")
+_RHS_FOREIGN = re.compile(r"(await|new|lambda|function|yield)\b")
 _NEW_OBJECT = re.compile(r"\bnew\s+[A-Z]")
 _FUNCTION_HEADER = re.compile(r"function\s+([A-Za-z_]\w*)\s*\(([^)]*)\)\s*\{\s*\Z")
 _RETURN = re.compile(r"return\b")
+# The common line, `[target =] command(plain, args)` with no quotes, brackets, escapes,
+# slashes or colons, needs neither the scan nor the foreign checks: a fast path.
+_SIMPLE_CALL = re.compile(r"(?:([A-Za-z_]\w*)\s*=\s*)?([A-Za-z_]\w*)\(([^\"'`()\[\]{}\\/;:]*)\)\Z")
 _SPECIAL = re.compile(r"[\"'`()\[\]{},\\]|//")
 _OPENERS = {"(": ")", "[": "]", "{": "}"}
 _CLOSERS = {")": "(", "]": "[", "}": "{"}
@@ -194,6 +199,10 @@ _BLOCK_LABEL = {
 }
 _EXPR_BUILTINS = frozenset({"str", "int", "float", "len"})  # what the Lite runtime evaluates
 _LENIENT_BARE = frozenset({"end", "else", "endLoop", "try"})
+
+
+def _unknown_message(name: str) -> str:
+    return f"unknown command '{name}' — expected known identifier"
 
 
 def _snippet(text: str, limit: int = 40) -> str:
@@ -328,7 +337,8 @@ class _Parser:
         self.trace: list[TraceLine] = []
         self.stack: list[_Frame] = []
         self.functions: dict[str, int] = {}  # lenient user functions: name -> arity
-        # Lenient unknown calls wait for the end: a function may be defined further down.
+        # Lenient unknown calls wait for the end, since a function may be defined further
+        # down: (line, column, name, argument count or -1, is a zero-argument call in a try).
         self.pending: list[tuple[int, int, str, int, bool]] = []
 
     # -- reporting
@@ -358,6 +368,16 @@ class _Parser:
             if self.strict:
                 self.foreign(n, c, s, "Python", "AVAP comments start with //", "//")
             return
+        fast = _SIMPLE_CALL.match(s)
+        if (
+            fast
+            and fast.group(2) not in _FOREIGN_BY_KEYWORD
+            and fast.group(2) != "return"
+            and not ("=>" in (inner := fast.group(3)) or "===" in inner or "!==" in inner)
+        ):
+            args = [a.strip() for a in inner.split(",")] if inner.strip() else []
+            self.call(n, c + fast.start(2), fast.group(2), args, args, fast.group(1) or "")
+            return
         head = _HEAD.match(s)
         word = head.group() if head else ""
         if not self.strict:
@@ -373,9 +393,9 @@ class _Parser:
                 if any(f.kind == "func" for f in self.stack):
                     return
         if word == "return" and _RETURN.match(s):
-            self.report(
-                n, c, SYNTAX_ERROR, "'return' outside a function — AVAP returns values with addResult(var)",
-                "addResult",
+            where = "outside a function " if not self.strict else ""
+            self.foreign(
+                n, c, s, "Python/JavaScript/Go", f"'return' {where}is not AVAP; {_RESULT_HINT}", "addResult"
             )
             return
         rules = _FOREIGN_BY_KEYWORD.get(word)
@@ -412,7 +432,7 @@ class _Parser:
                 at = scan.first_close + 1
                 self.report(n, c + at, SYNTAX_ERROR, f"unexpected text after ')': '{_snippet(code[at:].strip())}'")
                 return
-            self.call(n, c, cm.group(1), s, scan, target="")
+            self.call_scanned(n, c, cm.group(1), s, scan, target="")
             return
         if _IDENT.match(code):
             if not self.strict and code in _LENIENT_BARE:
@@ -431,6 +451,11 @@ class _Parser:
                 f"cannot assign to '{_snippet(code.split('=')[0].strip())}' — set JSON keys with "
                 "AddvariableToJSON(key, value, target)",
                 "AddvariableToJSON",
+            )
+            return
+        if word in COMMANDS:
+            self.report(
+                n, c, SYNTAX_ERROR, f"'{word}' must be called with parentheses", COMMANDS[word].signature()
             )
             return
         self.report(n, c, SYNTAX_ERROR, f"unrecognized statement '{_snippet(s)}' — expected command(...)")
@@ -472,7 +497,7 @@ class _Parser:
             return
         cm = _CALL_HEAD.match(code, rhs_at)
         if cm and cm.end() - 1 == scan.first_open and scan.first_close == len(code) - 1:
-            self.call(n, c + rhs_at, cm.group(1), s, scan, target=target)
+            self.call_scanned(n, c + rhs_at, cm.group(1), s, scan, target=target)
             return
         rhs = code[rhs_at:]
         for em in _EXPR_CALL.finditer(rhs):
@@ -480,12 +505,9 @@ class _Parser:
             if "." in name:
                 self.dotted(n, c + rhs_at + em.start(), name)
                 return
-        if self.strict:
-            self.report(
-                n, c, INVALID_ASSIGNMENT,
-                f"strict AVAP assigns only command results (x = command(...)); got '{_snippet(s)}'",
-                f"addVar({target}, ...)",
-            )
+        rf = _RHS_FOREIGN.match(rhs)
+        if rf:
+            self.foreign(n, c + rhs_at, s, "JavaScript/Python", f"AVAP has no '{rf.group(1)}'", "")
             return
         if "?" in rhs:
             self.foreign(n, c, s, "JavaScript", "AVAP has no ternary operator; use if(...)", "if")
@@ -497,10 +519,17 @@ class _Parser:
                 "read JSON keys with variableFromJSON(source, key, target)", "variableFromJSON",
             )
             return
+        if self.strict:
+            self.report(
+                n, c, INVALID_ASSIGNMENT,
+                f"strict AVAP assigns only command results (x = command(...)); got '{_snippet(s)}'",
+                f"addVar({target}, ...)",
+            )
+            return
         for em in _EXPR_CALL.finditer(rhs):
             name = em.group(1)
             if name not in _EXPR_BUILTINS and name not in COMMANDS:
-                self.pending.append((n, c + rhs_at + em.start(), name, -1, self.in_try()))
+                self.pending.append((n, c + rhs_at + em.start(), name, -1, False))
 
     def dotted(self, n: int, c: int, name: str) -> None:
         lang = _DOTTED_LANG.get(name.split(".", 1)[0], "Python/JavaScript")
@@ -510,11 +539,7 @@ class _Parser:
         sugg = "addResult" if hint is _RESULT_HINT else ""
         self.foreign(n, c, f"{name}(...)", lang, hint, sugg)
 
-    def call(self, n: int, c: int, name: str, s: str, scan: _Scan, target: str) -> None:
-        """A command call; `c` is the column of the command name."""
-        if "." in name:
-            self.dotted(n, c, name)
-            return
+    def call_scanned(self, n: int, c: int, name: str, s: str, scan: _Scan, target: str) -> None:
         code = scan.code
         inner_from = scan.first_open + 1
         if code[inner_from : scan.first_close].strip():
@@ -523,17 +548,31 @@ class _Parser:
             raw_args = [s[bounds[i] : bounds[i + 1] - 1].strip() for i in range(len(bounds) - 1)]
         else:
             args = raw_args = []
+        self.call(n, c, name, args, raw_args, target)
+
+    def call(
+        self, n: int, c: int, name: str, args: list[str], raw_args: list[str], target: str
+    ) -> None:
+        """A command call; `c` is the column of the command name. `args` have string
+        contents masked, `raw_args` are the source text."""
+        if "." in name:
+            self.dotted(n, c, name)
+            return
         line_c = c
         cmd = COMMANDS.get(name)
         if cmd is None:
             sugg = suggest_command(name)
-            if not self.strict and not (sugg in BLOCK_COMMANDS and sugg.lower() == name.lower()):
-                self.pending.append((n, line_c, name, len(args), self.in_try()))
-                return
-            self.report(n, line_c, UNKNOWN_COMMAND, f"unknown command '{name}' — expected known identifier", sugg)
-            if sugg in BLOCK_COMMANDS and sugg.lower() == name.lower():
-                # `End()` / `If(...)`: keep the block structure right to avoid cascades.
+            if sugg in BLOCK_COMMANDS:
+                # `endIf()` / `End()` / `catch(e)`: report it, then apply the block command it
+                # stands for so the structure stays right and errors do not cascade.
+                self.report(n, line_c, UNKNOWN_COMMAND, _unknown_message(name), sugg)
                 self.block(n, line_c, sugg)
+            elif self.strict:
+                self.report(n, line_c, UNKNOWN_COMMAND, _unknown_message(name), sugg)
+            else:
+                # Decided at the end: it may be a function defined further down.
+                probe = not args and not target and self.in_try()
+                self.pending.append((n, line_c, name, len(args), probe))
             return
         if target and name in BLOCK_COMMANDS and (self.strict or name != "exception"):
             self.report(
@@ -689,7 +728,7 @@ class _Parser:
                 f"{_BLOCK_LABEL[frame.kind]} opened here is never closed — add {_BLOCK_CLOSER[frame.kind]}",
                 _BLOCK_CLOSER[frame.kind],
             )
-        for n, c, name, nargs, in_try in self.pending:
+        for n, c, name, nargs, probe in self.pending:
             arity = self.functions.get(name)
             if arity is not None:
                 if nargs >= 0 and nargs != arity:
@@ -698,14 +737,14 @@ class _Parser:
                     )
                 continue
             sugg = suggest_command(name)
-            if in_try and not sugg:
+            if probe and not sugg:
                 self.report(
                     n, c, TOLERATED_UNKNOWN_COMMAND,
-                    f"unknown command '{name}' tolerated inside try(): it can only raise the runtime "
-                    "error the handler expects",
+                    f"unknown command '{name}()' tolerated inside try(): a deliberate runtime-error "
+                    "probe that the exception handler catches",
                 )
             else:
-                self.report(n, c, UNKNOWN_COMMAND, f"unknown command '{name}' — expected known identifier", sugg)
+                self.report(n, c, UNKNOWN_COMMAND, _unknown_message(name), sugg)
 
 
 def validate(code: str, *, strict: bool = False) -> ParseResult:

@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-unit lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip wheel
+	# torch first, pinned: a local CPU build satisfies it; an unpinned torch pulls CUDA wheels.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Embedded NATS + Postgres + parser + all workers, demo knowledge base, one question per type.
+run: install
+	HF_HUB_OFFLINE=1 $(VENV)/bin/intentroute up --demo
+
+test: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+test-unit: install
+	$(PY) -m pytest -q tests/unit tests/contract
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy services shared intentroute bench
+
+bench: install
+	HF_HUB_OFFLINE=1 $(VENV)/bin/intentroute bench pipeline --json
+
+clean:
+	rm -rf .intentroute .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,158 @@
+"""Pipeline benchmark: raw NATS floor, end-to-end latency, sustained throughput.
+
+Every worker runs as its own process (as in production) on the embedded servers,
+with the generator on the instant echo backend and the retriever on BM25, so the
+figures measure the bus, the stores and the workers' own overhead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import nats
+
+from intentroute.stack import embedded_stack
+from intentroute.workers import WORKERS
+from shared.bus import ensure_streams
+from shared.client import publish_request
+from shared.codec import decode_chunk
+from shared.contracts.request import AgentRequest
+
+REPO = Path(__file__).resolve().parent.parent
+# One of each type; CODE_GENERATION adds the validator hop.
+MIX: list[dict[str, str | None]] = [
+    {"query": "What does addParam do?"},
+    {"query": "You have a project usage percentage of 20%, give one tip",
+     "extra_context": "usage=20%"},
+    {"query": "en menos palabras", "query_type": "CONVERSATIONAL"},
+    {"query": "endpoint that returns the user id", "query_type": "CODE_GENERATION"},
+]
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))], 3)
+
+
+async def _floor(nc: nats.aio.client.Client, n: int = 500) -> float:
+    async def echo(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(msg.data)
+
+    responder = await nats.connect(nc.connected_url.geturl())  # type: ignore[union-attr]
+    await responder.subscribe("bench.echo", cb=echo)
+    await responder.flush()
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await nc.request("bench.echo", b"x", timeout=2)
+        samples.append((time.perf_counter() - t) * 1000)
+    await responder.drain()
+    return round(statistics.median(samples), 3)
+
+
+class Waiter:
+    def __init__(self) -> None:
+        self.pending: dict[str, asyncio.Future[float]] = {}
+
+    async def on_chunk(self, msg: nats.aio.msg.Msg) -> None:
+        chunk = decode_chunk(msg.data)
+        if chunk.is_final:
+            fut = self.pending.pop(chunk.request_id, None)
+            if fut and not fut.done():
+                fut.set_result(time.perf_counter())
+
+
+def _request(i: int) -> AgentRequest:
+    sample = MIX[i % len(MIX)]
+    return AgentRequest(
+        request_id=uuid.uuid4().hex, session_id=f"bench-{i % 50}", agent_id="bench",
+        query=str(sample["query"]), query_type=sample.get("query_type"),
+        extra_context=str(sample.get("extra_context") or ""),
+    )
+
+
+async def _measure(nats_url: str, requests: int, load: int, window: int) -> dict[str, float]:
+    nc = await nats.connect(nats_url)
+    await ensure_streams(nc.jetstream(), 3600)
+    waiter = Waiter()
+    await nc.subscribe("agent.response.>", cb=waiter.on_chunk)
+    loop = asyncio.get_running_loop()
+    floor = await _floor(nc)
+    # Warm-up: every worker has fetched, connected its pool and filled caches.
+    for i in range(40):
+        req = _request(i)
+        waiter.pending[req.request_id] = loop.create_future()
+        await publish_request(nc, req)
+        await asyncio.wait_for(waiter.pending[req.request_id], 60)
+    latencies = []
+    for i in range(requests):
+        req = _request(i)
+        fut = loop.create_future()
+        waiter.pending[req.request_id] = fut
+        t = time.perf_counter()
+        await publish_request(nc, req)
+        latencies.append((await asyncio.wait_for(fut, 30) - t) * 1000)
+    sem = asyncio.Semaphore(window)
+
+    async def one(i: int) -> None:
+        async with sem:
+            req = _request(i)
+            fut = loop.create_future()
+            waiter.pending[req.request_id] = fut
+            await publish_request(nc, req)
+            await asyncio.wait_for(fut, 60)
+
+    t = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(load)))
+    elapsed = time.perf_counter() - t
+    await nc.drain()
+    return {
+        "floor_rtt_ms_p50": floor,
+        "e2e_ms_p50": _pct(latencies, 0.5),
+        "e2e_ms_p99": _pct(latencies, 0.99),
+        "throughput_rps": round(load / elapsed, 1),
+        "requests": requests,
+        "load": load,
+    }
+
+
+def run(requests: int = 400, load: int = 3000, window: int = 256) -> dict[str, float]:
+    from services.retriever.index import ingest
+    from shared.embeddings import SentenceTransformerEncoder
+    from shared.store import migrate
+
+    with tempfile.TemporaryDirectory(prefix="ir-bench-") as tmp:
+        state = Path(tmp)
+        ingest(REPO / "kb" / "avap", state / "index", SentenceTransformerEncoder(), progress=False)
+        with embedded_stack(state) as (nats_url, db_url):
+            migrate(db_url)
+            env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
+                       INDEX_DIR=str(state / "index"), RETRIEVER_METHOD="bm25",
+                       GENERATOR_BACKEND="echo", AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="WARNING")
+            procs = [
+                subprocess.Popen([sys.executable, "-m", "intentroute.cli", "worker", name],
+                                 env=env)
+                for name in WORKERS
+            ]
+            try:
+                time.sleep(3.0)
+                return asyncio.run(_measure(nats_url, requests, load, window))
+            finally:
+                for p in procs:
+                    p.terminate()
+                for p in procs:
+                    p.wait(15)
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(run()))

@@ -1,0 +1,790 @@
+"""Layer 2 of the classifier cascade: embedding head with calibrated confidence.
+
+Pieces (ADR-0008 "Future Path", ADR-018 clarity gate):
+
+* `EmbeddingHead`   multinomial logistic regression over L2-normalised sentence
+                    vectors, temperature-scaled on out-of-fold logits so that
+                    `max(probabilities)` is a calibrated confidence (ECE reported).
+                    Stored as .npy coefficients + JSON (no pickle). A head trained on
+                    a fine-tuned encoder carries the encoder weights in `dir/encoder/`.
+* `train_head`      fit (optionally after fine-tuning the encoder) + calibration.
+* `HeadRegistry`    versioned heads on disk (`root/v0001`, ..., `CURRENT` pointer
+                    written atomically), shadow-evaluated promotion, hot reload.
+* `Layer2Classifier` encoder + current head -> `Prediction`.
+* `MicroBatcher`    async front: concurrent submissions are encoded together in one
+                    worker thread so the event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from shared.contracts.routing import Clarity
+from shared.embeddings import DEFAULT_MODEL, Encoder
+
+log = logging.getLogger("intentroute.classifier.embedding")
+
+HEAD_FORMAT = 1
+DEFAULT_THRESHOLD = 0.85  # ADR-018: > 0.85 clear
+CONFIRM_THRESHOLD = 0.65  # ADR-018: 0.65-0.85 needs confirmation, < 0.65 clarification
+_VERSION_PREFIX = "v"
+
+
+# ---------------------------------------------------------------------------------
+# numerics
+# ---------------------------------------------------------------------------------
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
+
+
+def expected_calibration_error(probs: np.ndarray, y: np.ndarray, bins: int = 15) -> float:
+    """Top-label ECE with equal-width confidence bins."""
+    conf = probs.max(axis=1)
+    correct = probs.argmax(axis=1) == y
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    ece = 0.0
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        m = (conf > lo) & (conf <= hi)
+        if m.any():
+            ece += m.mean() * abs(conf[m].mean() - correct[m].mean())
+    return float(ece)
+
+
+def fit_temperature(logits: np.ndarray, y: np.ndarray) -> float:
+    """Scalar temperature minimising held-out NLL (golden-section on log T)."""
+
+    def nll(log_t: float) -> float:
+        z = logits / np.exp(log_t)
+        z = z - z.max(axis=1, keepdims=True)
+        lse = np.log(np.exp(z).sum(axis=1))
+        return float((lse - z[np.arange(len(y)), y]).mean())
+
+    lo, hi = np.log(0.02), np.log(50.0)
+    g = (np.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = nll(a), nll(b)
+    for _ in range(60):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = nll(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = nll(b)
+    return float(np.exp((lo + hi) / 2))
+
+
+def data_hash(texts: Sequence[str], labels: Sequence[str]) -> str:
+    """Order-independent sha256 of the (text, label) training lines."""
+    h = hashlib.sha256()
+    for line in sorted(f"{lab}\t{txt}" for txt, lab in zip(texts, labels, strict=True)):
+        h.update(line.encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def macro_f1(y_true: Sequence[str], y_pred: Sequence[str]) -> float:
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(list(y_true), list(y_pred), average="macro", zero_division=0))
+
+
+# ---------------------------------------------------------------------------------
+# head
+# ---------------------------------------------------------------------------------
+class EmbeddingHead:
+    """Calibrated linear head: p = softmax((x @ coef.T + intercept) / temperature)."""
+
+    def __init__(
+        self,
+        labels: list[str],
+        coef: np.ndarray,
+        intercept: np.ndarray,
+        *,
+        temperature: float = 1.0,
+        encoder: str = DEFAULT_MODEL,
+        encoder_dir: Path | None = None,
+        metrics: dict[str, Any] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.labels = list(labels)
+        self.coef = np.ascontiguousarray(coef, dtype=np.float32)
+        self.intercept = np.ascontiguousarray(intercept, dtype=np.float32)
+        if self.coef.shape[0] != len(self.labels):
+            raise ValueError("coef rows must match labels")
+        self.temperature = float(temperature)
+        # Name of the base encoder the vectors come from ...
+        self.encoder = encoder
+        # ... or a fine-tuned encoder directory (copied into the head dir on save).
+        self.encoder_dir = Path(encoder_dir) if encoder_dir else None
+        self.metrics: dict[str, Any] = dict(metrics or {})
+        self.meta: dict[str, Any] = dict(meta or {})
+
+    @property
+    def dim(self) -> int:
+        return int(self.coef.shape[1])
+
+    @property
+    def has_own_encoder(self) -> bool:
+        return self.encoder_dir is not None
+
+    def logits(self, vectors: np.ndarray) -> np.ndarray:
+        x = np.asarray(vectors, dtype=np.float32)
+        if x.ndim == 1:
+            x = x[None, :]
+        return (x @ self.coef.T + self.intercept) / self.temperature
+
+    def predict_proba(self, vectors: np.ndarray) -> np.ndarray:
+        return softmax(self.logits(vectors).astype(np.float64))
+
+    def make_encoder(self, *, threads: int = 1) -> Encoder:
+        """The encoder this head expects (fast path; fine-tuned weights if any)."""
+        from shared.fast_encoder import FastEncoder, shared_fast_encoder
+
+        if self.encoder_dir is not None:
+            return FastEncoder(self.encoder_dir, threads=threads)
+        return shared_fast_encoder(self.encoder, threads=threads)
+
+    # -- persistence: coefficients as .npy, everything else JSON ----------------------
+    def save(self, directory: Path) -> Path:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        np.save(d / "coef.npy", self.coef, allow_pickle=False)
+        np.save(d / "intercept.npy", self.intercept, allow_pickle=False)
+        encoder_ref = self.encoder
+        if self.encoder_dir is not None:
+            target = d / "encoder"
+            if self.encoder_dir.resolve() != target.resolve():
+                if target.exists():
+                    shutil.rmtree(target)
+                shutil.copytree(self.encoder_dir, target)
+            encoder_ref = "encoder"
+        head = {
+            "format": HEAD_FORMAT,
+            "kind": "logreg-temperature",
+            "labels": self.labels,
+            "temperature": self.temperature,
+            "encoder": encoder_ref,
+            "fine_tuned_encoder": self.encoder_dir is not None,
+            "dim": self.dim,
+            "meta": self.meta,
+        }
+        (d / "head.json").write_text(json.dumps(head, indent=2, ensure_ascii=False))
+        (d / "metrics.json").write_text(json.dumps(self.metrics, indent=2, ensure_ascii=False))
+        return d
+
+    @classmethod
+    def load(cls, directory: Path) -> EmbeddingHead:
+        d = Path(directory)
+        head = json.loads((d / "head.json").read_text())
+        if head.get("format") != HEAD_FORMAT:
+            raise ValueError(f"{d}: unsupported head format {head.get('format')}")
+        metrics_path = d / "metrics.json"
+        metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+        encoder_dir = d / head["encoder"] if head.get("fine_tuned_encoder") else None
+        return cls(
+            head["labels"],
+            np.load(d / "coef.npy", allow_pickle=False),
+            np.load(d / "intercept.npy", allow_pickle=False),
+            temperature=head.get("temperature", 1.0),
+            encoder=DEFAULT_MODEL if encoder_dir else head.get("encoder", DEFAULT_MODEL),
+            encoder_dir=encoder_dir,
+            metrics=metrics,
+            meta=head.get("meta", {}),
+        )
+
+
+def _fit_logreg(x: np.ndarray, y: np.ndarray, *, c: float, seed: int, max_iter: int) -> Any:
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return LogisticRegression(C=c, max_iter=max_iter, random_state=seed).fit(x, y)
+
+
+def train_head(
+    texts: Sequence[str],
+    labels: Sequence[str],
+    encoder: Encoder | None,
+    *,
+    seed: int = 0,
+    c: float = 20.0,
+    calibration_folds: int = 5,
+    max_iter: int = 500,
+    finetune_epochs: float = 0.0,
+    finetune_dir: Path | None = None,
+    finetune_options: dict[str, Any] | None = None,
+    vectors: np.ndarray | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> EmbeddingHead:
+    """Fit a calibrated logistic-regression head on sentence vectors.
+
+    * vectors come from `encoder` (or are passed precomputed in `vectors`),
+    * `calibration_folds`-fold stratified CV gives out-of-fold logits: the temperature
+      is fitted on them (NLL), and they also yield cross-validated accuracy/macro-F1
+      and ECE before/after scaling (stored in `head.metrics`),
+    * the final coefficients are fitted on all lines.
+    * `finetune_epochs > 0` first fine-tunes the encoder (services.classifier.finetune)
+      and trains the head on the fine-tuned vectors; the head then carries the
+      encoder (saved next to its coefficients).
+    """
+    from sklearn.model_selection import StratifiedKFold
+
+    say = progress or (lambda _m: None)
+    texts = list(texts)
+    labels = [str(lab) for lab in labels]
+    if len(texts) != len(labels) or not texts:
+        raise ValueError("texts and labels must be non-empty and aligned")
+    classes = sorted(set(labels))
+    if len(classes) < 2:
+        raise ValueError("need at least two labels")
+    started = time.perf_counter()
+    encoder_dir: Path | None = None
+    finetune_seconds = 0.0
+    if finetune_epochs and finetune_epochs > 0:
+        from services.classifier.finetune import finetune_encoder
+
+        import tempfile
+
+        t0 = time.perf_counter()
+        encoder_dir = Path(finetune_dir or tempfile.mkdtemp(prefix="intentroute-ft-"))
+        base = getattr(encoder, "model_name", DEFAULT_MODEL) if encoder else DEFAULT_MODEL
+        finetune_encoder(
+            texts, labels, encoder_dir, base_model=str(base), epochs=finetune_epochs,
+            seed=seed, progress=say, **(finetune_options or {}),
+        )
+        finetune_seconds = time.perf_counter() - t0
+        from shared.fast_encoder import FastEncoder
+
+        encoder = FastEncoder(encoder_dir, threads=max(1, os.cpu_count() or 1), cache_size=0)
+        vectors = None
+    if vectors is None:
+        if encoder is None:
+            raise ValueError("an encoder or precomputed vectors are required")
+        say(f"encoding {len(texts)} lines")
+        vectors = encoder.encode(texts, batch_size=64)
+    x = np.asarray(vectors, dtype=np.float32)
+    y = np.searchsorted(classes, labels)
+    counts = np.bincount(y, minlength=len(classes))
+
+    folds = min(calibration_folds, int(counts.min()))
+    metrics: dict[str, Any] = {
+        "n_train": len(texts),
+        "n_labels": len(classes),
+        "class_counts": {c_: int(n) for c_, n in zip(classes, counts, strict=True)},
+        "C": c,
+        "seed": seed,
+        "data_hash": data_hash(texts, labels),
+    }
+    temperature = 1.0
+    if folds >= 2:
+        say(f"{folds}-fold out-of-fold logits for calibration")
+        oof = np.zeros((len(y), len(classes)), dtype=np.float64)
+        skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+        for tr, te in skf.split(x, y):
+            m = _fit_logreg(x[tr], y[tr], c=c, seed=seed, max_iter=max_iter)
+            # A fold may miss a class only when counts < folds, excluded above.
+            oof[te] = m.decision_function(x[te])
+        temperature = fit_temperature(oof, y)
+        raw, cal = softmax(oof.copy()), softmax(oof / temperature)
+        pred = cal.argmax(axis=1)
+        metrics.update(
+            cv_folds=folds,
+            cv_accuracy=float((pred == y).mean()),
+            cv_macro_f1=macro_f1([classes[i] for i in y], [classes[i] for i in pred]),
+            ece_uncalibrated=expected_calibration_error(raw, y),
+            ece_calibrated=expected_calibration_error(cal, y),
+            cv_decided_at_0_85=float((cal.max(axis=1) > DEFAULT_THRESHOLD).mean()),
+            cv_accuracy_when_decided=float(
+                (pred == y)[cal.max(axis=1) > DEFAULT_THRESHOLD].mean()
+                if (cal.max(axis=1) > DEFAULT_THRESHOLD).any()
+                else 0.0
+            ),
+        )
+    say("final fit on all lines")
+    model = _fit_logreg(x, y, c=c, seed=seed, max_iter=max_iter)
+    coef, intercept = model.coef_, model.intercept_
+    if len(classes) == 2:  # sklearn's binary form -> symmetric two-row softmax
+        coef = np.vstack([-coef[0] / 2, coef[0] / 2])
+        intercept = np.array([-intercept[0] / 2, intercept[0] / 2])
+    metrics.update(
+        temperature=temperature,
+        finetune_epochs=float(finetune_epochs or 0.0),
+        finetune_seconds=round(finetune_seconds, 2),
+        train_seconds=round(time.perf_counter() - started, 2),
+    )
+    return EmbeddingHead(
+        classes,
+        coef,
+        intercept,
+        temperature=temperature,
+        encoder=str(getattr(encoder, "model_name", DEFAULT_MODEL)) if encoder_dir is None
+        else DEFAULT_MODEL,
+        encoder_dir=encoder_dir,
+        metrics=metrics,
+        meta={"data_hash": metrics["data_hash"], "trained_at": time.time()},
+    )
+
+
+# ---------------------------------------------------------------------------------
+# predictions
+# ---------------------------------------------------------------------------------
+class Prediction(msgspec.Struct, frozen=True):
+    label: str
+    confidence: float
+    probabilities: dict[str, float]
+    # Every other label, best first: (label, probability).
+    alternatives: list[tuple[str, float]]
+    head_version: str | None = None
+
+
+def decides(prediction: Prediction, threshold: float = DEFAULT_THRESHOLD) -> bool:
+    """Layer 2 decides when its calibrated confidence clears the threshold (ADR-0008)."""
+    return prediction.confidence > threshold
+
+
+def clarity(confidence: float) -> Clarity:
+    """ADR-018 clarity gate for a confidence."""
+    if confidence > DEFAULT_THRESHOLD:
+        return Clarity.CLEAR
+    if confidence >= CONFIRM_THRESHOLD:
+        return Clarity.NEEDS_CONFIRMATION
+    return Clarity.NEEDS_CLARIFICATION
+
+
+def _predictions(
+    head: EmbeddingHead, vectors: np.ndarray, version: str | None
+) -> list[Prediction]:
+    probs = head.predict_proba(vectors)
+    out: list[Prediction] = []
+    labels = head.labels
+    for row in probs:
+        order = np.argsort(-row, kind="stable")
+        best = int(order[0])
+        out.append(
+            Prediction(
+                label=labels[best],
+                confidence=float(row[best]),
+                probabilities={lab: float(p) for lab, p in zip(labels, row, strict=True)},
+                alternatives=[(labels[int(i)], float(row[int(i)])) for i in order[1:]],
+                head_version=version,
+            )
+        )
+    return out
+
+
+def evaluate_head(
+    head: EmbeddingHead, encoder: Encoder, texts: Sequence[str], labels: Sequence[str]
+) -> dict[str, float]:
+    preds = _predictions(head, encoder.encode(list(texts), batch_size=64), None)
+    guess = [p.label for p in preds]
+    acc = float(np.mean([g == t for g, t in zip(guess, labels, strict=True)]))
+    return {"accuracy": acc, "macro_f1": macro_f1(labels, guess), "n": len(labels)}
+
+
+# ---------------------------------------------------------------------------------
+# registry
+# ---------------------------------------------------------------------------------
+class PromotionResult(msgspec.Struct, frozen=True):
+    promoted: bool
+    reason: str
+    candidate: dict[str, float]
+    current: dict[str, float] | None
+    version: str | None  # the candidate's version when promoted
+    previous_version: str | None
+    n_eval: int
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class HeadRegistry:
+    """Versioned heads under `root`: v0001/, v0002/, ... and a CURRENT pointer.
+
+    Only promoted candidates get a version directory; refused candidates are logged
+    (metrics + shadow scores) in `root/rejected.jsonl`.
+    """
+
+    def __init__(self, root: Path, encoder: Encoder | None = None) -> None:
+        self.root = Path(root)
+        self._encoder = encoder
+        self._lock = threading.Lock()
+        self._loaded_version: str | None = None
+        self._loaded_head: EmbeddingHead | None = None
+        self._pointer_stamp: tuple[int, int] | None = None
+
+    # -- reading --------------------------------------------------------------------
+    @property
+    def pointer(self) -> Path:
+        return self.root / "CURRENT"
+
+    def versions(self) -> list[str]:
+        if not self.root.exists():
+            return []
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and p.name.startswith(_VERSION_PREFIX) and p.name[1:].isdigit()
+        )
+
+    def _read_pointer(self) -> str | None:
+        try:
+            v = self.pointer.read_text().strip()
+        except FileNotFoundError:
+            return None
+        return v or None
+
+    @property
+    def current_version(self) -> str | None:
+        return self._read_pointer()
+
+    def load_version(self, version: str) -> EmbeddingHead:
+        return EmbeddingHead.load(self.root / version)
+
+    def current(self) -> EmbeddingHead | None:
+        version = self._read_pointer()
+        if version is None:
+            return None
+        with self._lock:
+            if version != self._loaded_version:
+                self._loaded_head = self.load_version(version)
+                self._loaded_version = version
+                self._pointer_stamp = self._stamp()
+            return self._loaded_head
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.pointer.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_ino)
+
+    def maybe_reload(self) -> bool:
+        """Cheap check (one stat) for a newly promoted head; load it if there is one."""
+        stamp = self._stamp()
+        if stamp == self._pointer_stamp and self._loaded_version is not None:
+            return False
+        version = self._read_pointer()
+        self._pointer_stamp = stamp
+        if version is None or version == self._loaded_version:
+            return False
+        head = self.load_version(version)
+        with self._lock:
+            self._loaded_head, self._loaded_version = head, version
+        log.info("[classifier] loaded embedding head %s", version)
+        return True
+
+    @property
+    def loaded_version(self) -> str | None:
+        return self._loaded_version
+
+    # -- writing --------------------------------------------------------------------
+    def _encoder_for(self, head: EmbeddingHead) -> Encoder:
+        if head.has_own_encoder:
+            return head.make_encoder(threads=max(1, os.cpu_count() or 1))
+        if self._encoder is None:
+            from shared.fast_encoder import shared_fast_encoder
+
+            self._encoder = shared_fast_encoder(head.encoder)
+        return self._encoder
+
+    def add(self, head: EmbeddingHead) -> str:
+        """Store `head` as the next version (not promoted)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = self.root / f".staging-{os.getpid()}-{threading.get_ident()}-{time.time_ns()}"
+        head.save(staging)
+        while True:
+            existing = self.versions()
+            n = int(existing[-1][1:]) + 1 if existing else 1
+            version = f"{_VERSION_PREFIX}{n:04d}"
+            try:
+                os.rename(staging, self.root / version)  # atomic; fails if taken
+                return version
+            except OSError:
+                if not (self.root / version).exists():
+                    raise
+
+    def set_current(self, version: str) -> None:
+        if not (self.root / version / "head.json").exists():
+            raise FileNotFoundError(f"no head {version} under {self.root}")
+        _atomic_write(self.pointer, version + "\n")
+
+    def propose(
+        self,
+        head: EmbeddingHead,
+        eval_texts: Sequence[str],
+        eval_labels: Sequence[str],
+        *,
+        tolerance: float = 0.0,
+    ) -> PromotionResult:
+        """Shadow-evaluate `head` against the current head on the same held-out lines.
+
+        Promote when macro-F1 >= current - tolerance and accuracy >= current.
+        """
+        eval_texts, eval_labels = list(eval_texts), [str(x) for x in eval_labels]
+        if not eval_texts:
+            raise ValueError("shadow evaluation needs held-out lines")
+        cand = evaluate_head(head, self._encoder_for(head), eval_texts, eval_labels)
+        previous = self._read_pointer()
+        cur_head = self.current() if previous else None
+        cur = (
+            evaluate_head(cur_head, self._encoder_for(cur_head), eval_texts, eval_labels)
+            if cur_head is not None
+            else None
+        )
+        if cur is None:
+            ok, reason = True, "no current head"
+        elif cand["macro_f1"] >= cur["macro_f1"] - tolerance and cand["accuracy"] >= cur["accuracy"]:
+            ok, reason = True, "candidate not worse than current"
+        else:
+            ok = False
+            reason = (
+                f"candidate worse: macro_f1 {cand['macro_f1']:.4f} vs {cur['macro_f1']:.4f}, "
+                f"accuracy {cand['accuracy']:.4f} vs {cur['accuracy']:.4f}"
+            )
+        version: str | None = None
+        head.metrics["shadow_eval"] = {"candidate": cand, "current": cur, "against": previous}
+        if ok:
+            version = self.add(head)
+            self.set_current(version)
+            log.info("[classifier] promoted head %s (%s)", version, reason)
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with open(self.root / "rejected.jsonl", "a") as f:
+                f.write(json.dumps({"at": time.time(), "reason": reason,
+                                    "metrics": head.metrics}, default=str) + "\n")
+            log.info("[classifier] refused candidate head: %s", reason)
+        return PromotionResult(
+            promoted=ok,
+            reason=reason,
+            candidate=cand,
+            current=cur,
+            version=version,
+            previous_version=previous,
+            n_eval=len(eval_texts),
+        )
+
+
+# ---------------------------------------------------------------------------------
+# classifier
+# ---------------------------------------------------------------------------------
+class Layer2Classifier:
+    """Encoder + head. Give it a head, or a registry (hot-reloadable), or both.
+
+    When the head carries a fine-tuned encoder that encoder is used; otherwise the
+    given encoder (default: the shared FastEncoder for the head's base model).
+    """
+
+    def __init__(
+        self,
+        head: EmbeddingHead | None = None,
+        encoder: Encoder | None = None,
+        *,
+        registry: HeadRegistry | None = None,
+        threshold: float = DEFAULT_THRESHOLD,
+    ) -> None:
+        self.registry = registry
+        self.threshold = threshold
+        self._base_encoder = encoder
+        self.version: str | None = None
+        if head is None and registry is not None:
+            head = registry.current()
+            self.version = registry.loaded_version
+        if head is None:
+            raise ValueError("Layer2Classifier needs a head (none given, registry empty)")
+        self._state = (head, self._encoder_for(head), self.version)
+
+    @classmethod
+    def from_registry(
+        cls, root: Path, encoder: Encoder | None = None, **kw: Any
+    ) -> Layer2Classifier:
+        return cls(registry=HeadRegistry(root, encoder=encoder), encoder=encoder, **kw)
+
+    def _encoder_for(self, head: EmbeddingHead) -> Encoder:
+        if head.has_own_encoder:
+            return head.make_encoder()
+        if self._base_encoder is None:
+            from shared.fast_encoder import shared_fast_encoder
+
+            self._base_encoder = shared_fast_encoder(head.encoder)
+        return self._base_encoder
+
+    @property
+    def head(self) -> EmbeddingHead:
+        return self._state[0]
+
+    @property
+    def encoder(self) -> Encoder:
+        return self._state[1]
+
+    @property
+    def labels(self) -> list[str]:
+        return self.head.labels
+
+    def maybe_reload(self) -> bool:
+        """Swap in a newly promoted head (cheap when nothing changed)."""
+        if self.registry is None or not self.registry.maybe_reload():
+            return False
+        head = self.registry.current()
+        if head is None:
+            return False
+        encoder = self._encoder_for(head)
+        self.version = self.registry.loaded_version
+        self._state = (head, encoder, self.version)  # one atomic swap
+        return True
+
+    def classify(self, text: str) -> Prediction:
+        return self.classify_batch([text])[0]
+
+    def classify_batch(self, texts: Sequence[str]) -> list[Prediction]:
+        if not texts:
+            return []
+        head, encoder, version = self._state
+        vectors = encoder.encode(list(texts), batch_size=max(32, len(texts)))
+        return _predictions(head, vectors, version)
+
+    def decides(self, prediction: Prediction, threshold: float | None = None) -> bool:
+        return decides(prediction, self.threshold if threshold is None else threshold)
+
+
+# ---------------------------------------------------------------------------------
+# micro-batching
+# ---------------------------------------------------------------------------------
+class MicroBatcher:
+    """`await submit(text)`: concurrent submissions are classified in one batch.
+
+    A batch closes when `max_batch` texts are queued or `max_wait_ms` has passed
+    since its first text. The encoder runs in one dedicated worker thread, so the
+    event loop never blocks and batches never overlap; while a batch runs, new
+    submissions queue up and form the next one.
+    """
+
+    def __init__(
+        self,
+        classifier: Layer2Classifier,
+        *,
+        max_batch: int = 32,
+        max_wait_ms: float = 2.0,
+    ) -> None:
+        self.classifier = classifier
+        self.max_batch = max(1, max_batch)
+        self.max_wait = max(0.0, max_wait_ms) / 1000.0
+        self._queue: asyncio.Queue[tuple[str, asyncio.Future[Prediction]] | None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="layer2-encoder"
+        )
+        self._closed = False
+        self.batches = 0
+        self.items = 0
+        self.max_batch_seen = 0
+
+    def _ensure_started(self) -> None:
+        if self._task is None:
+            self._queue = asyncio.Queue()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def submit(self, text: str) -> Prediction:
+        if self._closed:
+            raise RuntimeError("MicroBatcher is closed")
+        self._ensure_started()
+        assert self._queue is not None
+        fut: asyncio.Future[Prediction] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((text, fut))
+        return await fut
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        queue, loop = self._queue, asyncio.get_running_loop()
+        stop = False
+        while not stop:
+            first = await queue.get()
+            if first is None:
+                break
+            batch = [first]
+            deadline = loop.time() + self.max_wait
+            while len(batch) < self.max_batch:
+                try:
+                    item = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        item = await asyncio.wait_for(queue.get(), remaining)
+                    except TimeoutError:
+                        break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            live = [(t, f) for t, f in batch if not f.done()]
+            if not live:
+                continue
+            texts = [t for t, _ in live]
+            try:
+                preds = await loop.run_in_executor(
+                    self._executor, self.classifier.classify_batch, texts
+                )
+            except Exception as exc:  # every caller of the batch sees the failure
+                for _, f in live:
+                    if not f.done():
+                        f.set_exception(exc)
+                continue
+            self.batches += 1
+            self.items += len(live)
+            self.max_batch_seen = max(self.max_batch_seen, len(live))
+            for (_, f), p in zip(live, preds, strict=True):
+                if not f.done():
+                    f.set_result(p)
+
+    async def close(self) -> None:
+        """Stop accepting; classify everything already submitted; stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._task is not None and self._queue is not None:
+            self._queue.put_nowait(None)
+            await self._task
+            # Anything queued behind the sentinel (submitted concurrently) is drained too.
+            rest = []
+            while not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is not None:
+                    rest.append(item)
+            if rest:
+                loop = asyncio.get_running_loop()
+                preds = await loop.run_in_executor(
+                    self._executor, self.classifier.classify_batch, [t for t, _ in rest]
+                )
+                for (_, f), p in zip(rest, preds, strict=True):
+                    if not f.done():
+                        f.set_result(p)
+        self._executor.shutdown(wait=True)
