@@ -1,4 +1,4 @@
-"""Classifier worker: settings -> broker -> router -> lifespan (store, cascade)."""
+"""Classifier worker: settings -> broker -> router -> lifespan (store, encoder + head, LLM)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 from opentelemetry.trace import TracerProvider
 
-from services.classifier.cascade import Cascade
+from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.handlers import ClassifierDeps, build_router
 from services.classifier.settings import ClassifierSettings
 from shared.runtime import build_app
@@ -25,11 +25,18 @@ def create_app(
     )
 
     async def make_deps(broker: NatsBroker) -> ClassifierDeps:
+        from services.classifier.adapters import build_layer2, build_llm
+
         store = await Store.connect(
             settings.common.database_url, tracer=tracer_for("intentroute.classifier", provider)
         )
-        cascade = Cascade(trusted_agents=settings.trusted_agents)
-        return ClassifierDeps(store, cascade)
+        layer2 = build_layer2(settings)
+        cascade = Cascade(
+            CascadeConfig(trusted_agents=settings.trusted_agents, threshold=settings.threshold),
+            layer2=layer2,
+            llm=build_llm(settings),
+        )
+        return ClassifierDeps(store, cascade, layer2)
 
     return build_app(
         common=settings.common,

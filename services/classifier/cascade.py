@@ -1,19 +1,31 @@
 """The classifier cascade: pure decision logic over injected layers.
 
-1. caller-declared type (trusted callers only)
-2. Layer 1 rules: RC-01 platform prefix, RC-02 platform data
-3. later layers (embedding head, LLM) plug in behind `Layer`; until they are
-   configured the decision is the interim `default` layer (RETRIEVAL).
+1. caller-declared type (trusted callers only)                      layer `declared`
+2. Layer 1 rules: RC-01 platform prefix, RC-02 platform data          layer `rules`
+3. deictic references resolved from history / editor (RC-03 scope)   layer `rules`
+4. Layer 2 embedding head: decides at or above the threshold          layer `embedding`
+5. Layer 3 LLM with the compact intent history                        layer `llm`
+   (no LLM, or it does not answer: Layer 2's best guess)              layer `fallback`
+
+Every decision carries the ADR-018 clarity outcome and its alternatives. Only a
+deictic message ever looks at the history; the history never predicts a type.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Protocol
 
+import msgspec
+
+from services.classifier.deixis import is_deictic, resolve_reference
+from services.classifier.llm import LlmLabeler
 from services.classifier.rules import has_platform_data, has_platform_prefix
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import (
+    Alternative,
+    Clarity,
     HistoryEntry,
     Layer,
     QueryType,
@@ -23,31 +35,75 @@ from shared.contracts.routing import (
 
 log = logging.getLogger("intentroute.classifier")
 
+DEFAULT_THRESHOLD = 0.85
+CONFIRM_THRESHOLD = 0.65
+# Joins that may put two requests in one message ("explain X and also show my usage").
+_SPLIT = re.compile(
+    r"\s*(?:[;?]|\.\s|,?\s+(?:and also|and then|also|plus|then|además|y también|y luego|"
+    r"y después|luego|y además|and))\s+",
+    re.IGNORECASE,
+)
 
-class LaterLayer(Protocol):
-    """A model-backed layer: returns a decision, or None to let the query fall through."""
 
-    async def decide(
-        self, request: AgentRequest, history: list[HistoryEntry]
-    ) -> RoutingDecision | None: ...
+class Prediction(Protocol):
+    label: str
+    confidence: float
+    alternatives: list[tuple[str, float]]
 
 
-def decision(query_type: QueryType, layer: Layer, confidence: float) -> RoutingDecision:
+class Layer2(Protocol):
+    """Embedding classifier (micro-batched in the worker)."""
+
+    async def predict(self, text: str) -> Prediction: ...
+
+    async def predict_many(self, texts: list[str]) -> list[Prediction]: ...
+
+
+class CascadeConfig(msgspec.Struct, frozen=True, kw_only=True):
+    trusted_agents: tuple[str, ...] = ("*",)
+    threshold: float = DEFAULT_THRESHOLD
+    confirm_threshold: float = CONFIRM_THRESHOLD
+    detect_multi_intent: bool = True
+
+
+def decision(
+    query_type: QueryType,
+    layer: Layer,
+    confidence: float,
+    *,
+    clarity: Clarity = Clarity.CLEAR,
+    alternatives: list[Alternative] | None = None,
+    resolved_reference: bool = False,
+) -> RoutingDecision:
     return RoutingDecision(
-        type=query_type, layer=layer, confidence=confidence, model_slot=slot_for(query_type)
+        type=query_type,
+        layer=layer,
+        confidence=round(float(confidence), 4),
+        model_slot=slot_for(query_type),
+        clarity=clarity,
+        alternatives=alternatives or [],
+        resolved_reference=resolved_reference,
     )
+
+
+def _alternatives(pred: Prediction) -> list[Alternative]:
+    return [Alternative(QueryType(label), round(float(p), 4)) for label, p in pred.alternatives
+            if label in QueryType.__members__][:3]
 
 
 class Cascade:
     def __init__(
         self,
+        config: CascadeConfig | None = None,
         *,
-        trusted_agents: tuple[str, ...] = ("*",),
-        layers: tuple[LaterLayer, ...] = (),
+        layer2: Layer2 | None = None,
+        llm: LlmLabeler | None = None,
     ) -> None:
-        self._trust_all = "*" in trusted_agents
-        self._trusted = frozenset(trusted_agents)
-        self._layers = layers
+        self.config = config or CascadeConfig()
+        self._trust_all = "*" in self.config.trusted_agents
+        self._trusted = frozenset(self.config.trusted_agents)
+        self.layer2 = layer2
+        self.llm = llm
 
     def trusted(self, agent_id: str) -> bool:
         return self._trust_all or agent_id in self._trusted
@@ -72,8 +128,51 @@ class Cascade:
         fast = self.decide_fast(request)
         if fast is not None:
             return fast
-        for layer in self._layers:
-            result = await layer.decide(request, history)
-            if result is not None:
-                return result
-        return decision(QueryType.RETRIEVAL, Layer.DEFAULT, 0.0)
+        query = request.query
+        if is_deictic(query):
+            referent = resolve_reference(query, history, request.editor_context)
+            if referent is not None:
+                return decision(referent, Layer.RULES, 1.0, resolved_reference=True)
+        if self.layer2 is None:
+            return decision(QueryType.RETRIEVAL, Layer.DEFAULT, 0.0)
+
+        pred = await self.layer2.predict(query)
+        best = QueryType(pred.label)
+        alternatives = _alternatives(pred)
+        multi = await self._multi_intent(query) if self.config.detect_multi_intent else None
+        if multi is not None:
+            return decision(best, Layer.EMBEDDING, pred.confidence,
+                            clarity=Clarity.MULTI_INTENT, alternatives=multi)
+        if pred.confidence >= self.config.threshold:
+            return decision(best, Layer.EMBEDDING, pred.confidence, alternatives=alternatives)
+
+        clarity = (Clarity.NEEDS_CONFIRMATION if pred.confidence >= self.config.confirm_threshold
+                   else Clarity.NEEDS_CLARIFICATION)
+        if self.llm is not None:
+            # RC-03: the LLM sees the history only to resolve references (stated in its prompt).
+            label = await self.llm.label(query, history, request.editor_context)
+            if label is not None:
+                return decision(label, Layer.LLM, pred.confidence, clarity=clarity,
+                                alternatives=alternatives)
+        return decision(best, Layer.FALLBACK, pred.confidence, clarity=clarity,
+                        alternatives=alternatives)
+
+    async def _multi_intent(self, query: str) -> list[Alternative] | None:
+        """Two parts of the message confidently asking for different types."""
+        parts = [p for p in _SPLIT.split(query) if p and len(p.split()) >= 3]
+        if len(parts) < 2 or self.layer2 is None:
+            return None
+        found: dict[QueryType, float] = {}
+        for part in parts:
+            if has_platform_prefix(part) or has_platform_data(part):
+                found[QueryType.PLATFORM] = 1.0
+                continue
+            if is_deictic(part):
+                continue
+            pred = await self.layer2.predict(part)
+            if pred.confidence >= self.config.threshold:
+                qt = QueryType(pred.label)
+                found[qt] = max(found.get(qt, 0.0), float(pred.confidence))
+        if len(found) < 2:
+            return None
+        return [Alternative(t, round(c, 4)) for t, c in sorted(found.items(), key=lambda x: -x[1])]

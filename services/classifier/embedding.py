@@ -263,9 +263,9 @@ def train_head(
     encoder_dir: Path | None = None
     finetune_seconds = 0.0
     if finetune_epochs and finetune_epochs > 0:
-        from services.classifier.finetune import finetune_encoder
-
         import tempfile
+
+        from services.classifier.finetune import finetune_encoder
 
         t0 = time.perf_counter()
         encoder_dir = Path(finetune_dir or tempfile.mkdtemp(prefix="intentroute-ft-"))

@@ -11,21 +11,52 @@ from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
 
 from services.classifier.cascade import Cascade
 from services.classifier.settings import ClassifierSettings
-from shared.bus import PIPELINE_STREAM, consumer_config, publish_stage
+from shared.bus import PIPELINE_STREAM, AnswerStream, consumer_config, publish_stage
 from shared.codec import encode
-from shared.contracts.pipeline import CLASSIFY_SUBJECT, RETRIEVE_SUBJECT, generate_subject
-from shared.contracts.routing import RETRIEVING_TYPES, topic_snippet
+from shared.contracts.pipeline import CLASSIFY_SUBJECT, RETRIEVE_SUBJECT, Envelope, generate_subject
+from shared.contracts.response import ChunkKind
+from shared.contracts.routing import (
+    RETRIEVING_TYPES,
+    Clarity,
+    QueryType,
+    RoutingDecision,
+    topic_snippet,
+)
+from shared.runtime import Closable
 from shared.stage import decode_or_report, stage_guard
-from shared.store.stores import HistoryRow, Store
+from shared.store.stores import HistoryRow, RequestLogRow, Store
 
 
 class ClassifierDeps:
-    def __init__(self, store: Store, cascade: Cascade) -> None:
+    def __init__(self, store: Store, cascade: Cascade, layer2: Closable | None = None) -> None:
         self.store = store
         self.cascade = cascade
+        self.layer2 = layer2
 
     async def close(self) -> None:
+        if self.layer2 is not None:
+            await self.layer2.close()
         await self.store.close()
+
+
+_WHAT = {
+    QueryType.RETRIEVAL: "an explanation from the AVAP documentation",
+    QueryType.CODE_GENERATION: "AVAP code written for you",
+    QueryType.CONVERSATIONAL: "my previous answer rephrased",
+    QueryType.PLATFORM: "information about your account, usage or billing",
+}
+
+
+def clarification_text(decision: RoutingDecision) -> str:
+    """The question asked instead of answering, under the `ask` clarity policy."""
+    options = [decision.type] + [a.type for a in decision.alternatives if a.type != decision.type]
+    listed = "; ".join(f"({i}) {_WHAT[t]} [{t.value}]" for i, t in enumerate(options[:3], 1))
+    if decision.clarity == Clarity.MULTI_INTENT:
+        return f"Your message asks for more than one thing: {listed}. Please send them one by one."
+    if decision.clarity == Clarity.NEEDS_CONFIRMATION:
+        best = f"{_WHAT[decision.type]} [{decision.type.value}]"
+        return f"Do you want {best}? Other options: {listed}."
+    return f"I am not sure what you need. Do you want {listed}?"
 
 
 def build_router(settings: ClassifierSettings) -> NatsRouter:
@@ -55,6 +86,9 @@ def build_router(settings: ClassifierSettings) -> NatsRouter:
             history = await deps.store.last_history(req.agent_id, req.session_id)
             decision = await deps.cascade.decide(req, history)
             env.decision = decision
+            if decision.clarity != Clarity.CLEAR and settings.policy_for(req.agent_id) == "ask":
+                await _ask_back(broker, deps.store, env, decision, started)
+                return
             env.history = history
             env.timings["classify"] = round((time.perf_counter() - started) * 1000, 3)
             # RC-04: only RETRIEVAL and CODE_GENERATION go through the retriever.
@@ -78,3 +112,24 @@ def build_router(settings: ClassifierSettings) -> NatsRouter:
             )
 
     return router
+
+
+async def _ask_back(
+    broker: NatsBroker, store: Store, env: Envelope, decision: RoutingDecision, started: float
+) -> None:
+    """Clarity policy `ask`: a clarification chunk with the options; nothing generated."""
+    req = env.request
+    env.timings["classify"] = round((time.perf_counter() - started) * 1000, 3)
+    await store.write(
+        HistoryRow(agent_id=req.agent_id, session_id=req.session_id, request_id=req.request_id,
+                   type=decision.type.value, topic=topic_snippet(req.query),
+                   layer=decision.layer.value, confidence=decision.confidence),
+        RequestLogRow(request_id=req.request_id, agent_id=req.agent_id,
+                      session_id=req.session_id, outcome="clarification",
+                      query_type=decision.type.value, layer=decision.layer.value,
+                      confidence=decision.confidence, model_slot=decision.model_slot.value,
+                      stage_ms=env.timings),
+    )
+    await AnswerStream(broker, req.request_id, start_seq=env.seq).final(
+        decision=decision, text=clarification_text(decision), kind=ChunkKind.CLARIFICATION
+    )

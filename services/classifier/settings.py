@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import msgspec
 
 from shared.settings import CommonSettings, env_float, env_int, env_str
+
+DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "heads"
 
 
 class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -13,15 +16,43 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
     trusted_agents: tuple[str, ...] = ("*",)
     # Messages fetched per pull request; they are handled concurrently.
     batch_size: int = 32
+    # Layer 2: versioned heads on disk; "" disables the embedding layer.
+    heads_dir: str = str(DEFAULT_HEADS_DIR)
+    threshold: float = 0.85
+    micro_batch: int = 32
+    micro_batch_wait_ms: float = 2.0
+    # Layer 3: Ollama model for the LLM classifier ("" = no Layer 3 -> fallback).
+    ollama_host: str = ""
+    llm_model: str = ""
+    llm_timeout: float = 3.0
+    # Clarity gate policy: "proceed" (default) or "ask", per agent overrides.
+    clarity_policy: str = "proceed"
+    clarity_policy_by_agent: dict[str, str] = {}
+
+    def policy_for(self, agent_id: str) -> str:
+        return self.clarity_policy_by_agent.get(agent_id, self.clarity_policy)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ClassifierSettings:
         trusted = env_str("CLASSIFIER_TRUSTED_AGENTS", "*", environ)
+        by_agent = {}
+        for item in env_str("CLARITY_POLICY_BY_AGENT", "", environ).split(","):
+            agent, _, policy = item.partition(":")
+            if agent.strip() and policy.strip():
+                by_agent[agent.strip()] = policy.strip()
+        main = env_str("OLLAMA_MODEL_NAME", "", environ)
+        small = env_str("OLLAMA_MODEL_NAME_CONVERSATIONAL", "", environ) or main
         return cls(
             common=CommonSettings.from_env(environ),
             trusted_agents=tuple(a.strip() for a in trusted.split(",") if a.strip()),
             batch_size=env_int("CLASSIFIER_BATCH", 32, environ),
+            heads_dir=env_str("CLASSIFIER_HEADS_DIR", str(DEFAULT_HEADS_DIR), environ),
+            threshold=env_float("CLASSIFIER_THRESHOLD", 0.85, environ),
+            micro_batch=env_int("CLASSIFIER_MICRO_BATCH", 32, environ),
+            micro_batch_wait_ms=env_float("CLASSIFIER_MICRO_BATCH_WAIT_MS", 2.0, environ),
+            ollama_host=env_str("OLLAMA_HOST", "", environ),
+            llm_model=env_str("CLASSIFIER_LLM_MODEL", small, environ),
+            llm_timeout=env_float("CLASSIFIER_LLM_TIMEOUT", 3.0, environ),
+            clarity_policy=env_str("CLARITY_POLICY", "proceed", environ),
+            clarity_policy_by_agent=by_agent,
         )
-
-
-__all__ = ["ClassifierSettings", "env_float"]

@@ -126,7 +126,9 @@ _FOREIGN_BY_KEYWORD: dict[str, list[_ForeignRule]] = {
     ),
     "from": _rules((r"from\s+[\w.]+\s+import\b", "Python", "AVAP has no imports", "")),
     "package": _rules((r"package\s+\w+\s*\Z", "Go", "AVAP programs have no package clause", "")),
-    "func": _rules((r"func\b", "Go", "AVAP has no function declarations; write commands inline", "")),
+    "func": _rules(
+        (r"func\b", "Go", "AVAP has no function declarations; write commands inline", "")
+    ),
     "print": _rules((r"print\s*[(\"']", "Python", _RESULT_HINT, "addResult")),
     "println": _rules((r"println\s*\(", "Go/Java", _RESULT_HINT, "addResult")),
     "elif": _rules((r"elif\b", "Python", "nest if(...) inside else() ... end()", "else")),
@@ -142,14 +144,26 @@ _FOREIGN_BY_KEYWORD: dict[str, list[_ForeignRule]] = {
         ),
     ),
     "except": _rules(
-        (r"except\b", "Python", "handle errors with try() ... exception(var) ... end()", "exception"),
+        (
+            r"except\b",
+            "Python",
+            "handle errors with try() ... exception(var) ... end()",
+            "exception",
+        ),
     ),
     "catch": _rules(
-        (r"catch\b", "JavaScript", "handle errors with try() ... exception(var) ... end()", "exception"),
+        (
+            r"catch\b",
+            "JavaScript",
+            "handle errors with try() ... exception(var) ... end()",
+            "exception",
+        ),
     ),
     "finally": _rules((r"finally\b", "Python/JavaScript", "AVAP has no finally block", "end")),
     "raise": _rules((r"raise\b", "Python", "AVAP has no raise; set an error variable", "addVar")),
-    "throw": _rules((r"throw\b", "JavaScript", "AVAP has no throw; set an error variable", "addVar")),
+    "throw": _rules(
+        (r"throw\b", "JavaScript", "AVAP has no throw; set an error variable", "addVar")
+    ),
     "pass": _rules((r"pass\s*\Z", "Python", "AVAP has no 'pass'; remove the line", "")),
     "with": _rules((r"with\s+.+:\s*\Z", "Python", "AVAP has no context managers", "")),
     "class": _rules((r"class\s+\w+", "Python/JavaScript", "AVAP has no classes", "")),
@@ -159,13 +173,24 @@ _FOREIGN_BY_KEYWORD: dict[str, list[_ForeignRule]] = {
     "defer": _rules((r"defer\s+\w", "Go", "AVAP has no defer", "")),
     "switch": _rules((r"switch\b", "JavaScript/Go", "use if(...) ... else() ... end()", "if")),
     "case": _rules((r"case\s+.*:\s*\Z", "JavaScript/Go", "use if(...) ... else() ... end()", "if")),
-    "const": _rules((r"const\s+[\w${\[]", "JavaScript", "declare variables with addVar(name, value)", "addVar")),
-    "let": _rules((r"let\s+[\w${\[]", "JavaScript", "declare variables with addVar(name, value)", "addVar")),
-    "var": _rules((r"var\s+[\w$]", "JavaScript/Go", "declare variables with addVar(name, value)", "addVar")),
+    "const": _rules(
+        (r"const\s+[\w${\[]", "JavaScript", "declare variables with addVar(name, value)", "addVar")
+    ),
+    "let": _rules(
+        (r"let\s+[\w${\[]", "JavaScript", "declare variables with addVar(name, value)", "addVar")
+    ),
+    "var": _rules(
+        (r"var\s+[\w$]", "JavaScript/Go", "declare variables with addVar(name, value)", "addVar")
+    ),
     "console": _rules((r"console\.\w+", "JavaScript", _RESULT_HINT, "addResult")),
     "fmt": _rules((r"fmt\.\w+", "Go", _RESULT_HINT, "addResult")),
     "function": _rules(
-        (r"function\b", "JavaScript", "AVAP has no functions in strict mode; write commands inline", ""),
+        (
+            r"function\b",
+            "JavaScript",
+            "AVAP has no functions in strict mode; write commands inline",
+            "",
+        ),
     ),
 }
 
@@ -348,7 +373,11 @@ class _Parser:
 
     def foreign(self, line: int, column: int, text: str, lang: str, hint: str, sugg: str) -> None:
         self.report(
-            line, column, FOREIGN_SYNTAX, f"unexpected construct '{_snippet(text)}' ({lang}) — {hint}", sugg
+            line,
+            column,
+            FOREIGN_SYNTAX,
+            f"unexpected construct '{_snippet(text)}' ({lang}) — {hint}",
+            sugg,
         )
 
     # -- driver
@@ -395,7 +424,12 @@ class _Parser:
         if word == "return" and _RETURN.match(s):
             where = "outside a function " if not self.strict else ""
             self.foreign(
-                n, c, s, "Python/JavaScript/Go", f"'return' {where}is not AVAP; {_RESULT_HINT}", "addResult"
+                n,
+                c,
+                s,
+                "Python/JavaScript/Go",
+                f"'return' {where}is not AVAP; {_RESULT_HINT}",
+                "addResult",
             )
             return
         rules = _FOREIGN_BY_KEYWORD.get(word)
@@ -405,7 +439,9 @@ class _Parser:
                     self.foreign(n, c, s, lang, hint, sugg)
                     return
         if s[0] == "}":
-            self.foreign(n, c, s, "JavaScript/Go", "AVAP blocks close with end() / endLoop()", "end")
+            self.foreign(
+                n, c, s, "JavaScript/Go", "AVAP blocks close with end() / endLoop()", "end"
+            )
             return
 
         scan = _scan(s)
@@ -430,7 +466,12 @@ class _Parser:
         if cm and cm.end() - 1 == scan.first_open:
             if scan.first_close != len(code) - 1:
                 at = scan.first_close + 1
-                self.report(n, c + at, SYNTAX_ERROR, f"unexpected text after ')': '{_snippet(code[at:].strip())}'")
+                self.report(
+                    n,
+                    c + at,
+                    SYNTAX_ERROR,
+                    f"unexpected text after ')': '{_snippet(code[at:].strip())}'",
+                )
                 return
             self.call_scanned(n, c, cm.group(1), s, scan, target="")
             return
@@ -439,15 +480,25 @@ class _Parser:
                 self.block(n, c, code)
             elif code in COMMANDS:
                 self.report(
-                    n, c, SYNTAX_ERROR, f"missing parentheses: '{code}' must be called as a command",
+                    n,
+                    c,
+                    SYNTAX_ERROR,
+                    f"missing parentheses: '{code}' must be called as a command",
                     COMMANDS[code].signature(),
                 )
             else:
-                self.report(n, c, SYNTAX_ERROR, f"unrecognized statement '{_snippet(code)}' — expected command(...)")
+                self.report(
+                    n,
+                    c,
+                    SYNTAX_ERROR,
+                    f"unrecognized statement '{_snippet(code)}' — expected command(...)",
+                )
             return
         if _BAD_TARGET.match(code):
             self.report(
-                n, c, INVALID_ASSIGNMENT,
+                n,
+                c,
+                INVALID_ASSIGNMENT,
                 f"cannot assign to '{_snippet(code.split('=')[0].strip())}' — set JSON keys with "
                 "AddvariableToJSON(key, value, target)",
                 "AddvariableToJSON",
@@ -455,33 +506,67 @@ class _Parser:
             return
         if word in COMMANDS:
             self.report(
-                n, c, SYNTAX_ERROR, f"'{word}' must be called with parentheses", COMMANDS[word].signature()
+                n,
+                c,
+                SYNTAX_ERROR,
+                f"'{word}' must be called with parentheses",
+                COMMANDS[word].signature(),
             )
             return
-        self.report(n, c, SYNTAX_ERROR, f"unrecognized statement '{_snippet(s)}' — expected command(...)")
+        self.report(
+            n, c, SYNTAX_ERROR, f"unrecognized statement '{_snippet(s)}' — expected command(...)"
+        )
 
     def content_foreign(self, n: int, c: int, code: str, s: str) -> bool:
         """Foreign constructs anywhere in a line: detected on `code` (strings masked),
         quoted from the source line `s`."""
         if code.endswith(";"):
-            self.foreign(n, c + len(code) - 1, s, "JavaScript/Go", "AVAP lines have no ';' terminator", "")
+            self.foreign(
+                n, c + len(code) - 1, s, "JavaScript/Go", "AVAP lines have no ';' terminator", ""
+            )
         elif code.endswith(":"):
-            self.foreign(n, c, s, "Python", "AVAP blocks are if(...)/startLoop(...)/try() closed by end()", "")
+            self.foreign(
+                n,
+                c,
+                s,
+                "Python",
+                "AVAP blocks are if(...)/startLoop(...)/try() closed by end()",
+                "",
+            )
         elif ":=" in code:
             self.foreign(
-                n, c + code.index(":="), s, "Go", "assign with addVar(name, value) or x = command(...)",
+                n,
+                c + code.index(":="),
+                s,
+                "Go",
+                "assign with addVar(name, value) or x = command(...)",
                 "addVar",
             )
         elif "=>" in code:
-            self.foreign(n, c + code.index("=>"), s, "JavaScript", "AVAP has no arrow functions", "")
+            self.foreign(
+                n, c + code.index("=>"), s, "JavaScript", "AVAP has no arrow functions", ""
+            )
         elif "===" in code or "!==" in code:
-            self.foreign(n, c, s, "JavaScript", "compare inside if(variable, value, comparator)", "if")
+            self.foreign(
+                n, c, s, "JavaScript", "compare inside if(variable, value, comparator)", "if"
+            )
         elif _COMPOUND.match(code):
-            self.foreign(n, c, s, "Python/JavaScript/Go", "update variables with addVar(name, value)", "addVar")
-        elif ("f\"" in code or "f'" in code or "F\"" in code) and _FSTRING.search(code):
-            self.foreign(n, c, s, "Python", "build strings with backtick templates `text ${var}`", "")
+            self.foreign(
+                n,
+                c,
+                s,
+                "Python/JavaScript/Go",
+                "update variables with addVar(name, value)",
+                "addVar",
+            )
+        elif ('f"' in code or "f'" in code or 'F"' in code) and _FSTRING.search(code):
+            self.foreign(
+                n, c, s, "Python", "build strings with backtick templates `text ${var}`", ""
+            )
         elif "new " in code and _NEW_OBJECT.search(code):
-            self.foreign(n, c, s, "JavaScript", "AVAP has no objects; use the built-in commands", "")
+            self.foreign(
+                n, c, s, "JavaScript", "AVAP has no objects; use the built-in commands", ""
+            )
         else:
             return False
         return True
@@ -515,13 +600,19 @@ class _Parser:
         am2 = _ATTRIBUTE.search(rhs)
         if am2:
             self.foreign(
-                n, c + rhs_at + am2.start(), s, "Python/JavaScript",
-                "read JSON keys with variableFromJSON(source, key, target)", "variableFromJSON",
+                n,
+                c + rhs_at + am2.start(),
+                s,
+                "Python/JavaScript",
+                "read JSON keys with variableFromJSON(source, key, target)",
+                "variableFromJSON",
             )
             return
         if self.strict:
             self.report(
-                n, c, INVALID_ASSIGNMENT,
+                n,
+                c,
+                INVALID_ASSIGNMENT,
                 f"strict AVAP assigns only command results (x = command(...)); got '{_snippet(s)}'",
                 f"addVar({target}, ...)",
             )
@@ -533,8 +624,10 @@ class _Parser:
 
     def dotted(self, n: int, c: int, name: str) -> None:
         lang = _DOTTED_LANG.get(name.split(".", 1)[0], "Python/JavaScript")
-        hint = _RESULT_HINT if name in ("console.log", "fmt.Println", "fmt.Printf") else (
-            "AVAP has no modules or methods; use the built-in commands"
+        hint = (
+            _RESULT_HINT
+            if name in ("console.log", "fmt.Println", "fmt.Printf")
+            else ("AVAP has no modules or methods; use the built-in commands")
         )
         sugg = "addResult" if hint is _RESULT_HINT else ""
         self.foreign(n, c, f"{name}(...)", lang, hint, sugg)
@@ -576,8 +669,11 @@ class _Parser:
             return
         if target and name in BLOCK_COMMANDS and (self.strict or name != "exception"):
             self.report(
-                n, line_c, INVALID_ASSIGNMENT,
-                f"'{name}' is a block command and cannot be assigned to '{target}'", f"{name}(...)",
+                n,
+                line_c,
+                INVALID_ASSIGNMENT,
+                f"'{name}' is a block command and cannot be assigned to '{target}'",
+                f"{name}(...)",
             )
         expected = cmd.arity
         ok_count = len(args) == expected or (
@@ -585,7 +681,9 @@ class _Parser:
         )
         if not ok_count:
             self.report(
-                n, line_c, ARG_COUNT,
+                n,
+                line_c,
+                ARG_COUNT,
                 f"'{name}' expects {expected} argument{'s' if expected != 1 else ''} "
                 f"({', '.join(p.name for p in cmd.params) or 'none'}) but got {len(args)}",
                 cmd.signature(),
@@ -603,9 +701,15 @@ class _Parser:
                 if cm and "." in cm.group(1):
                     self.dotted(n, c, cm.group(1))
                     return
-                if cm and self.strict and (cm.group(1) in COMMANDS or cm.group(1) in _EXPR_BUILTINS):
+                if (
+                    cm
+                    and self.strict
+                    and (cm.group(1) in COMMANDS or cm.group(1) in _EXPR_BUILTINS)
+                ):
                     self.report(
-                        n, c, INVALID_ARGUMENT,
+                        n,
+                        c,
+                        INVALID_ARGUMENT,
                         f"nested call '{_snippet(raw)}' in {name}() — call the command on its own "
                         "line and pass its target variable",
                     )
@@ -613,19 +717,29 @@ class _Parser:
             if self.strict and param.is_name and not _IDENT.match(arg):
                 bare = raw.strip("\"'`")
                 self.report(
-                    n, c, INVALID_ARGUMENT,
-                    f"{name}() parameter '{param.name}' must be a variable name, got '{_snippet(raw)}'",
+                    n,
+                    c,
+                    INVALID_ARGUMENT,
+                    f"{name}() parameter '{param.name}' must be a variable name, "
+                    f"got '{_snippet(raw)}'",
                     bare if _IDENT.match(bare) else "",
                 )
                 return
         if name == "if":
             comparator = raw_args[2]
-            if not self.strict and len(comparator) >= 2 and comparator[0] == comparator[-1] in "\"'":
+            if (
+                not self.strict
+                and len(comparator) >= 2
+                and comparator[0] == comparator[-1] in "\"'"
+            ):
                 comparator = comparator[1:-1]
             if comparator not in COMPARATORS:
                 self.report(
-                    n, c, INVALID_ARGUMENT,
-                    f"if() comparator must be one of {' '.join(sorted(COMPARATORS))}, got '{_snippet(raw_args[2])}'",
+                    n,
+                    c,
+                    INVALID_ARGUMENT,
+                    f"if() comparator must be one of {' '.join(sorted(COMPARATORS))}, "
+                    f"got '{_snippet(raw_args[2])}'",
                     "if(variable, value, comparator)",
                 )
 
@@ -673,7 +787,9 @@ class _Parser:
             self.stack.pop()
             if top.kind == "try" and self.strict:
                 self.report(
-                    n, c, SYNTAX_ERROR,
+                    n,
+                    c,
+                    SYNTAX_ERROR,
                     f"try() opened at line {top.line} is closed without an exception(var) handler",
                     "exception",
                 )
@@ -683,7 +799,9 @@ class _Parser:
         if below is not None and below.kind in kinds:
             below.closed_by_mismatch = True
         self.report(
-            n, c, UNEXPECTED_BLOCK_END,
+            n,
+            c,
+            UNEXPECTED_BLOCK_END,
             f"{closer} cannot close {_BLOCK_LABEL[top.kind]} opened at line {top.line} — "
             f"close it with {_BLOCK_CLOSER[top.kind]}",
             _BLOCK_CLOSER[top.kind],
@@ -693,10 +811,20 @@ class _Parser:
         self.drop_lenient_handlers(())
         top = self.stack[-1] if self.stack else None
         if top is None or top.kind != "if":
-            where = f" (innermost open block: {_BLOCK_LABEL[top.kind]} at line {top.line})" if top else ""
+            where = (
+                f" (innermost open block: {_BLOCK_LABEL[top.kind]} at line {top.line})"
+                if top
+                else ""
+            )
             self.report(n, c, UNEXPECTED_BLOCK_END, f"else() without a matching if(){where}", "if")
         elif top.has_else:
-            self.report(n, c, UNEXPECTED_BLOCK_END, f"second else() for if() opened at line {top.line}", "end")
+            self.report(
+                n,
+                c,
+                UNEXPECTED_BLOCK_END,
+                f"second else() for if() opened at line {top.line}",
+                "end",
+            )
         else:
             top.has_else = True
 
@@ -708,8 +836,11 @@ class _Parser:
         if top is not None and any(f.kind == "try" for f in self.stack):
             # A block inside the try body was left open: report it, then recover.
             self.report(
-                n, c, UNEXPECTED_BLOCK_END,
-                f"exception() while {_BLOCK_LABEL[top.kind]} opened at line {top.line} is still open — "
+                n,
+                c,
+                UNEXPECTED_BLOCK_END,
+                f"exception() while {_BLOCK_LABEL[top.kind]} opened at line {top.line} "
+                "is still open — "
                 f"close it with {_BLOCK_CLOSER[top.kind]} first",
                 _BLOCK_CLOSER[top.kind],
             )
@@ -724,8 +855,11 @@ class _Parser:
             if frame.closed_by_mismatch or (frame.kind == "exc" and not self.strict):
                 continue
             self.report(
-                frame.line, frame.column, UNCLOSED_BLOCK,
-                f"{_BLOCK_LABEL[frame.kind]} opened here is never closed — add {_BLOCK_CLOSER[frame.kind]}",
+                frame.line,
+                frame.column,
+                UNCLOSED_BLOCK,
+                f"{_BLOCK_LABEL[frame.kind]} opened here is never closed — "
+                f"add {_BLOCK_CLOSER[frame.kind]}",
                 _BLOCK_CLOSER[frame.kind],
             )
         for n, c, name, nargs, probe in self.pending:
@@ -733,15 +867,20 @@ class _Parser:
             if arity is not None:
                 if nargs >= 0 and nargs != arity:
                     self.report(
-                        n, c, ARG_COUNT, f"function '{name}' expects {arity} argument(s) but got {nargs}"
+                        n,
+                        c,
+                        ARG_COUNT,
+                        f"function '{name}' expects {arity} argument(s) but got {nargs}",
                     )
                 continue
             sugg = suggest_command(name)
             if probe and not sugg:
                 self.report(
-                    n, c, TOLERATED_UNKNOWN_COMMAND,
-                    f"unknown command '{name}()' tolerated inside try(): a deliberate runtime-error "
-                    "probe that the exception handler catches",
+                    n,
+                    c,
+                    TOLERATED_UNKNOWN_COMMAND,
+                    f"unknown command '{name}()' tolerated inside try(): a deliberate "
+                    "runtime-error probe that the exception handler catches",
                 )
             else:
                 self.report(n, c, UNKNOWN_COMMAND, _unknown_message(name), sugg)

@@ -75,7 +75,7 @@ async def test_gateway_forwards_valid_and_answers_invalid() -> None:
 
 async def test_classifier_routes_platform_past_the_retriever_despite_history() -> None:
     broker = NatsBroker()
-    broker.include_router(classifier_router(ClassifierSettings(common=COMMON)))
+    broker.include_router(classifier_router(ClassifierSettings(common=COMMON, heads_dir="")))
     store = FakeStore()
     broker.context.set_global("deps", ClassifierDeps(store, Cascade()))  # type: ignore[arg-type]
     seen: dict[str, bytes] = {}

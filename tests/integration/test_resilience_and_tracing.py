@@ -31,7 +31,7 @@ async def test_worker_killed_mid_answer_request_is_still_answered(
     fake_ollama.responder = lambda body: [f"tok{i} " for i in range(8)]
     env = base_env(nats_url, database_url, kb_index, OLLAMA_HOST=fake_ollama.url,
                    OLLAMA_MODEL_NAME="big:1.7b")
-    doomed = subprocess.Popen(
+    doomed = subprocess.Popen(  # noqa: ASYNC220 (a real process, so it can be killed)
         [sys.executable, "-m", "intentroute.cli", "worker", "generator-main"],
         env={**os.environ, **env},
     )

@@ -1,6 +1,6 @@
 import pytest
 
-from services.classifier.cascade import Cascade
+from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.rules import has_platform_prefix, rules_decide
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import Layer, ModelSlot, QueryType
@@ -44,7 +44,7 @@ def test_rc01_prefix_anywhere_case_insensitive() -> None:
 
 
 async def test_cascade_order_declared_then_rules_then_default() -> None:
-    cascade = Cascade(trusted_agents=("platform",))
+    cascade = Cascade(CascadeConfig(trusted_agents=("platform",)))
     base = {"request_id": "r", "session_id": "s", "agent_id": "platform"}
     declared = await cascade.decide(
         AgentRequest(**base, query="You have 20% usage", query_type="RETRIEVAL"), []

@@ -1,0 +1,105 @@
+"""AVAP Parser gRPC service (avap.parser.v1.AvapParser) over the in-process parser.
+
+Run it with `python -m services.parser.server [--host H] [--port P] [--strict]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import grpc
+
+from services.parser.avap import validate
+from shared.grpc import avap_parser_pb2, avap_parser_pb2_grpc
+
+log = logging.getLogger("intentroute.parser")
+
+# Generated answers are small; this only stops a runaway request from pinning the loop
+# (parsing is synchronous, about 10 µs per line).
+MAX_CODE_CHARS = 256 * 1024
+GRACE_SECONDS = 2.0
+
+
+class AvapParserService(avap_parser_pb2_grpc.AvapParserServicer):
+    def __init__(self, *, default_strict: bool = False) -> None:
+        # proto3 cannot tell an unset bool from false, so a strict server forces strict.
+        self._default_strict = default_strict
+
+    async def Validate(  # noqa: N802 - the gRPC method name
+        self,
+        request: avap_parser_pb2.ValidateRequest,
+        context: grpc.aio.ServicerContext[
+            avap_parser_pb2.ValidateRequest, avap_parser_pb2.ValidateResponse
+        ],
+    ) -> avap_parser_pb2.ValidateResponse:
+        if len(request.code) > MAX_CODE_CHARS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"code is {len(request.code)} characters; the limit is {MAX_CODE_CHARS}",
+            )
+        result = validate(request.code, strict=request.strict or self._default_strict)
+        return avap_parser_pb2.ValidateResponse(
+            valid=result.valid,
+            trace=[
+                avap_parser_pb2.TraceLine(
+                    line=t.line,
+                    column=t.column,
+                    code=t.code,
+                    message=t.message,
+                    suggestion=t.suggestion,
+                )
+                for t in result.trace
+            ],
+        )
+
+
+async def serve(
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    *,
+    default_strict: bool = False,
+    servicer: AvapParserService | None = None,
+) -> grpc.aio.Server:
+    """Start the server and return it; the caller awaits `wait_for_termination()`.
+
+    `servicer` lets tests plug in a subclass (e.g. a deliberately slow one).
+    """
+    server = grpc.aio.server()
+    avap_parser_pb2_grpc.add_AvapParserServicer_to_server(
+        servicer or AvapParserService(default_strict=default_strict), server
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the AVAP parser to {host}:{port}")
+    await server.start()
+    log.info("AVAP parser listening on %s:%d (strict=%s)", host, bound, default_strict)
+    return server
+
+
+async def run(host: str = "127.0.0.1", port: int = 50051, *, default_strict: bool = False) -> None:
+    """Serve until cancelled, then stop gracefully (in-flight calls get GRACE_SECONDS)."""
+    server = await serve(host, port, default_strict=default_strict)
+    try:
+        await server.wait_for_termination()
+    finally:
+        # Shield the stop so a cancellation still waits for in-flight calls to finish.
+        await asyncio.shield(server.stop(GRACE_SECONDS))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument("--strict", action="store_true", help="validate against the 1.0 spec")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        asyncio.run(run(args.host, args.port, default_strict=args.strict))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
