@@ -21,6 +21,8 @@ from intentroute.workers import WORKERS
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON on stdout).")
 app.add_typer(bench_app, name="bench")
+eval_app = typer.Typer(no_args_is_help=True, help="Evaluations (JSON on stdout).")
+app.add_typer(eval_app, name="eval")
 
 STATE_DIR = Path(os.environ.get("INTENTROUTE_HOME", ".intentroute"))
 DEMO_KB = Path(__file__).resolve().parent.parent / "kb" / "avap"
@@ -305,6 +307,152 @@ def bench_pipeline(
     from bench.pipeline import run
 
     typer.echo(json.dumps(run(requests=requests, load=load)))
+
+
+@bench_app.command("classifier")
+def bench_classifier(
+    json_out: Annotated[bool, typer.Option("--json")] = True,
+    total: Annotated[int, typer.Option(help="Requests through the worker")] = 2000,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight")] = 64,
+) -> None:
+    """Layer 1 decisions/s, Layer 2 p50, worker decisions/s at 64 in flight."""
+    from bench.classifier import run
+
+    typer.echo(json.dumps(run(total=total, concurrency=concurrency)))
+
+
+@bench_app.command("validator")
+def bench_validator(json_out: Annotated[bool, typer.Option("--json")] = True) -> None:
+    """Parser p50 on a 50-line program and the OPEN-breaker path."""
+    from bench.validator import run
+
+    typer.echo(json.dumps(run()))
+
+
+@eval_app.command("routing")
+def eval_routing(
+    file: Annotated[Path, typer.Argument(help="JSONL: query, expected, history, ...")],
+    json_out: Annotated[bool, typer.Option("--json")] = True,
+    predictions: Annotated[Path | None, typer.Option(help="Write one line per input")] = None,
+    threshold: Annotated[float, typer.Option(help="Layer 2 decision threshold")] = 0.85,
+) -> None:
+    """Each line through the real cascade (rules, embedding head, LLM when configured)."""
+    from services.classifier.routing_eval import run_eval_routing
+    from services.classifier.settings import ClassifierSettings
+
+    settings = ClassifierSettings.from_env()
+    report = run_eval_routing(
+        file, heads_dir=Path(settings.heads_dir), threshold=threshold,
+        ollama_host=settings.ollama_host, llm_model=settings.llm_model,
+        predictions_out=predictions,
+    )
+    typer.echo(json.dumps(report))
+
+
+@eval_app.command("intents")
+def eval_intents(
+    train: Annotated[Path, typer.Option(help="CSV text,category or JSONL text,label")],
+    test: Annotated[Path, typer.Option(help="Same formats; `oos` lines count as out-of-scope")],
+    json_out: Annotated[bool, typer.Option("--json")] = True,
+    threshold: Annotated[float, typer.Option(help="Clarity threshold = OOS decision")] = 0.85,
+    finetune_epochs: Annotated[int, typer.Option(help="Fine-tune the encoder first")] = 0,
+) -> None:
+    """Train the Layer-2 classifier on any intent dataset and score it."""
+    from services.classifier.evaluation import eval_intents as run_eval
+
+    typer.echo(json.dumps(run_eval(train, test, threshold=threshold,
+                                   finetune_epochs=finetune_epochs)))
+
+
+@eval_app.command("retrieval")
+def eval_retrieval(
+    corpus: Annotated[Path, typer.Option(help="BEIR corpus.jsonl")],
+    queries: Annotated[Path, typer.Option(help="BEIR queries.jsonl")],
+    qrels: Annotated[Path, typer.Option(help="qrels TSV with header")],
+    method: Annotated[str, typer.Option(help="bm25 | dense | hybrid | all")] = "all",
+    json_out: Annotated[bool, typer.Option("--json")] = True,
+    index_dir: Annotated[Path | None, typer.Option(help="Reuse/keep the index here")] = None,
+) -> None:
+    """nDCG@10, Recall@10, MRR@10 per method, ingest speed and hybrid query latency."""
+    from bench.retrieval import evaluate
+
+    methods = ["bm25", "dense", "hybrid"] if method == "all" else [method]
+    typer.echo(json.dumps(evaluate(corpus, queries, qrels, methods, index_dir=index_dir)))
+
+
+@app.command("export-history")
+def export_history(
+    out: Annotated[Path, typer.Option(help="JSONL file to write")] = Path("history.jsonl"),
+    include_fallback: Annotated[
+        bool, typer.Option(help="Also export guesses made without a confident layer")
+    ] = False,
+    min_confidence: Annotated[float, typer.Option(help="Skip decisions below this")] = 0.0,
+) -> None:
+    """classify_history -> labelled lines (topic, type, layer, confidence) for training."""
+    _, db_url = _urls()
+    if not db_url:
+        typer.echo("DATABASE_URL is not set", err=True)
+        raise typer.Exit(2)
+    from shared.store.export import export_history as run_export
+
+    count = asyncio.run(run_export(db_url, out, include_fallback=include_fallback,
+                                   min_confidence=min_confidence))
+    typer.echo(json.dumps({"written": count, "file": str(out)}))
+
+
+@app.command("train-classifier")
+def train_classifier(
+    data: Annotated[list[Path], typer.Option(help="Labelled JSONL/CSV files (repeatable)")],
+    heads_dir: Annotated[Path | None, typer.Option(help="Head registry")] = None,
+    holdout: Annotated[float, typer.Option(help="Held-out share for shadow evaluation")] = 0.2,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Train a new head, shadow-evaluate it against the current one, promote if not worse."""
+    import msgspec
+
+    from services.classifier.embedding import HeadRegistry
+    from services.classifier.settings import ClassifierSettings
+    from services.classifier.training import train_and_promote
+    from shared.fast_encoder import shared_fast_encoder
+
+    root = heads_dir or Path(ClassifierSettings.from_env().heads_dir)
+    registry = HeadRegistry(root)
+    result = train_and_promote(data, registry, shared_fast_encoder(), holdout=holdout, seed=seed)
+    typer.echo(msgspec.json.encode(result).decode())
+
+
+@app.command()
+def parser(
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 50051,
+    strict: Annotated[bool, typer.Option(help="Strict (spec) mode by default")] = False,
+) -> None:
+    """Run the AVAP parser gRPC service."""
+    from services.parser.server import run
+
+    asyncio.run(run(host, port, default_strict=strict))
+
+
+@app.command()
+def parse(
+    file: Annotated[Path, typer.Argument(help="AVAP source file")],
+    strict: Annotated[bool, typer.Option(help="Spec mode instead of the lenient dialect")] = False,
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Validate one AVAP file with the reference parser (a linter for people too)."""
+    import msgspec
+
+    from services.parser.avap import validate
+
+    result = validate(file.read_text(encoding="utf-8"), strict=strict)
+    if json_out:
+        typer.echo(msgspec.json.encode(result).decode())
+    else:
+        for line in result.trace:
+            hint = f" (did you mean {line.suggestion}?)" if line.suggestion else ""
+            typer.echo(f"{file}:{line.line}:{line.column}: {line.code} {line.message}{hint}")
+        typer.echo("valid" if result.valid else "invalid", err=True)
+    raise typer.Exit(0 if result.valid else 1)
 
 
 if __name__ == "__main__":

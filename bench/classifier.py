@@ -1,0 +1,119 @@
+"""Classifier benchmark: Layer 1 decisions/s, Layer 2 single-message p50, and
+decisions/s through the real worker (NATS + Postgres) with 64 concurrent requests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from services.classifier.cascade import Cascade
+from shared.contracts.request import AgentRequest
+
+RULE_QUERIES = [
+    "You have a project usage percentage of 20%, provide a recommendation",
+    "cuántas llamadas llevo este mes?",
+    "What does addParam do in AVAP?",
+    "Write an AVAP endpoint that reads userId and returns it",
+    "en menos palabras",
+    "my invoice for October looks wrong",
+]
+WORKER_QUERIES = [
+    "What does addParam do in AVAP?",
+    "Write an AVAP endpoint that reads userId and returns it",
+    "cómo funciona startLoop",
+    "hazlo más corto por favor",
+    "genera un script que calcule un descuento del 20%",
+    "which comparators does if() accept",
+    "how many API calls did I make this month",
+    "explain the try and exception blocks",
+]
+
+
+def rules_per_s(seconds: float = 1.0) -> float:
+    cascade = Cascade()
+    reqs = [AgentRequest(request_id="b", session_id="s", agent_id="a", query=q)
+            for q in RULE_QUERIES]
+    n = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for req in reqs:
+            cascade.decide_fast(req)
+        n += len(reqs)
+    return round(n / seconds, 1)
+
+
+async def _worker_throughput(nats_url: str, db_url: str, total: int, concurrency: int
+                             ) -> float:
+    import nats
+    from faststream import TestApp
+
+    from services.classifier.app import create_app
+    from services.classifier.settings import ClassifierSettings
+    from shared.bus import ensure_streams
+    from shared.codec import decode_envelope, encode
+    from shared.contracts.pipeline import CLASSIFY_SUBJECT, Envelope
+
+    env = {**os.environ, "NATS_URL": nats_url, "DATABASE_URL": db_url, "LOG_LEVEL": "WARNING",
+           "CLASSIFIER_BATCH": str(concurrency)}
+    app = create_app(ClassifierSettings.from_env(env))
+    nc = await nats.connect(nats_url)
+    await ensure_streams(nc.jetstream(), 600)
+    done: dict[str, asyncio.Future[None]] = {}
+
+    async def on_out(msg: Any) -> None:
+        rid = decode_envelope(msg.data).request.request_id
+        fut = done.pop(rid, None)
+        if fut and not fut.done():
+            fut.set_result(None)
+
+    await nc.subscribe("intentroute.stage.retrieve", cb=on_out)
+    await nc.subscribe("intentroute.stage.generate.*", cb=on_out)
+    js = nc.jetstream()
+    loop = asyncio.get_running_loop()
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with sem:
+            req = AgentRequest(request_id=uuid.uuid4().hex, session_id=f"b{i % 64}",
+                               agent_id="bench", query=WORKER_QUERIES[i % len(WORKER_QUERIES)])
+            fut = loop.create_future()
+            done[req.request_id] = fut
+            await js.publish(CLASSIFY_SUBJECT, encode(Envelope(request=req, accepted_at=0.0)))
+            await asyncio.wait_for(fut, 60)
+
+    async with TestApp(app):
+        await asyncio.gather(*(one(i) for i in range(concurrency)))  # warm-up
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(total)))
+        elapsed = time.perf_counter() - started
+    await nc.drain()
+    return round(total / elapsed, 1)
+
+
+def run(total: int = 2000, concurrency: int = 64) -> dict[str, Any]:
+    from bench.classifier_embedding import embedding_latency
+    from intentroute.stack import embedded_stack
+    from shared.store import migrate
+
+    result: dict[str, Any] = {"rules_per_s": rules_per_s()}
+    result.update(embedding_latency())
+    with tempfile.TemporaryDirectory(prefix="ir-bench-cls-") as tmp, embedded_stack(
+        Path(tmp)
+    ) as (nats_url, db_url):
+        migrate(db_url)
+        result["worker_decisions_per_s"] = asyncio.run(
+            _worker_throughput(nats_url, db_url, total, concurrency)
+        )
+    result["concurrency"] = concurrency
+    return result
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(run()))

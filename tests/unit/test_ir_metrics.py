@@ -1,0 +1,67 @@
+"""IR metrics against a hand-computed example; relevance calibration."""
+
+import math
+
+import pytest
+
+from bench.ir_metrics import evaluate_run, mrr_at_k, ndcg_at_k, recall_at_k, roc_auc
+from services.retriever.relevance import calibrate, is_relevant, roc_auc_good_vs_bad
+
+QRELS = {"d1": 2, "d2": 1, "d3": 1}
+RANKED = ["d4", "d1", "d5", "d2"]
+
+
+def test_ndcg_hand_computed() -> None:
+    # DCG  = 2/log2(3) + 1/log2(5)             = 1.261860 + 0.430677 = 1.692537
+    # IDCG = 2/log2(2) + 1/log2(3) + 1/log2(4) = 2 + 0.630930 + 0.5   = 3.130930
+    assert ndcg_at_k(RANKED, QRELS, 10) == pytest.approx(1.692537 / 3.130930, abs=1e-6)
+    # @2: DCG = 1.261860, IDCG = 2 + 0.630930
+    assert ndcg_at_k(RANKED, QRELS, 2) == pytest.approx(1.261860 / 2.630930, abs=1e-6)
+    assert ndcg_at_k(["d1", "d2", "d3"], QRELS, 10) == pytest.approx(1.0)
+    assert ndcg_at_k(["d9"], QRELS, 10) == 0.0
+    assert ndcg_at_k(["d1"], {}, 10) == 0.0
+
+
+def test_recall_and_mrr() -> None:
+    assert recall_at_k(RANKED, QRELS, 10) == pytest.approx(2 / 3)
+    assert recall_at_k(RANKED, QRELS, 2) == pytest.approx(1 / 3)
+    assert mrr_at_k(RANKED, QRELS, 10) == pytest.approx(1 / 2)
+    assert mrr_at_k(RANKED, QRELS, 1) == 0.0
+    assert mrr_at_k(["d9", "d8", "d3"], QRELS, 10) == pytest.approx(1 / 3)
+
+
+def test_duplicates_count_once() -> None:
+    # Several chunks of one document must not add gain twice.
+    assert ndcg_at_k(["d1", "d1", "d2"], QRELS, 10) == ndcg_at_k(["d1", "d2"], QRELS, 10)
+    assert mrr_at_k(["d4", "d4", "d2"], QRELS, 10) == pytest.approx(1 / 2)
+
+
+def test_zero_grades_are_not_relevant() -> None:
+    q = {"a": 0, "b": 1}
+    assert recall_at_k(["a"], q, 10) == 0.0
+    assert mrr_at_k(["a", "b"], q, 10) == pytest.approx(0.5)
+
+
+def test_evaluate_run_means_over_qrels() -> None:
+    run = {"q1": RANKED}  # q2 is judged but missing from the run: scores 0
+    res = evaluate_run(run, {"q1": QRELS, "q2": {"x": 1}}, 10)
+    assert res["recall@10"] == pytest.approx((2 / 3) / 2)
+    assert res["mrr@10"] == pytest.approx(0.25)
+
+
+def test_auc_and_calibration() -> None:
+    assert roc_auc([0.1, 0.4, 0.35, 0.8], [False, False, True, True]) == pytest.approx(0.75)
+    assert math.isnan(roc_auc([1.0], [True]))
+    signals = [0.1, 0.2, 0.3, 0.8, 0.9]
+    bad = [True, True, False, False, False]
+    threshold, auc = calibrate(signals, bad)
+    assert auc == pytest.approx(1.0)
+    assert 0.2 < threshold <= 0.3
+    assert not is_relevant(0.15, threshold) and is_relevant(0.85, threshold)
+    assert is_relevant(math.nan, threshold)  # no evidence: don't retry
+    import numpy as np
+
+    # Ties count one half: one good and one bad query with the same signal.
+    assert roc_auc_good_vs_bad(np.array([0.5, 0.5]), np.array([True, False])) == 0.5
+    with pytest.raises(ValueError):
+        calibrate([0.1, 0.2], [True, True])
