@@ -44,11 +44,8 @@ def render_prompt(env: Envelope, *, previous_answer: str = "") -> list[ChatMessa
         if req.editor_context
         else ""
     )
-    feedback = (
-        _template("parser_feedback").substitute(trace=env.parser_feedback)
-        if env.parser_feedback
-        else ""
-    )
+    # The validator sends a rendered `<parser_feedback>` section (RC-08 retry).
+    feedback = f"\n{env.parser_feedback}\n" if env.parser_feedback else ""
     system = _template(_TEMPLATE_FOR[env.decision.type]).substitute(
         context=format_passages(env.passages) or "(no documentation retrieved)",
         previous_answer=previous_answer or "(no previous answer in this session)",

@@ -465,7 +465,8 @@ class _Parser:
         cm = _CALL_HEAD.match(code)
         if cm and cm.end() - 1 == scan.first_open:
             if scan.first_close != len(code) - 1:
-                at = scan.first_close + 1
+                tail = code[scan.first_close + 1 :]
+                at = scan.first_close + 1 + len(tail) - len(tail.lstrip())
                 self.report(
                     n,
                     c + at,

@@ -42,7 +42,7 @@ from services.retriever.ingest import Chunk, chunk_document, load_documents
 from shared.contracts.pipeline import Passage
 from shared.embeddings import Encoder
 
-DEFAULT_INDEX = "intentroute-chunks"
+DEFAULT_INDEX = "intentroute-kb"  # RetrieverSettings.es_index default
 VECTOR_FIELD = "embedding"
 BM25_FIELD = "content"  # title + text via copy_to, matching the embedded indexed_text
 _SOURCE_FIELDS = ["chunk_id", "doc_id", "title", "text", "source", "content_hash"]
@@ -404,3 +404,32 @@ class ElasticsearchBackend:
 
 # The brief's name for the same thing.
 ElasticsearchIndex = ElasticsearchBackend
+
+
+class ElasticsearchRetrieval:
+    """Adapter to the worker's `Retrieval` port (services/retriever/adapters.py):
+    `search(query, k) -> list[Passage]`, built from RetrieverSettings."""
+
+    def __init__(self, backend: ElasticsearchBackend, method: str = "hybrid") -> None:
+        self.backend = backend
+        self.method = method
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ElasticsearchRetrieval:
+        encoder: Encoder | None = None
+        if settings.method != "bm25":
+            from shared.embeddings import SentenceTransformerEncoder, pin_threads
+
+            pin_threads(1)
+            encoder = SentenceTransformerEncoder(settings.embedding_model)
+        backend = ElasticsearchBackend.from_url(settings.es_url, encoder, index=settings.es_index)
+        return cls(backend, settings.method)
+
+    async def search(self, query: str, k: int) -> list[Passage]:
+        return (await self.backend.search(query, k, self.method)).passages
+
+    async def maybe_reload(self) -> bool:
+        return await self.backend.maybe_reload()
+
+    async def close(self) -> None:
+        await self.backend.close()

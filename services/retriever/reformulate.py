@@ -32,6 +32,7 @@ STOPWORDS: frozenset[str] = frozenset(
     les lo los más me mi mis mucho muy no nos o otra otro para pero poco por porque puede
     puedo que qué quiero se sea ser si sí sin sobre son su sus también tambien te tiene
     tengo tu tus un una uno unos unas usar uso y ya
+    ok okay thanks thank great cool perfect yes yeah sure gracias vale perfecto bien
     """.split()
 )
 

@@ -55,6 +55,9 @@ class ValidatorDeps:
         self.extract = extract
 
     async def close(self) -> None:
+        close = getattr(self.checker, "close", None)
+        if close is not None:
+            await close()
         await self.store.close()
 
 
@@ -96,8 +99,8 @@ def build_router(settings: ValidatorSettings) -> NatsRouter:
             else:
                 verdict = Verdict(
                     Outcome.INVALID,
-                    "Line 1: the answer contains no AVAP program — reply with the program "
-                    "in one ```avap block.",
+                    "<parser_feedback>\nLine 1: the answer contains no AVAP program — reply "
+                    "with the program in one ```avap block.\n</parser_feedback>",
                 )
             key = f"validate.{env.attempt}"
             env.timings[key] = round((time.perf_counter() - started) * 1000, 3)

@@ -37,7 +37,8 @@ def envelope(qt: QueryType, **req: str) -> Envelope:
 def test_prompt_snapshots(qt: QueryType) -> None:
     env = envelope(qt, extra_context="usage_percentage=20", editor_context="addVar(x, 1)")
     if qt == QueryType.CODE_GENERATION:
-        env.parser_feedback = "Line 3: unknown command 'getSHA256' — did you mean 'encodeSHA256'?"
+        env.parser_feedback = ("<parser_feedback>\nLine 3: unknown command 'getSHA256' — did you "
+                               "mean 'encodeSHA256'?\n</parser_feedback>")
     messages = render_prompt(env, previous_answer="Use startLoop and endLoop.")
     rendered = "\n---\n".join(f"[{m.role}]\n{m.content}" for m in messages)
     path = SNAPSHOTS / f"prompt_{qt.value.lower()}.txt"

@@ -1,0 +1,49 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AgentRequest(_message.Message):
+    __slots__ = ("query", "session_id", "agent_id", "extra_context", "user_info", "editor_context", "query_type", "request_id")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    USER_INFO_FIELD_NUMBER: _ClassVar[int]
+    EDITOR_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    QUERY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    session_id: str
+    agent_id: str
+    extra_context: str
+    user_info: str
+    editor_context: str
+    query_type: str
+    request_id: str
+    def __init__(self, query: _Optional[str] = ..., session_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., extra_context: _Optional[str] = ..., user_info: _Optional[str] = ..., editor_context: _Optional[str] = ..., query_type: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class AgentResponse(_message.Message):
+    __slots__ = ("text", "avap_code", "is_final", "validation_status", "query_type", "request_id", "kind", "error_code", "error_message", "decision_json")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    AVAP_CODE_FIELD_NUMBER: _ClassVar[int]
+    IS_FINAL_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_STATUS_FIELD_NUMBER: _ClassVar[int]
+    QUERY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DECISION_JSON_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    avap_code: str
+    is_final: bool
+    validation_status: str
+    query_type: str
+    request_id: str
+    kind: str
+    error_code: str
+    error_message: str
+    decision_json: str
+    def __init__(self, text: _Optional[str] = ..., avap_code: _Optional[str] = ..., is_final: _Optional[bool] = ..., validation_status: _Optional[str] = ..., query_type: _Optional[str] = ..., request_id: _Optional[str] = ..., kind: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., decision_json: _Optional[str] = ...) -> None: ...

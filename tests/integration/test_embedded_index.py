@@ -1,0 +1,188 @@
+"""Embedded index end to end with the real MiniLM encoder (loaded once per session)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.retriever.index import (
+    EmbeddedBackend,
+    EmbeddedIndex,
+    RetrievalBackend,
+    ingest,
+    read_current,
+)
+from shared.embeddings import Vectors
+
+DOCS = {
+    "loops.md": """# Loops
+
+## startLoop
+
+`startLoop(varName, from, to)` repeats the body once for every value of a counter,
+from the first value to the last value, counting upward by one.
+
+## endLoop
+
+`endLoop()` closes the body of a loop. Every startLoop needs exactly one endLoop.
+""",
+    "http.md": """# HTTP calls
+
+## RequestGet
+
+`RequestGet(url, headers, params, target)` sends an HTTP GET request to an external web
+service and stores the response body in the target variable.
+""",
+    "crypto.md": """# Hashing
+
+## encodeSHA256
+
+`encodeSHA256(source, target)` computes the SHA-256 digest of a value, for example to
+store a password hash instead of the password itself.
+""",
+    "database.md": """# Database
+
+## ormDirect
+
+`ormDirect(sql, target)` runs an SQL statement against the configured database and
+stores the resulting rows as a list.
+""",
+}
+
+
+class CountingEncoder:
+    """Wraps the real encoder and records what was embedded."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.model_name = getattr(inner, "model_name", "x")
+        self.texts: list[str] = []
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim  # type: ignore[attr-defined, no-any-return]
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> Vectors:
+        self.texts.extend(texts)
+        return self.inner.encode(texts, batch_size=batch_size)  # type: ignore[attr-defined, no-any-return]
+
+
+@pytest.fixture(scope="session")
+def minilm() -> object:
+    from shared.embeddings import SentenceTransformerEncoder, pin_threads
+
+    pin_threads(1)
+    return SentenceTransformerEncoder()
+
+
+@pytest.fixture
+def kb(tmp_path: Path) -> Path:
+    root = tmp_path / "kb"
+    root.mkdir()
+    for name, text in DOCS.items():
+        (root / name).write_text(text)
+    return root
+
+
+def _top_title(index: EmbeddedIndex, query: str, method: str) -> str:
+    return index.search(query, k=3, method=method).passages[0].title
+
+
+def test_ingest_search_and_incremental_updates(minilm: object, kb: Path, tmp_path: Path) -> None:
+    enc = CountingEncoder(minilm)
+    index_dir = tmp_path / "index"
+    r1 = ingest(kb, index_dir, enc, progress=False)
+    assert (r1.docs, r1.chunks, r1.added, r1.unchanged, r1.removed) == (4, 5, 5, 0, 0)
+    assert r1.version == 1 and read_current(index_dir) == "v000001"
+
+    index = EmbeddedIndex.open(index_dir, enc)
+    assert len(index) == 5 and index.version == 1
+    assert _top_title(index, "encodeSHA256 digest", "bm25") == "Hashing > encodeSHA256"
+    assert _top_title(index, "how can I call a remote API over the web?", "dense") == \
+        "HTTP calls > RequestGet"
+    assert _top_title(index, "repeat something for each number in a range", "hybrid") == \
+        "Loops > startLoop"
+    res = index.search("run a SQL query on the database", k=2, method="hybrid")
+    assert res.passages[0].doc_id == "database.md"
+    assert res.query_vector is not None and res.passage_vectors is not None
+    assert len(res.dense_scores) == len(res.passages) == len(res.chunk_ids) == 2
+    assert res.dense_top1 == pytest.approx(max(res.dense_scores), abs=1e-5)
+    assert res.passages[0].score == pytest.approx(2 / 61)  # first in both rankings
+
+    vectors_before = np.array(np.load(index_dir / "v000001" / "vectors.npy"))
+    other_replica = EmbeddedIndex.open(index_dir, enc)
+
+    # Unchanged corpus: nothing embedded, no new version.
+    enc.texts.clear()
+    r2 = ingest(kb, index_dir, enc, progress=False)
+    assert (r2.added, r2.updated, r2.removed, r2.unchanged, r2.changed) == (0, 0, 0, 5, False)
+    assert enc.texts == [] and read_current(index_dir) == "v000001"
+    assert not other_replica.maybe_reload()
+
+    # Edit one file: only its changed chunk is re-embedded; the others keep their vectors.
+    (kb / "http.md").write_text(DOCS["http.md"].replace("GET request", "GET call"))
+    r3 = ingest(kb, index_dir, enc, progress=False)
+    assert (r3.added, r3.updated, r3.unchanged, r3.removed, r3.version) == (0, 1, 4, 0, 2)
+    assert len(enc.texts) == 1 and "GET call" in enc.texts[0]
+    vectors_after = np.load(index_dir / "v000002" / "vectors.npy")
+    chunks = EmbeddedIndex.open(index_dir, None).chunks
+    for i, c in enumerate(chunks):
+        if c.doc_id != "http.md":
+            assert np.array_equal(vectors_after[i], vectors_before[i])
+
+    # The replica opened before the re-ingest follows the swap without a restart.
+    assert other_replica.version == 1
+    assert other_replica.maybe_reload()
+    assert other_replica.version == 2
+    assert "GET call" in other_replica.search("RequestGet", k=1, method="bm25").passages[0].text
+
+    # Delete a file: its chunks go, nothing is embedded.
+    enc.texts.clear()
+    (kb / "loops.md").unlink()
+    r4 = ingest(kb, index_dir, enc, progress=False)
+    assert (r4.docs, r4.chunks, r4.removed, r4.added, r4.updated) == (3, 3, 2, 0, 0)
+    assert enc.texts == []
+    assert other_replica.maybe_reload() and len(other_replica) == 3
+    assert all(c.doc_id != "loops.md" for c in other_replica.chunks)
+    hits = other_replica.search("startLoop endLoop", k=3, method="hybrid").passages
+    assert all(p.doc_id != "loops.md" for p in hits)
+    # Old versions are garbage-collected down to the last few.
+    assert sorted(p.name for p in index_dir.glob("v*")) == ["v000001", "v000002", "v000003"]
+
+
+def test_bm25_only_without_encoder(minilm: object, kb: Path, tmp_path: Path) -> None:
+    index_dir = tmp_path / "index"
+    ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
+    index = EmbeddedIndex.open(index_dir, None)
+    res = index.search("ormDirect SQL", k=2, method="bm25")
+    assert res.passages[0].doc_id == "database.md"
+    assert res.query_vector is None and np.isnan(res.dense_top1)
+    with pytest.raises(RuntimeError, match="encoder"):
+        index.search("ormDirect SQL", method="hybrid")
+    # With a precomputed query vector dense works without an encoder.
+    qv = minilm.encode(["ormDirect SQL"])[0]  # type: ignore[attr-defined]
+    assert index.search("", k=1, method="dense", query_vector=qv).passages[0].doc_id == \
+        "database.md"
+    with pytest.raises(ValueError):
+        index.search("x", method="sparse")
+
+
+async def test_async_backend(minilm: object, kb: Path, tmp_path: Path) -> None:
+    index_dir = tmp_path / "index"
+    ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
+    backend = EmbeddedBackend.open(index_dir, minilm)  # type: ignore[arg-type]
+    assert isinstance(backend, RetrievalBackend)
+    res = await backend.search("hash a password", k=2, method="hybrid")
+    assert res.passages[0].doc_id == "crypto.md"
+    assert not await backend.maybe_reload()
+    (kb / "crypto.md").write_text(DOCS["crypto.md"] + "\nIt returns a hex string.\n")
+    ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
+    assert await backend.maybe_reload() and backend.version == 2
+    await backend.close()
+
+
+def test_missing_index_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no index"):
+        EmbeddedIndex.open(tmp_path / "nothing", None)

@@ -1,0 +1,281 @@
+"""Layer 2 head, registry and micro-batcher with a fake deterministic encoder (no model)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.classifier.embedding import (
+    EmbeddingHead,
+    HeadRegistry,
+    Layer2Classifier,
+    MicroBatcher,
+    Prediction,
+    clarity,
+    decides,
+    expected_calibration_error,
+    train_head,
+)
+from services.classifier.training import (
+    load_labelled,
+    stratified_split,
+    train_and_promote,
+)
+from shared.contracts.routing import Clarity
+
+DIM = 32
+TOPICS = {
+    "RETRIEVAL": ["docs", "explain", "what", "meaning", "reference"],
+    "CODE_GENERATION": ["write", "function", "code", "implement", "script"],
+    "CONVERSATIONAL": ["hello", "thanks", "bye", "hi", "cheers"],
+    "PLATFORM": ["account", "billing", "quota", "usage", "invoice"],
+}
+
+
+class FakeEncoder:
+    """Bag-of-words hashing encoder: deterministic, instant, thread-safe; records batches."""
+
+    model_name = "fake-bow"
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.batches: list[int] = []
+        self.delay = delay
+        self.lock = threading.Lock()
+
+    @property
+    def dim(self) -> int:
+        return DIM
+
+    def _vec(self, text: str) -> np.ndarray:
+        v = np.zeros(DIM, np.float32)
+        for w in text.lower().split():
+            h = int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "little")
+            v[h % DIM] += 1.0 if (h >> 8) % 2 else -1.0
+        n = np.linalg.norm(v)
+        return v / n if n else v
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        with self.lock:
+            self.batches.append(len(texts))
+        if self.delay:
+            time.sleep(self.delay)
+        return np.vstack([self._vec(t) for t in texts]) if texts else np.zeros((0, DIM))
+
+
+def synthetic(n_per: int = 30, seed: int = 0, noise_words: int = 2) -> tuple[list[str], list[str]]:
+    rng = np.random.default_rng(seed)
+    filler = ["the", "a", "please", "now", "my", "it", "for", "me"]
+    texts, labels = [], []
+    for label, words in TOPICS.items():
+        for _ in range(n_per):
+            ws = list(rng.choice(words, size=2)) + list(rng.choice(filler, size=noise_words))
+            rng.shuffle(ws)
+            texts.append(" ".join(ws))
+            labels.append(label)
+    return texts, labels
+
+
+@pytest.fixture(scope="module")
+def enc() -> FakeEncoder:
+    return FakeEncoder()
+
+
+@pytest.fixture(scope="module")
+def head(enc: FakeEncoder) -> EmbeddingHead:
+    texts, labels = synthetic()
+    return train_head(texts, labels, enc, seed=0)
+
+
+def test_probabilities_sum_to_one_and_confident_on_clear_cases(
+    head: EmbeddingHead, enc: FakeEncoder
+) -> None:
+    assert head.labels == sorted(TOPICS)
+    probs = head.predict_proba(enc.encode(["write function code", "hello thanks bye", "x y"]))
+    assert probs.shape == (3, 4)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-6)
+    assert head.labels[int(probs[0].argmax())] == "CODE_GENERATION"
+    assert head.labels[int(probs[1].argmax())] == "CONVERSATIONAL"
+    assert probs[0].max() > 0.85 and probs[1].max() > 0.85
+    # calibration metadata is recorded
+    m = head.metrics
+    assert m["cv_accuracy"] > 0.9 and 0 < m["temperature"] < 50
+    assert 0.0 <= m["ece_calibrated"] <= 0.2
+    assert len(m["data_hash"]) == 64
+
+
+def test_save_load_round_trip_identical(head: EmbeddingHead, enc: FakeEncoder,
+                                        tmp_path: Path) -> None:
+    head.save(tmp_path / "h")
+    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == [
+        "coef.npy", "head.json", "intercept.npy", "metrics.json"]
+    again = EmbeddingHead.load(tmp_path / "h")
+    x = enc.encode(["docs meaning", "billing quota please", "random words"])
+    np.testing.assert_array_equal(head.predict_proba(x), again.predict_proba(x))
+    assert again.labels == head.labels and again.temperature == head.temperature
+    assert not again.has_own_encoder
+
+
+def test_ece_and_clarity_helpers() -> None:
+    probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4]])
+    assert expected_calibration_error(probs, np.array([0, 0, 1])) > 0
+    assert clarity(0.9) is Clarity.CLEAR
+    assert clarity(0.7) is Clarity.NEEDS_CONFIRMATION
+    assert clarity(0.5) is Clarity.NEEDS_CLARIFICATION
+
+
+def test_classifier_prediction_shape(head: EmbeddingHead, enc: FakeEncoder) -> None:
+    clf = Layer2Classifier(head, enc)
+    p = clf.classify("implement a script for me")
+    assert isinstance(p, Prediction)
+    assert p.label == "CODE_GENERATION"
+    assert p.confidence == max(p.probabilities.values())
+    assert [a for a, _ in p.alternatives] and p.label not in dict(p.alternatives)
+    assert [c for _, c in p.alternatives] == sorted((c for _, c in p.alternatives), reverse=True)
+    assert abs(sum(p.probabilities.values()) - 1) < 1e-6
+    assert decides(p) == (p.confidence > 0.85) == clf.decides(p)
+    assert not decides(p, threshold=1.0)
+    batch = clf.classify_batch(["hello hi", "invoice usage", "docs explain"])
+    assert [b.label for b in batch] == ["CONVERSATIONAL", "PLATFORM", "RETRIEVAL"]
+    assert clf.classify_batch([]) == []
+
+
+def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path: Path) -> None:
+    texts, labels = synthetic(seed=1)
+    ev_texts, ev_labels = synthetic(n_per=15, seed=2)
+    reg = HeadRegistry(tmp_path / "heads", encoder=enc)
+    assert reg.current() is None and reg.current_version is None
+
+    # First head: a mediocre one (few lines) is promoted because there is none.
+    weak = train_head(texts[::6], labels[::6], enc, seed=0)
+    r1 = reg.propose(weak, ev_texts, ev_labels)
+    assert r1.promoted and r1.version == "v0001" and r1.current is None
+    assert reg.current_version == "v0001"
+    assert (tmp_path / "heads" / "v0001" / "metrics.json").exists()
+    assert "data_hash" in json.loads((tmp_path / "heads" / "v0001" / "metrics.json").read_text())
+
+    worker = Layer2Classifier.from_registry(tmp_path / "heads", encoder=enc)
+    assert worker.version == "v0001"
+    assert worker.maybe_reload() is False  # nothing new
+
+    # Worse: shuffled labels.
+    shuffled = list(np.random.default_rng(0).permutation(labels))
+    bad = train_head(texts, shuffled, enc, seed=0)
+    r2 = reg.propose(bad, ev_texts, ev_labels)
+    assert not r2.promoted and r2.current is not None
+    assert r2.candidate["macro_f1"] < r2.current["macro_f1"]
+    assert reg.current_version == "v0001"
+    assert (tmp_path / "heads" / "rejected.jsonl").exists()
+    assert worker.maybe_reload() is False
+
+    # Better: all lines.
+    good = train_head(texts, labels, enc, seed=0)
+    r3 = reg.propose(good, ev_texts, ev_labels)
+    assert r3.promoted, r3.reason
+    assert r3.candidate["accuracy"] >= r3.current["accuracy"]  # type: ignore[index]
+    assert r3.version == "v0002" and r3.previous_version == "v0001"
+    assert reg.versions() == ["v0001", "v0002"]
+
+    # A running worker picks it up without a restart.
+    assert worker.maybe_reload() is True
+    assert worker.version == "v0002"
+    assert worker.classify("write code").head_version == "v0002"
+    assert worker.maybe_reload() is False
+
+
+def test_pointer_is_written_atomically(enc: FakeEncoder, tmp_path: Path) -> None:
+    reg = HeadRegistry(tmp_path, encoder=enc)
+    texts, labels = synthetic(n_per=10)
+    v = reg.add(train_head(texts, labels, enc))
+    reg.set_current(v)
+    assert (tmp_path / "CURRENT").read_text().strip() == v
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    with pytest.raises(FileNotFoundError):
+        reg.set_current("v9999")
+
+
+def test_loaders_and_train_and_promote(enc: FakeEncoder, tmp_path: Path) -> None:
+    texts, labels = synthetic(n_per=20)
+    jl = tmp_path / "a.jsonl"
+    jl.write_text("".join(
+        json.dumps({"text": t, "label": lab, "lang": "en"}) + "\n"
+        for t, lab in zip(texts[:40], labels[:40], strict=True)))
+    hist = tmp_path / "history.jsonl"
+    hist.write_text("".join(
+        json.dumps({"topic": t, "type": lab}) + "\n"
+        for t, lab in zip(texts[40:60], labels[40:60], strict=True)))
+    csv_path = tmp_path / "b.csv"
+    csv_path.write_text("text,category\n" + "".join(
+        f'"{t}",{lab}\n' for t, lab in zip(texts[60:], labels[60:], strict=True)))
+    rows = load_labelled([jl, hist, csv_path])
+    assert len(rows) == len(texts)
+    assert rows[0] == (texts[0], labels[0]) and rows[-1] == (texts[-1], labels[-1])
+    tr, ev = stratified_split(rows, 0.2, seed=0)
+    assert len(ev) == 16 and {lab for _, lab in ev} == set(TOPICS)
+
+    reg = HeadRegistry(tmp_path / "heads", encoder=enc)
+    res = train_and_promote([jl, hist, csv_path], reg, enc, holdout=0.2, seed=0)
+    assert res.promoted and reg.current_version == "v0001" and res.n_eval > 0
+    head = reg.current()
+    assert head is not None and head.meta["n_eval"] == res.n_eval
+
+
+async def test_micro_batcher_batches_concurrent_submissions(head: EmbeddingHead) -> None:
+    enc = FakeEncoder(delay=0.005)
+    clf = Layer2Classifier(head, enc)
+    batcher = MicroBatcher(clf, max_batch=16, max_wait_ms=5)
+    queries = [
+        ("write function code", "CODE_GENERATION"),
+        ("hello thanks", "CONVERSATIONAL"),
+        ("billing invoice", "PLATFORM"),
+        ("docs reference", "RETRIEVAL"),
+    ] * 10
+    loop_blocked = 0.0
+
+    async def ticker() -> None:
+        nonlocal loop_blocked
+        for _ in range(20):
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            loop_blocked = max(loop_blocked, time.perf_counter() - t)
+
+    tick = asyncio.create_task(ticker())
+    results = await asyncio.gather(*(batcher.submit(q) for q, _ in queries))
+    await tick
+    assert [r.label for r in results] == [lab for _, lab in queries]  # each its own result
+    assert max(enc.batches) > 1
+    assert max(enc.batches) <= 16
+    assert sum(enc.batches) == len(queries)
+    assert batcher.batches < len(queries)
+    assert loop_blocked < 0.004  # the 5 ms encoder sleeps ran off the event loop
+    await batcher.close()
+    with pytest.raises(RuntimeError):
+        await batcher.submit("late")
+
+
+async def test_micro_batcher_close_drains(head: EmbeddingHead) -> None:
+    enc = FakeEncoder(delay=0.01)
+    batcher = MicroBatcher(Layer2Classifier(head, enc), max_batch=4, max_wait_ms=1)
+    tasks = [asyncio.create_task(batcher.submit(f"hello {i}")) for i in range(10)]
+    await asyncio.sleep(0)  # submissions enqueued
+    await batcher.close()
+    done = [t.result() for t in tasks]
+    assert len(done) == 10 and all(d.label == "CONVERSATIONAL" for d in done)
+
+
+async def test_micro_batcher_propagates_errors(head: EmbeddingHead) -> None:
+    class Boom(FakeEncoder):
+        def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+            raise RuntimeError("encoder down")
+
+    batcher = MicroBatcher(Layer2Classifier(head, Boom()))
+    with pytest.raises(RuntimeError, match="encoder down"):
+        await batcher.submit("hi")
+    await batcher.close()
