@@ -151,7 +151,8 @@ def finetune_encoder(
             sched.step()
             step += 1
             seen += len(idx)
-            loss_ema = float(loss) if loss_ema is None else 0.95 * loss_ema + 0.05 * float(loss)
+            lv = float(loss.detach())
+            loss_ema = lv if loss_ema is None else 0.95 * loss_ema + 0.05 * lv
             if step % 50 == 0 or step == total:
                 el = time.perf_counter() - started
                 say(f"step {step}/{total} loss {loss_ema:.3f} {el:.0f}s "

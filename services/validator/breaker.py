@@ -62,10 +62,7 @@ class CircuitBreaker:
 
     @property
     def state(self) -> BreakerState:
-        if (
-            self._state is BreakerState.OPEN
-            and self._clock() - self._opened_at >= self.cooldown
-        ):
+        if self._state is BreakerState.OPEN and self._clock() - self._opened_at >= self.cooldown:
             self._transition(BreakerState.HALF_OPEN)
         return self._state
 

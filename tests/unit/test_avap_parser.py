@@ -106,8 +106,9 @@ CODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("code", "program", "line", "column"), CODE_CASES,
-                         ids=[c[0] for c in CODE_CASES])
+@pytest.mark.parametrize(
+    ("code", "program", "line", "column"), CODE_CASES, ids=[c[0] for c in CODE_CASES]
+)
 def test_each_trace_code(code: str, program: str, line: int, column: int) -> None:
     err = first_error(program)
     assert (err.code, err.line, err.column) == (code, line, column)
@@ -160,9 +161,7 @@ def test_arg_count_suggestion_is_the_signature() -> None:
 
 def test_unknown_block_spelling_keeps_the_structure() -> None:
     result = validate("if(a, 1, =)\n  addResult(a)\nendIf()")
-    assert [(t.code, t.line, t.suggestion) for t in result.trace] == [
-        ("UNKNOWN_COMMAND", 3, "end")
-    ]
+    assert [(t.code, t.line, t.suggestion) for t in result.trace] == [("UNKNOWN_COMMAND", 3, "end")]
 
 
 # --------------------------------------------------------------------------- suggestions
@@ -239,8 +238,10 @@ LENIENT_ONLY = [
     ("bare_end", "if(a, 1, =)\n  addResult(a)\nend"),
     ("hash_comment", "# a comment\naddVar(a, 1)"),
     ("function_block", "function twice(n) {\n  return n * 2\n}\nr = twice(4)\naddResult(r)"),
-    ("handler_closed_by_loop_end", "startLoop(i, 1, 2)\n try()\n  ormDirect(q, r)\n"
-     " exception(e)\n  addVar(r, 0)\nendLoop()"),
+    (
+        "handler_closed_by_loop_end",
+        "startLoop(i, 1, 2)\n try()\n  ormDirect(q, r)\n exception(e)\n  addVar(r, 0)\nendLoop()",
+    ),
 ]
 
 

@@ -246,8 +246,12 @@ async def test_three_failures_open_the_circuit_and_stop_calls(
 
 
 async def test_half_open_probe_success_closes_the_circuit(clock: FakeClock) -> None:
-    client = ScriptedClient(ParserUnavailable("down"), ParserUnavailable("down"),
-                            ParserUnavailable("down"), ParseOutcome(True))
+    client = ScriptedClient(
+        ParserUnavailable("down"),
+        ParserUnavailable("down"),
+        ParserUnavailable("down"),
+        ParseOutcome(True),
+    )
     breaker = CircuitBreaker(3, 30, clock=clock)
     guarded = GuardedParser(client, breaker)
     for _ in range(3):

@@ -84,10 +84,20 @@ def test_no_code_gives_empty_string() -> None:
 
 def test_feedback_lists_errors_with_suggestions() -> None:
     trace = [
-        TraceLine(3, 1, "UNKNOWN_COMMAND", "unknown command 'getSHA256' — expected known identifier",
-                  "encodeSHA256"),
-        TraceLine(7, 1, "FOREIGN_SYNTAX", "unexpected construct 'for i in range(3):' (Python)",
-                  "startLoop"),
+        TraceLine(
+            3,
+            1,
+            "UNKNOWN_COMMAND",
+            "unknown command 'getSHA256' — expected known identifier",
+            "encodeSHA256",
+        ),
+        TraceLine(
+            7,
+            1,
+            "FOREIGN_SYNTAX",
+            "unexpected construct 'for i in range(3):' (Python)",
+            "startLoop",
+        ),
         TraceLine(9, 1, "UNCLOSED_BLOCK", "if() opened here is never closed"),
     ]
     text = render_parser_feedback(trace)
