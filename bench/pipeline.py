@@ -18,6 +18,8 @@ import uuid
 from pathlib import Path
 
 import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from intentroute.stack import embedded_stack
 from intentroute.workers import WORKERS
@@ -42,8 +44,8 @@ def _pct(values: list[float], q: float) -> float:
     return round(values[min(len(values) - 1, int(q * len(values)))], 3)
 
 
-async def _floor(nc: nats.aio.client.Client, n: int = 500) -> float:
-    async def echo(msg: nats.aio.msg.Msg) -> None:
+async def _floor(nc: Client, n: int = 500) -> float:
+    async def echo(msg: Msg) -> None:
         await msg.respond(msg.data)
 
     responder = await nats.connect(nc.connected_url.geturl())  # type: ignore[union-attr]
@@ -62,7 +64,7 @@ class Waiter:
     def __init__(self) -> None:
         self.pending: dict[str, asyncio.Future[float]] = {}
 
-    async def on_chunk(self, msg: nats.aio.msg.Msg) -> None:
+    async def on_chunk(self, msg: Msg) -> None:
         chunk = decode_chunk(msg.data)
         if chunk.is_final:
             fut = self.pending.pop(chunk.request_id, None)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import nats
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 from nats.js.api import DeliverPolicy
 
 from shared.codec import decode_chunk, encode
@@ -49,8 +50,7 @@ async def ask(
         await sub.unsubscribe()
 
 
-async def follow(sub: nats.aio.subscription.Subscription, *, timeout: float
-                 ) -> AsyncIterator[ResponseChunk]:
+async def follow(sub: Subscription, *, timeout: float) -> AsyncIterator[ResponseChunk]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:

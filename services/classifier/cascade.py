@@ -46,17 +46,20 @@ _SPLIT = re.compile(
 
 
 class Prediction(Protocol):
-    label: str
-    confidence: float
-    alternatives: list[tuple[str, float]]
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def confidence(self) -> float: ...
+
+    @property
+    def alternatives(self) -> list[tuple[str, float]]: ...
 
 
 class Layer2(Protocol):
     """Embedding classifier (micro-batched in the worker)."""
 
     async def predict(self, text: str) -> Prediction: ...
-
-    async def predict_many(self, texts: list[str]) -> list[Prediction]: ...
 
 
 class CascadeConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -251,7 +251,7 @@ def train_head(
     """
     from sklearn.model_selection import StratifiedKFold
 
-    say = progress or (lambda _m: None)
+    say = progress or log.info
     texts = list(texts)
     labels = [str(lab) for lab in labels]
     if len(texts) != len(labels) or not texts:

@@ -75,23 +75,24 @@ def suggest_command(name: str) -> str:
 
 
 # --------------------------------------------------------------------------- regexes
+# Identifiers are `[^\W\d]\w*`: Unicode letters are allowed (`año`), as in the runtime's
+# Python namespace.
 
-_HEAD = re.compile(r"[A-Za-z_$][\w$]*")
-_IDENT = re.compile(r"[A-Za-z_]\w*\Z")
-_ASSIGN = re.compile(r"([A-Za-z_]\w*)\s*=(?!=)\s*")
-_CALL_HEAD = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
-_EXPR_CALL = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
-_ATTRIBUTE = re.compile(r"(?<![\w.])[A-Za-z_]\w*\.[A-Za-z_]")
-_COMPOUND = re.compile(r"[A-Za-z_][\w.\[\]]*\s*(?:[-+*/%]=|\+\+|--)")
-_BAD_TARGET = re.compile(r"[A-Za-z_]\w*(?:\.\w+|\[[^\]]*\])+\s*=(?!=)")
+_HEAD = re.compile(r"(?:[^\W\d]|\$)[\w$]*")
+_IDENT = re.compile(r"[^\W\d]\w*\Z")
+_ASSIGN = re.compile(r"([^\W\d]\w*)\s*=(?!=)\s*")
+_CALL_HEAD = re.compile(r"([^\W\d][\w.]*)\s*\(")
+_EXPR_CALL = re.compile(r"(?<![\w.])([^\W\d][\w.]*)\s*\(")
+_ATTRIBUTE = re.compile(r"(?<![\w.])[^\W\d]\w*\.[^\W\d]")
+_COMPOUND = re.compile(r"[^\W\d][\w.\[\]]*\s*(?:[-+*/%]=|\+\+|--)")
+_BAD_TARGET = re.compile(r"[^\W\d]\w*(?:\.\w+|\[[^\]]*\])+\s*=(?!=)")
 _FSTRING = re.compile(r"(?<![\w$])[fF][rR]?[\"']")
 _RHS_FOREIGN = re.compile(r"(await|new|lambda|function|yield)\b")
 _NEW_OBJECT = re.compile(r"\bnew\s+[A-Z]")
-_FUNCTION_HEADER = re.compile(r"function\s+([A-Za-z_]\w*)\s*\(([^)]*)\)\s*\{\s*\Z")
-_RETURN = re.compile(r"return\b")
+_FUNCTION_HEADER = re.compile(r"function\s+([^\W\d]\w*)\s*\(([^)]*)\)\s*\{\s*\Z")
 # The common line, `[target =] command(plain, args)` with no quotes, brackets, escapes,
 # slashes or colons, needs neither the scan nor the foreign checks: a fast path.
-_SIMPLE_CALL = re.compile(r"(?:([A-Za-z_]\w*)\s*=\s*)?([A-Za-z_]\w*)\(([^\"'`()\[\]{}\\/;:]*)\)\Z")
+_SIMPLE_CALL = re.compile(r"(?:([^\W\d]\w*)\s*=\s*)?([^\W\d]\w*)\(([^\"'`()\[\]{}\\/;:]*)\)\Z")
 _SPECIAL = re.compile(r"[\"'`()\[\]{},\\]|//")
 _OPENERS = {"(": ")", "[": "]", "{": "}"}
 _CLOSERS = {")": "(", "]": "[", "}": "{"}
@@ -383,6 +384,7 @@ class _Parser:
     # -- driver
 
     def run(self, code: str) -> ParseResult:
+        code = code.removeprefix("\ufeff")  # a BOM from a saved file is not code
         for n, raw in enumerate(code.splitlines(), 1):
             s = raw.strip()
             if not s or s.startswith("//"):
@@ -421,7 +423,7 @@ class _Parser:
             elif word == "return":
                 if any(f.kind == "func" for f in self.stack):
                     return
-        if word == "return" and _RETURN.match(s):
+        if word == "return":
             where = "outside a function " if not self.strict else ""
             self.foreign(
                 n,
@@ -652,26 +654,25 @@ class _Parser:
         if "." in name:
             self.dotted(n, c, name)
             return
-        line_c = c
         cmd = COMMANDS.get(name)
         if cmd is None:
             sugg = suggest_command(name)
             if sugg in BLOCK_COMMANDS:
                 # `endIf()` / `End()` / `catch(e)`: report it, then apply the block command it
                 # stands for so the structure stays right and errors do not cascade.
-                self.report(n, line_c, UNKNOWN_COMMAND, _unknown_message(name), sugg)
-                self.block(n, line_c, sugg)
+                self.report(n, c, UNKNOWN_COMMAND, _unknown_message(name), sugg)
+                self.block(n, c, sugg)
             elif self.strict:
-                self.report(n, line_c, UNKNOWN_COMMAND, _unknown_message(name), sugg)
+                self.report(n, c, UNKNOWN_COMMAND, _unknown_message(name), sugg)
             else:
                 # Decided at the end: it may be a function defined further down.
                 probe = not args and not target and self.in_try()
-                self.pending.append((n, line_c, name, len(args), probe))
+                self.pending.append((n, c, name, len(args), probe))
             return
         if target and name in BLOCK_COMMANDS and (self.strict or name != "exception"):
             self.report(
                 n,
-                line_c,
+                c,
                 INVALID_ASSIGNMENT,
                 f"'{name}' is a block command and cannot be assigned to '{target}'",
                 f"{name}(...)",
@@ -683,16 +684,16 @@ class _Parser:
         if not ok_count:
             self.report(
                 n,
-                line_c,
+                c,
                 ARG_COUNT,
                 f"'{name}' expects {expected} argument{'s' if expected != 1 else ''} "
                 f"({', '.join(p.name for p in cmd.params) or 'none'}) but got {len(args)}",
                 cmd.signature(),
             )
         elif len(args) == expected:
-            self.check_args(n, line_c, name, args, raw_args)
+            self.check_args(n, c, name, args, raw_args)
         if name in BLOCK_COMMANDS:
-            self.block(n, line_c, name)
+            self.block(n, c, name)
 
     def check_args(self, n: int, c: int, name: str, args: list[str], raw_args: list[str]) -> None:
         cmd = COMMANDS[name]

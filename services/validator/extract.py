@@ -25,10 +25,10 @@ _FENCE = re.compile(
     re.MULTILINE | re.DOTALL,
 )
 _CALL_LINE = re.compile(
-    r"[ \t]*(?:[A-Za-z_]\w*[ \t]*=[ \t]*)?[A-Za-z_]\w*[ \t]*\(.*\)[ \t]*(?://.*)?\Z"
+    r"[ \t]*(?:[^\W\d]\w*[ \t]*=[ \t]*)?[^\W\d]\w*[ \t]*\(.*\)[ \t]*(?://.*)?\Z"
 )
 _COMMENT_LINE = re.compile(r"[ \t]*//")
-_ASSIGN_LINE = re.compile(r"[ \t]*[A-Za-z_]\w*[ \t]*=[^=].*\Z")
+_ASSIGN_LINE = re.compile(r"[ \t]*[^\W\d]\w*[ \t]*=[^=].*\Z")
 _PLAIN_TAGS = frozenset({"", "text", "txt", "plaintext", "code"})
 
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from services.parser.server import AvapParserService, serve
+from services.parser.server import AvapParserService, run, serve
 from services.validator.breaker import BreakerState, CircuitBreaker
 from services.validator.parser_client import (
     CheckStatus,
@@ -53,7 +53,9 @@ class SlowService(AvapParserService):
     async def Validate(  # noqa: N802
         self,
         request: avap_parser_pb2.ValidateRequest,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext[
+            avap_parser_pb2.ValidateRequest, avap_parser_pb2.ValidateResponse
+        ],
     ) -> avap_parser_pb2.ValidateResponse:
         self.entered.set()
         await self.release.wait()
@@ -163,6 +165,20 @@ async def test_guarded_parser_verdicts_from_a_live_server(parser_url: str) -> No
         invalid = await guarded.check(INVALID)
     assert invalid.status is CheckStatus.INVALID
     assert invalid.trace[0].suggestion == "encodeSHA256"
+
+
+async def test_run_serves_until_cancelled_then_stops() -> None:
+    port = free_port()
+    task = asyncio.create_task(run("127.0.0.1", port))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await asyncio.wait_for(channel.channel_ready(), timeout=10)
+    async with GrpcParserClient(f"127.0.0.1:{port}", timeout=5) as client:
+        assert (await client.validate(VALID)).valid
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with pytest.raises(ParserUnavailable):
+            await client.validate(VALID)
 
 
 def test_url_forms() -> None:

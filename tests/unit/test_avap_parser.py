@@ -63,6 +63,10 @@ def test_empty_and_comment_only_programs_are_valid() -> None:
     assert validate("// nothing to do\n\n   // still nothing\n", strict=True).valid
 
 
+def test_unicode_identifiers_crlf_and_bom() -> None:
+    assert validate('\ufeffaddVar(año, "café")\r\naddResult(año)\r\n', strict=True).trace == []
+
+
 def test_urls_in_arguments_are_not_comments_but_trailing_comments_are() -> None:
     code = "RequestGet(https://api.example.com/a, , , r) // fetch it\naddResult(r)"
     assert validate(code, strict=True).valid

@@ -76,3 +76,153 @@ def test_version_mismatch_hint() -> None:
     assert "pin elasticsearch" in str(_version_hint(err))
     other = ValueError("x")
     assert _version_hint(other) is other
+
+
+# ---------------------------------------------------------------------------- backend
+# The backend's own logic (ingest diff, client-side fusion, result shaping) against an
+# in-memory stand-in for the cluster; the real cluster is tests/integration/test_es_backend.py.
+
+
+class _FakeIndices:
+    def __init__(self, es: "_FakeES") -> None:
+        self.es = es
+
+    async def exists(self, index: str) -> bool:
+        return self.es.mapping is not None
+
+    async def create(self, index: str, settings: dict, mappings: dict) -> None:
+        self.es.mapping = mappings
+
+    async def refresh(self, index: str) -> None:
+        self.es.refreshes += 1
+
+
+class _FakeES:
+    def __init__(self) -> None:
+        self.docs: dict[str, dict] = {}
+        self.mapping: dict | None = None
+        self.refreshes = 0
+        self.searches: list[dict] = []
+        self.indices = _FakeIndices(self)
+
+    @staticmethod
+    def _src(doc: dict, spec: object) -> dict | None:
+        if spec is False:
+            return None
+        return {k: v for k, v in doc.items() if k in spec} if isinstance(spec, list) else doc
+
+    async def search(self, index: str, body: dict) -> dict:
+        self.searches.append(body)
+        hits = []
+        if "knn" in body:
+            qv = np.asarray(body["knn"]["query_vector"])
+            for i, d in self.docs.items():
+                cos = float(np.dot(qv, d[VECTOR_FIELD]))
+                hits.append({"_id": i, "_score": (1 + cos) / 2})
+        else:
+            words = set(body["query"]["match"][BM25_FIELD]["query"].lower().split())
+            for i, d in self.docs.items():
+                n = sum(w in words for w in f"{d['title']} {d['text']}".lower().split())
+                if n:
+                    hits.append({"_id": i, "_score": float(n)})
+        hits.sort(key=lambda h: (-h["_score"], h["_id"]))
+        hits = hits[: body["size"]]
+        for h in hits:
+            src = self._src(self.docs[h["_id"]], body["_source"])
+            if src is not None:
+                h["_source"] = src
+        return {"hits": {"hits": hits}}
+
+    async def mget(self, index: str, ids: list[str]) -> dict:
+        return {"docs": [{"_id": i, "found": i in self.docs, "_source": self.docs.get(i)}
+                         for i in ids]}
+
+    async def count(self, index: str) -> dict:
+        return {"count": len(self.docs)}
+
+    async def close(self) -> None:
+        pass
+
+
+class _UnitEncoder:
+    """Maps a few words onto axes, so cosine is predictable."""
+
+    model_name = "unit"
+    dim = 3
+    AXES = {"loop": 0, "hash": 1, "sql": 2}
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        out = np.full((len(texts), 3), 0.01, dtype=np.float32)
+        for i, t in enumerate(texts):
+            for w, a in self.AXES.items():
+                if w in t.lower():
+                    out[i, a] += 1.0
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def fake_backend(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    from elasticsearch import helpers
+
+    from services.retriever.es_backend import ElasticsearchBackend
+
+    es = _FakeES()
+
+    async def fake_scan(client, index, query):  # type: ignore[no-untyped-def]
+        for i, d in list(es.docs.items()):
+            yield {"_id": i, "_source": {"content_hash": d["content_hash"]}}
+
+    async def fake_bulk(client, actions, chunk_size=500):  # type: ignore[no-untyped-def]
+        n = 0
+        async for a in actions:
+            if a["_op_type"] == "delete":
+                es.docs.pop(a["_id"])
+            else:
+                es.docs[a["_id"]] = a["_source"]
+            n += 1
+        return n, []
+
+    monkeypatch.setattr(helpers, "async_scan", fake_scan)
+    monkeypatch.setattr(helpers, "async_bulk", fake_bulk)
+    return es, ElasticsearchBackend(es, _UnitEncoder(), index="t")
+
+
+async def test_backend_ingest_is_incremental(fake_backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    es, backend = fake_backend
+    (tmp_path / "loops.txt").write_text("a loop repeats")
+    (tmp_path / "hash.txt").write_text("hash a password")
+    r1 = await backend.ingest(tmp_path, progress=False)
+    assert (r1.chunks, r1.added, r1.removed) == (2, 2, 0)
+    assert es.mapping["properties"][VECTOR_FIELD]["dims"] == 3 and es.refreshes == 1
+    r2 = await backend.ingest(tmp_path, progress=False)
+    assert (r2.added, r2.updated, r2.unchanged, r2.changed) == (0, 0, 2, False)
+    assert es.refreshes == 1
+    (tmp_path / "hash.txt").write_text("hash a password with sha256")
+    (tmp_path / "loops.txt").unlink()
+    (tmp_path / "db.txt").write_text("run sql")
+    r3 = await backend.ingest(tmp_path, progress=False)
+    assert (r3.added, r3.updated, r3.removed, r3.unchanged) == (1, 1, 1, 0)
+    assert sorted(d["doc_id"] for d in es.docs.values()) == ["db.txt", "hash.txt"]
+
+
+async def test_backend_search_fuses_client_side(fake_backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    es, backend = fake_backend
+    for name, text in {"loops.txt": "a loop repeats", "hash.txt": "hash a password",
+                       "db.txt": "run sql"}.items():
+        (tmp_path / name).write_text(text)
+    await backend.ingest(tmp_path, progress=False)
+    es.searches.clear()
+    res = await backend.search("hash password", k=2, method="hybrid")
+    assert [s.get("knn") is not None for s in es.searches] == [False, True]
+    assert all(s["_source"] is False for s in es.searches)  # ids only; mget the top k
+    assert res.passages[0].doc_id == "hash.txt"
+    assert res.passages[0].score == pytest.approx(2 / 61)  # first in both rankings
+    assert res.dense_top1 == pytest.approx(res.dense_scores[0], abs=1e-5)
+    # title "hash" + text "hash a password": three query-word hits in the fake scorer
+    assert res.bm25_scores[0] == 3.0 and res.passage_vectors.shape == (2, 3)
+    bm25 = await backend.search("sql", k=3, method="bm25")
+    assert [p.doc_id for p in bm25.passages] == ["db.txt"] and bm25.query_vector is None
+    dense = await backend.search("loop", k=1, method="dense")
+    assert dense.passages[0].doc_id == "loops.txt" and dense.passages[0].score > 0.9
+    with pytest.raises(ValueError):
+        await backend.search("x", method="sparse")

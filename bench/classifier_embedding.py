@@ -1,0 +1,163 @@
+"""Classifier benchmark: the embedding (Layer 2) figures.
+
+* `embedding_latency(n)`: one message at a time through `Layer2Classifier.classify`
+  (tokenise + encode + head), 1 thread, LRU cache off, distinct texts -> p50/p99 ms.
+  `encoder="reference"` measures the sentence-transformers encoder instead.
+* `micro_batch_throughput(concurrency, n)`: n submissions through `MicroBatcher`
+  with `concurrency` callers in flight -> decisions/s.
+
+The head is the shipped default (services/classifier/heads CURRENT) when present,
+else one trained on the fly from the classifier's training file.
+
+    python -m bench.classifier_embedding [--n 300] [--reference]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+HEADS = REPO / "services" / "classifier" / "heads"
+TRAIN = REPO / "services" / "classifier" / "data" / "train.jsonl"
+
+_FALLBACK_TEXTS = [
+    "how do I paginate results from the orders endpoint",
+    "write a function that validates an email address",
+    "thanks, that worked",
+    "what is my current API quota",
+    "explain the difference between GET and POST",
+    "generate a script that retries failed requests",
+    "good morning!",
+    "show me the usage of my project this month",
+]
+
+
+def _texts(n: int) -> list[str]:
+    """n distinct query-like texts (no cache hits)."""
+    base: list[str] = []
+    if TRAIN.exists():
+        for line in TRAIN.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                base.append(json.loads(line)["text"])
+    base = base or _FALLBACK_TEXTS
+    out, i = [], 0
+    while len(out) < n:
+        t = base[i % len(base)]
+        out.append(t if i < len(base) else f"{t} ({i // len(base)})")
+        i += 1
+    return out
+
+
+def _head() -> Any:
+    from services.classifier.embedding import HeadRegistry, train_head
+    from services.classifier.training import load_labelled
+    from shared.fast_encoder import shared_fast_encoder
+
+    head = HeadRegistry(HEADS).current() if HEADS.exists() else None
+    if head is not None:
+        return head
+    if TRAIN.exists():
+        rows = load_labelled(TRAIN)
+    else:
+        rows = [(t, str(i % 4)) for i, t in enumerate(_FALLBACK_TEXTS * 4)]
+    return train_head([t for t, _ in rows], [lab for _, lab in rows], shared_fast_encoder())
+
+
+def _classifier(encoder: str = "fast") -> Any:
+    from services.classifier.embedding import Layer2Classifier
+    from shared.embeddings import pin_threads
+
+    pin_threads(1)
+    head = _head()
+    if encoder == "reference":
+        from shared.embeddings import SentenceTransformerEncoder
+
+        return Layer2Classifier(head, SentenceTransformerEncoder())
+    from shared.fast_encoder import FastEncoder
+
+    if head.has_own_encoder:
+        assert head.encoder_dir is not None
+        return Layer2Classifier(head, FastEncoder(head.encoder_dir, cache_size=0))
+    return Layer2Classifier(head, FastEncoder(head.encoder, threads=1, cache_size=0))
+
+
+def embedding_latency(n: int = 300, *, encoder: str = "fast", warmup: int = 20) -> dict:
+    """Single-message Layer 2 latency (encoder + head), wall-clock and CPU ms."""
+    clf = _classifier(encoder)
+    texts = _texts(n + warmup)
+    for t in texts[:warmup]:
+        clf.classify(t)
+    wall, cpu = [], []
+    for t in texts[warmup:]:
+        c0, w0 = time.thread_time(), time.perf_counter()
+        clf.classify(t)
+        wall.append((time.perf_counter() - w0) * 1000)
+        cpu.append((time.thread_time() - c0) * 1000)
+    return {
+        "embedding_ms_p50": round(float(np.percentile(wall, 50)), 3),
+        "embedding_ms_p99": round(float(np.percentile(wall, 99)), 3),
+        "embedding_cpu_ms_p50": round(float(np.percentile(cpu, 50)), 3),
+        "n": n,
+        "encoder": encoder,
+        "backend": getattr(clf.encoder, "backend", "sentence-transformers"),
+    }
+
+
+def micro_batch_throughput(concurrency: int = 64, n: int = 2000, *,
+                           max_batch: int = 32, max_wait_ms: float = 2.0) -> dict:
+    """Decisions/s through MicroBatcher with `concurrency` submissions in flight."""
+    from services.classifier.embedding import MicroBatcher
+
+    clf = _classifier("fast")
+    texts = _texts(n)
+
+    async def run() -> dict:
+        batcher = MicroBatcher(clf, max_batch=max_batch, max_wait_ms=max_wait_ms)
+        await batcher.submit("warm up")
+        sem = asyncio.Semaphore(concurrency)
+        lat: list[float] = []
+
+        async def one(t: str) -> None:
+            async with sem:
+                s = time.perf_counter()
+                await batcher.submit(t)
+                lat.append((time.perf_counter() - s) * 1000)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(t) for t in texts))
+        elapsed = time.perf_counter() - start
+        mean_batch = (batcher.items - 1) / max(1, batcher.batches - 1)
+        await batcher.close()
+        return {
+            "decisions_per_s": round(n / elapsed, 1),
+            "seconds": round(elapsed, 2),
+            "mean_batch": round(mean_batch, 1),
+            "max_batch": batcher.max_batch_seen,
+            "latency_ms_p50": round(float(np.percentile(lat, 50)), 2),
+            "latency_ms_p99": round(float(np.percentile(lat, 99)), 2),
+            "concurrency": concurrency,
+            "n": n,
+        }
+
+    return asyncio.run(run())
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--reference", action="store_true", help="also time the ST encoder")
+    ap.add_argument("--throughput", type=int, default=2000)
+    args = ap.parse_args()
+    print(json.dumps(embedding_latency(args.n), indent=1))
+    if args.reference:
+        print(json.dumps(embedding_latency(args.n, encoder="reference"), indent=1))
+    if args.throughput:
+        print(json.dumps(micro_batch_throughput(n=args.throughput), indent=1))
