@@ -46,7 +46,8 @@ def _texts(n: int) -> list[str]:
             if line.strip():
                 base.append(json.loads(line)["text"])
     base = base or _FALLBACK_TEXTS
-    out, i = [], 0
+    out: list[str] = []
+    i = 0
     while len(out) < n:
         t = base[i % len(base)]
         out.append(t if i < len(base) else f"{t} ({i // len(base)})")

@@ -83,6 +83,7 @@ def up(
         from shared.store import migrate
 
         migrate(db_url)
+        asyncio.run(_declare_streams(nats_url))
         env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url)
         index_dir = Path(env.setdefault("INDEX_DIR", str(STATE_DIR / "index")))
         kb = ingest_path or (DEMO_KB if not (index_dir / "CURRENT").exists() else None)
@@ -147,12 +148,47 @@ def _start_parser(env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
     )]
 
 
+async def _declare_streams(nats_url: str) -> None:
+    import nats
+
+    from shared.bus import ensure_streams
+    from shared.settings import CommonSettings
+
+    nc = await nats.connect(nats_url)
+    try:
+        await ensure_streams(nc.jetstream(), CommonSettings.from_env().response_ttl)
+    finally:
+        await nc.drain()
+
+
+async def wait_for_consumers(nc: object, durables: list[str], timeout: float = 180.0) -> None:
+    """Block until every worker's durable consumer exists (workers load models first)."""
+    from nats.js.errors import NotFoundError
+
+    from shared.contracts import pipeline, request
+
+    js = nc.jetstream()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    for durable in durables:
+        stream = request.STREAM if durable == "gateway" else pipeline.STREAM
+        while True:
+            try:
+                await js.consumer_info(stream, durable)
+                break
+            except NotFoundError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {durable} did not start") from None
+                await asyncio.sleep(0.25)
+
+
 async def _demo(nats_url: str) -> None:
     import nats
 
     nc = await nats.connect(nats_url)
     session = f"demo-{uuid.uuid4().hex[:8]}"
     try:
+        typer.echo("waiting for the workers...", err=True)
+        await wait_for_consumers(nc, list(WORKERS))
         for sample in SAMPLE_QUESTIONS:
             typer.secho(f"\n> {sample['query']}", bold=True)
             await _ask(nc, agent="demo", session=session, json_lines=False,

@@ -101,7 +101,7 @@ def data_hash(texts: Sequence[str], labels: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def macro_f1(y_true: Sequence[str], y_pred: Sequence[str]) -> float:
+def macro_f1(y_true: Sequence[str] | np.ndarray, y_pred: Sequence[str] | np.ndarray) -> float:
     from sklearn.metrics import f1_score
 
     return float(f1_score(list(y_true), list(y_pred), average="macro", zero_division=0))
@@ -561,7 +561,10 @@ class HeadRegistry:
         )
         if cur is None:
             ok, reason = True, "no current head"
-        elif cand["macro_f1"] >= cur["macro_f1"] - tolerance and cand["accuracy"] >= cur["accuracy"]:
+        elif (
+            cand["macro_f1"] >= cur["macro_f1"] - tolerance
+            and cand["accuracy"] >= cur["accuracy"]
+        ):
             ok, reason = True, "candidate not worse than current"
         else:
             ok = False

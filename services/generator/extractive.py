@@ -31,20 +31,29 @@ def _terms(text: str) -> set[str]:
 
 
 def _sentences(text: str) -> list[str]:
-    return [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", text) if s.strip()]
+    # Markdown wraps sentences over lines: join lines, split on sentence ends and blocks.
+    out: list[str] = []
+    for block in re.split(r"\n\s*\n", text):
+        if block.lstrip().startswith(("#", "|", "-", "*", "```")):
+            continue
+        joined = " ".join(line.strip() for line in block.splitlines())
+        out.extend(s.strip() for s in re.split(r"(?<=[.!?])\s+", joined) if s.strip())
+    return out
 
 
 def _best_passages(query: str, passages: list[Passage], n: int = 2) -> list[Passage]:
+    """Retrieval order, except that a passage whose title names the query's subject
+    (e.g. the command asked about) comes first."""
     q = _terms(query)
     ranked = sorted(
-        enumerate(passages),
-        key=lambda ip: (-len(q & _terms(ip[1].title + " " + ip[1].text)), ip[0]),
+        enumerate(passages[:5]),
+        key=lambda ip: (-len(q & _terms(ip[1].title)), ip[0]),
     )
     return [p for _, p in ranked[:n]]
 
 
 def _summary(text: str, query: str, max_sentences: int) -> str:
-    sentences = [s for s in _sentences(_FENCE.sub("", text)) if not s.startswith("#")]
+    sentences = _sentences(_FENCE.sub("", text))
     if len(sentences) <= max_sentences:
         return " ".join(sentences)
     q = _terms(query)
