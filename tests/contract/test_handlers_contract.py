@@ -103,3 +103,58 @@ async def test_classifier_routes_platform_past_the_retriever_despite_history() -
     assert out.decision is not None and out.decision.type == QueryType.PLATFORM
     assert len(out.history) == 5
     assert store.rows and store.rows[0].type == "PLATFORM"  # type: ignore[attr-defined]
+
+
+class UnsureLayer2:
+    async def predict(self, text: str) -> object:
+        from dataclasses import dataclass
+
+        @dataclass(frozen=True)
+        class P:
+            label: str = "RETRIEVAL"
+            confidence: float = 0.5
+            alternatives: tuple = (("CODE_GENERATION", 0.3), ("PLATFORM", 0.2))
+
+        return P()
+
+
+async def _route_unsure(policy_by_agent: dict[str, str]) -> tuple[dict[str, bytes], FakeStore]:
+    broker = NatsBroker()
+    settings = ClassifierSettings(common=COMMON, heads_dir="",
+                                  clarity_policy_by_agent=policy_by_agent)
+    broker.include_router(classifier_router(settings))
+    store = FakeStore()
+    deps = ClassifierDeps(store, Cascade(layer2=UnsureLayer2()))  # type: ignore[arg-type]
+    broker.context.set_global("deps", deps)
+    seen: dict[str, bytes] = {}
+
+    @broker.subscriber("intentroute.stage.retrieve", stream=PIPELINE)
+    async def retrieve(msg: NatsMessage) -> None:
+        seen["retrieve"] = msg.body
+
+    @broker.subscriber("agent.response.u-1", stream=RESPONSES)
+    async def answer(msg: NatsMessage) -> None:
+        seen["answer"] = msg.body
+
+    env = Envelope(request=AgentRequest(request_id="u-1", session_id="s", agent_id="widget",
+                                        query="tell me about the thing"), accepted_at=0.0)
+    async with TestNatsBroker(broker) as br:
+        await br.publish(encode(env), "intentroute.stage.classify", stream="INTENTROUTE_PIPELINE")
+    return seen, store
+
+
+async def test_clarity_policy_ask_answers_with_options_and_generates_nothing() -> None:
+    seen, store = await _route_unsure({"widget": "ask"})
+    assert set(seen) == {"answer"}
+    chunk = decode_chunk(seen["answer"])
+    assert chunk.is_final and chunk.kind == "clarification"
+    assert chunk.decision is not None and chunk.decision.clarity == "needs_clarification"
+    assert "RETRIEVAL" in chunk.text and "CODE_GENERATION" in chunk.text
+    assert [type(r).__name__ for r in store.rows] == ["HistoryRow", "RequestLogRow"]
+
+
+async def test_clarity_policy_proceed_routes_the_best_guess() -> None:
+    seen, _ = await _route_unsure({})
+    assert set(seen) == {"retrieve"}
+    decision = decode_envelope(seen["retrieve"]).decision
+    assert decision is not None and decision.layer == "fallback"

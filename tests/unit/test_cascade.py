@@ -1,0 +1,172 @@
+"""The routing contract (RC-01..RC-06) and PRD-0003 scenarios on the cascade, with
+hand-written fakes for Layer 2 and Layer 3."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from services.classifier.cascade import Cascade, CascadeConfig
+from services.classifier.handlers import clarification_text
+from services.classifier.llm import format_history, render_classifier_prompt
+from shared.contracts.request import AgentRequest
+from shared.contracts.routing import Clarity, HistoryEntry, Layer, ModelSlot, QueryType
+
+R, C, V, P = (QueryType.RETRIEVAL, QueryType.CODE_GENERATION, QueryType.CONVERSATIONAL,
+              QueryType.PLATFORM)
+
+
+@dataclass(frozen=True)
+class Pred:
+    label: str
+    confidence: float
+    alternatives: list[tuple[str, float]] = field(default_factory=list)
+
+
+class FakeLayer2:
+    """Keyword table standing in for the encoder + head."""
+
+    def __init__(self, table: dict[str, tuple[QueryType, float]],
+                 default: tuple[QueryType, float] = (R, 0.5)) -> None:
+        self.table = table
+        self.default = default
+        self.seen: list[str] = []
+
+    async def predict(self, text: str) -> Pred:
+        self.seen.append(text)
+        for key, (qt, conf) in self.table.items():
+            if key in text.lower():
+                others = [(t.value, round((1 - conf) / 3, 3)) for t in QueryType if t != qt]
+                return Pred(qt.value, conf, others)
+        qt, conf = self.default
+        return Pred(qt.value, conf, [(t.value, (1 - conf) / 3) for t in QueryType if t != qt])
+
+
+class FakeLLM:
+    def __init__(self, answer: QueryType | None) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, list[HistoryEntry]]] = []
+
+    async def label(self, query: str, history: list[HistoryEntry], editor_context: str
+                    ) -> QueryType | None:
+        self.calls.append((query, history))
+        return self.answer
+
+
+def req(query: str, **kw: str) -> AgentRequest:
+    return AgentRequest(request_id="r", session_id="s", agent_id="a", query=query, **kw)
+
+
+TABLE = {
+    "addvar": (R, 0.97),
+    "write": (C, 0.96),
+    "endpoint": (C, 0.95),
+    "invoice": (P, 0.93),
+    "summary": (V, 0.9),
+    "maybe": (R, 0.7),
+    "hmm": (R, 0.4),
+}
+
+
+def cascade(llm: FakeLLM | None = None, **cfg: object) -> Cascade:
+    return Cascade(CascadeConfig(**cfg), layer2=FakeLayer2(TABLE), llm=llm)  # type: ignore[arg-type]
+
+
+async def test_rc01_prefix_is_platform_and_never_calls_a_model() -> None:
+    llm = FakeLLM(R)
+    c = cascade(llm)
+    d = await c.decide(req("You are a direct and concise assistant. Summarise the docs."), [])
+    assert (d.type, d.layer) == (P, Layer.RULES)
+    assert llm.calls == [] and c.layer2.seen == []  # type: ignore[union-attr]
+
+
+async def test_rc02_platform_data_wins_over_history() -> None:
+    history = [HistoryEntry(R, "what is addVar")] * 5 + [HistoryEntry(C, "write a loop")]
+    d = await cascade(FakeLLM(R)).decide(req("cuántas llamadas llevo este mes?"), history)
+    assert (d.type, d.layer) == (P, Layer.RULES)
+
+
+@pytest.mark.parametrize("dominant", list(QueryType))
+async def test_rc03_history_never_changes_a_self_contained_message(dominant: QueryType) -> None:
+    history = [HistoryEntry(dominant, "earlier turn")] * 6
+    c = cascade(FakeLLM(None))
+    for query in ("What does addVar do?", "write a loop that sums a list", "hmm tell me stuff"):
+        assert (await c.decide(req(query), history)).type == (await c.decide(req(query), [])).type
+
+
+async def test_prd_scenario_2_mixed_session_platform_question() -> None:
+    history = [HistoryEntry(R, "a"), HistoryEntry(R, "b"), HistoryEntry(C, "c"),
+               HistoryEntry(R, "d")]
+    d = await cascade().decide(req("cuántas llamadas llevo este mes?"), history)
+    assert d.type == P and d.model_slot == ModelSlot.CONVERSATIONAL
+
+
+async def test_prd_scenario_3_explain_this_in_a_code_session() -> None:
+    history = [HistoryEntry(C, "write an endpoint"), HistoryEntry(C, "add a loop")]
+    d = await cascade().decide(req("explain this"), history)
+    assert (d.type, d.layer, d.resolved_reference) == (C, Layer.RULES, True)
+    editor = await cascade().decide(
+        req("explícame esto", editor_context="addParam(id, uid)\naddResult(uid)"), [])
+    assert editor.type == C
+
+
+async def test_prd_scenario_4_shorter_after_a_retrieval_answer() -> None:
+    d = await cascade().decide(req("en menos palabras"), [HistoryEntry(R, "how do loops work")])
+    assert d.type == V and d.model_slot == ModelSlot.CONVERSATIONAL
+
+
+async def test_follow_up_question_takes_the_type_of_what_it_points_at() -> None:
+    history = [HistoryEntry(C, "write an endpoint"), HistoryEntry(V, "make it shorter")]
+    d = await cascade().decide(req("and how do I test that?"), history)
+    assert d.type == C
+
+
+async def test_rc06_llm_sees_at_most_six_history_entries() -> None:
+    history = [HistoryEntry(R, f"turn {i}") for i in range(9)]
+    text = format_history(history)
+    assert text.count("\n") == 5 and "turn 3" in text and "turn 2" not in text
+    prompt = render_classifier_prompt("hmm", history, "")[0]["content"]
+    assert "<history_rule>" in prompt and "<platform_priority_rule>" in prompt
+
+
+async def test_threshold_fall_through_to_llm_and_fallback() -> None:
+    llm = FakeLLM(C)
+    confident = await cascade(llm).decide(req("What does addVar do?"), [])
+    assert (confident.layer, confident.clarity) == (Layer.EMBEDDING, Clarity.CLEAR)
+    assert llm.calls == []
+    unsure = await cascade(llm).decide(req("maybe something"), [])
+    assert (unsure.type, unsure.layer, unsure.clarity) == (C, Layer.LLM,
+                                                           Clarity.NEEDS_CONFIRMATION)
+    down = await cascade(FakeLLM(None)).decide(req("hmm what"), [])
+    assert (down.type, down.layer, down.clarity) == (R, Layer.FALLBACK,
+                                                     Clarity.NEEDS_CLARIFICATION)
+    no_llm = await cascade(None).decide(req("hmm what"), [])
+    assert no_llm.layer == Layer.FALLBACK
+
+
+async def test_threshold_is_configurable() -> None:
+    d = await cascade(FakeLLM(None), threshold=0.6).decide(req("maybe something"), [])
+    assert (d.layer, d.clarity) == (Layer.EMBEDDING, Clarity.CLEAR)
+
+
+async def test_multi_intent_is_detected_and_offers_both_types() -> None:
+    d = await cascade().decide(
+        req("What does addVar do in AVAP and also show my invoice for this month"), [])
+    assert d.clarity == Clarity.MULTI_INTENT
+    assert {a.type for a in d.alternatives} == {R, P}
+    text = clarification_text(d)
+    assert "RETRIEVAL" in text and "PLATFORM" in text
+
+
+async def test_single_intent_with_and_is_not_multi_intent() -> None:
+    d = await cascade().decide(req("write an endpoint that reads the id and returns it"), [])
+    assert d.clarity == Clarity.CLEAR and d.type == C
+
+
+async def test_declared_type_skips_every_layer() -> None:
+    llm = FakeLLM(R)
+    c = cascade(llm)
+    d = await c.decide(req("hmm", query_type="PLATFORM"), [])
+    assert (d.type, d.layer) == (P, Layer.DECLARED)
+    assert c.layer2.seen == [] and llm.calls == []  # type: ignore[union-attr]
