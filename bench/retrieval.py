@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -139,10 +140,15 @@ def evaluate(
         index.search(f"warm-up query number {i}", k=k, method="hybrid")
     runs: dict[str, dict[str, list[str]]] = {m: {} for m in methods}
     latencies: list[float] = []
+    cpu_ms: list[float] = []
     for qid, text in qs.items():
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         res = index.search(text, k=k, method="hybrid")
         latencies.append((time.perf_counter() - t) * 1000)
+        # With 1 intra-op thread the encoder runs on this thread, so thread CPU time is
+        # the latency an idle core would give (wall time includes waiting for a core
+        # when other processes share the 2 cores).
+        cpu_ms.append((time.thread_time() - c) * 1000)
         qv = res.query_vector
         for m in methods:
             r = res if m == "hybrid" else index.search(text, k=k, method=m, query_vector=qv)
@@ -159,6 +165,9 @@ def evaluate(
         "ingest_cached": ingest_info["ingest_cached"],
         "query_ms_p50": _pctl(latencies, 50),
         "query_ms_p95": _pctl(latencies, 95),
+        "query_cpu_ms_p50": _pctl(cpu_ms, 50),
+        "query_cpu_ms_p95": _pctl(cpu_ms, 95),
+        "load_avg_1m": os.getloadavg()[0],
         "bm25_config": index.manifest["bm25"],
     })
     return out

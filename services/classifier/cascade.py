@@ -19,9 +19,14 @@ from typing import Protocol
 
 import msgspec
 
-from services.classifier.deixis import is_deictic, resolve_reference
+from services.classifier.deixis import is_deictic, is_social, resolve_reference
 from services.classifier.llm import LlmLabeler
-from services.classifier.rules import has_platform_data, has_platform_prefix
+from services.classifier.rules import (
+    has_account_context,
+    has_platform_data,
+    has_platform_prefix,
+    is_code_request,
+)
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import (
     Alternative,
@@ -123,15 +128,25 @@ class Cascade:
             return decision(QueryType.PLATFORM, Layer.RULES, 1.0)
         if has_platform_data(request.query, request.extra_context):
             return decision(QueryType.PLATFORM, Layer.RULES, 1.0)
+        if is_code_request(request.query):
+            return decision(QueryType.CODE_GENERATION, Layer.RULES, 1.0)
         return None
 
     async def decide(
         self, request: AgentRequest, history: list[HistoryEntry]
     ) -> RoutingDecision:
         fast = self.decide_fast(request)
-        if fast is not None:
-            return fast
         query = request.query
+        if fast is not None:
+            if fast.layer == Layer.RULES and not has_platform_prefix(query):
+                # RC-02 keeps the type; the gate still says when a second request rides along.
+                multi = await self._multi_intent(query)
+                if multi is not None:
+                    return decision(fast.type, fast.layer, fast.confidence,
+                                    clarity=Clarity.MULTI_INTENT, alternatives=multi)
+            return fast
+        if is_social(query):
+            return decision(QueryType.CONVERSATIONAL, Layer.RULES, 1.0)
         if is_deictic(query):
             referent = resolve_reference(query, history, request.editor_context)
             if referent is not None:
@@ -146,7 +161,14 @@ class Cascade:
         if multi is not None:
             return decision(best, Layer.EMBEDDING, pred.confidence,
                             clarity=Clarity.MULTI_INTENT, alternatives=multi)
-        if pred.confidence >= self.config.threshold:
+        confident = pred.confidence >= self.config.threshold
+        # RC-02 for data the platform injected: unless the message is confidently about
+        # AVAP docs or code, a request carrying account figures is a PLATFORM request.
+        if has_account_context(request.extra_context) and not (
+            confident and best in (QueryType.RETRIEVAL, QueryType.CODE_GENERATION)
+        ):
+            return decision(QueryType.PLATFORM, Layer.RULES, 1.0, alternatives=alternatives)
+        if confident:
             return decision(best, Layer.EMBEDDING, pred.confidence, alternatives=alternatives)
 
         clarity = (Clarity.NEEDS_CONFIRMATION if pred.confidence >= self.config.confirm_threshold
@@ -163,7 +185,7 @@ class Cascade:
     async def _multi_intent(self, query: str) -> list[Alternative] | None:
         """Two parts of the message confidently asking for different types."""
         parts = [p for p in _SPLIT.split(query) if p and len(p.split()) >= 3]
-        if len(parts) < 2 or self.layer2 is None:
+        if len(parts) < 2 or self.layer2 is None or not self.config.detect_multi_intent:
             return None
         found: dict[QueryType, float] = {}
         for part in parts:

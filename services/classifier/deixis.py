@@ -12,8 +12,10 @@ from shared.contracts.routing import HistoryEntry, QueryType
 
 # Pronouns and pointers that need a referent, English and Spanish.
 _POINTERS = re.compile(
-    r"\b(this|that|these|those|it|above|previous|last one|the same)\b"
+    r"\b(this|that|these|those|it|above|previous|last one|the same|same thing|there)\b"
     r"(?!\s+(month|week|year|morning|plan|quarter))|"
+    r"\b(so|that) (high|low|much|many|expensive|slow)\b|"
+    r"\b(ahí|ahi|allí|alli|allá|tan (alto|alta|caro|cara|bajo|lento))\b|"
     r"\b(esto|eso|aquello|lo anterior|lo de antes|lo mismo|el anterior|la anterior|"
     r"hazlo|explícalo|explicalo|arréglalo|arreglalo)\b|"
     r"\b(este|esta|ese|esa)\s*[?.!]*\s*$",
@@ -21,11 +23,36 @@ _POINTERS = re.compile(
 )
 # Asks to reshape the previous answer: conversational whatever the topic was.
 _RESHAPE = re.compile(
-    r"\b(shorter|short|briefer|simpler|in fewer words|summari[sz]e|rephrase|again|"
-    r"translate|in english|in spanish|more detail|elaborate|"
-    r"más corto|mas corto|más breve|en menos palabras|resume|resumen|resúmelo|"
-    r"otra vez|de nuevo|tradu[cz]|en inglés|en español|más simple|mas simple|"
-    r"con más detalle|reformula)\b",
+    r"\b(shorter|shorten|short version|briefer|simpler|simplify|in fewer words|"
+    r"summari[sz]e|summary|rephrase|reword|rewrite|again|translate|in english|in spanish|"
+    r"more detail|elaborate|as a list|as bullet|bullet points|numbered|in a table|"
+    r"as a table|checklist|step by step|"
+    r"más corto|mas corto|más breve|acorta|abrevia|en menos palabras|resume|resumen|"
+    r"resúmelo|simplifica|otra vez|de nuevo|tradu[cz]\w*|en inglés|en español|"
+    r"más simple|mas simple|con más detalle|reformula|reescribe|como lista|en una lista|"
+    r"en una tabla|en forma de|pasos numerados|lista de comprobación|punto por punto)\b",
+    re.IGNORECASE,
+)
+# Explicit references to the previous answer ("what you said", "tu última respuesta").
+_PRIOR = re.compile(
+    r"\b(what you (just )?said|you (just )?said|your (last |previous |first )?(answer|response|"
+    r"message|reply|explanation)|the previous (answer|response|message)|that (answer|"
+    r"explanation|response|reply)|lo que (me )?(dijiste|has dicho|explicaste)|"
+    r"tu (última |ultima |anterior )?(respuesta|mensaje|explicación|explicacion)|"
+    r"tu último mensaje|la respuesta anterior|lo anterior)\b",
+    re.IGNORECASE,
+)
+# Greetings, thanks and sign-offs: conversational by content, no history needed.
+_SOCIAL = re.compile(
+    r"^\W*(thanks|thank you|thx|cheers|gracias|muchas gracias|perfect|perfecto|great|"
+    r"genial|awesome|vale|ok|okay|cool|nice|hola|hi|hello|hey|buenas|buenos días|bye|"
+    r"goodbye|adiós|adios|hasta luego|see you|good morning)\b",
+    re.IGNORECASE,
+)
+_TECH = re.compile(
+    r"\b(avap|addvar|addparam|addresult|startloop|endloop|ormdirect|requestget|requestpost|"
+    r"endpoint|script|code|código|codigo|command|comando|loop|bucle|write|escribe|quota|"
+    r"cuota|invoice|factura|usage|plan)\b",
     re.IGNORECASE,
 )
 # Follow-ups that open with a connector: "and how do I test that?", "¿y el bucle?"
@@ -38,19 +65,25 @@ _CODE_HINT = re.compile(
 )
 _CONTENT_WORDS = re.compile(r"[a-záéíóúñ]{4,}", re.IGNORECASE)
 _STOP = frozenset(
-    "this that these those what about explain show please does with from "
+    "this that these those there what about explain show please does with from same thing "
+    "high much many ahí allí "
     "esto esta este como cómo explica muestra sobre para favor hazlo también tambien "
     "then have make more less about test with".split()
 )
 
 
+def is_social(query: str) -> bool:
+    """Thanks, greetings, sign-offs with nothing else to do."""
+    return bool(_SOCIAL.search(query)) and len(query.split()) <= 8 and not _TECH.search(query)
+
+
 def is_deictic(query: str) -> bool:
     """Short messages that point at something outside themselves."""
     words = query.split()
+    if is_reshape_request(query):
+        return True
     if len(words) > 12:
         return False
-    if _RESHAPE.search(query) and len(words) <= 8:
-        return True
     if not (_POINTERS.search(query) or _CONTINUATION.search(query)):
         return False
     # "explain the startLoop command" names its subject; "explain this" does not.
@@ -59,7 +92,15 @@ def is_deictic(query: str) -> bool:
 
 
 def is_reshape_request(query: str) -> bool:
-    return bool(_RESHAPE.search(query)) and len(query.split()) <= 8
+    """Asks to rephrase / shorten / translate / reformat the previous answer."""
+    if not _RESHAPE.search(query):
+        return False
+    words = len(query.split())
+    if words <= 8 and (_PRIOR.search(query) or _POINTERS.search(query) or not _TECH.search(query)):
+        return True
+    # Longer messages must name the answer itself ("what you said about quotas"):
+    # "rewrite my endpoint so it ..." asks for new code, not a rephrasing.
+    return words <= 25 and bool(_PRIOR.search(query))
 
 
 def editor_has_code(editor_context: str) -> bool:
@@ -74,7 +115,7 @@ def resolve_reference(
     Reshaping the previous answer is CONVERSATIONAL. Otherwise the referent is code
     in the editor, else the most recent turn of the intent history.
     """
-    if is_reshape_request(query) and history:
+    if is_reshape_request(query):
         return QueryType.CONVERSATIONAL
     if editor_has_code(editor_context):
         return QueryType.CODE_GENERATION

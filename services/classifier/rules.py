@@ -43,6 +43,33 @@ _SIGNALS: tuple[re.Pattern[str], ...] = tuple(
         r"\b(invoice|charged|billing)\b[^.?!\n]{0,40}\b(month|account|card|plan)\b",
     )
 )
+# The user's own account named outright: platform even next to code words
+# ("does RequestGet in my endpoints count against my quota?"), unless code is asked for.
+_OWN_ACCOUNT = re.compile(
+    r"\b(my|our)\s+(quota|invoice|bill|billing|subscription|plan|credits|usage|consumption|"
+    r"account balance|rate limit)\b|"
+    r"\b(mi|mis|nuestra|nuestro)\s+(cuota|factura|facturación|facturacion|suscripción|"
+    r"suscripcion|consumo|tarifa|saldo)\b|"
+    r"\b(recibo|receipt)\b.{0,40}\b(pago|payment|cobro|charge)\b|"
+    r"\b(tarjeta|card)\b.{0,30}\b(rechaz|declin)|"
+    r"\b(suspend\w*|cancel\w*|block\w*|bloque\w*)\b.{0,20}\b(my|mi|la|the) "
+    r"(account|cuenta)\b|"
+    r"\bqu[eé] (tarifa|plan)\b.{0,25}\b(tengo|tenemos|contratad)",
+    re.IGNORECASE,
+)
+_WRITE_CODE = re.compile(
+    r"\b(write|build|create|generate|implement|fix|refactor|escribe|genera|crea|construye|"
+    r"implementa|arregla|refactoriza|haz)\b.{0,40}\b(script|code|c[oó]digo|endpoint|"
+    r"function|funci[oó]n|program|programa|avap)\b",
+    re.IGNORECASE,
+)
+# Account data injected by the platform into extra_context (key=value figures).
+_ACCOUNT_DATA = re.compile(
+    r"\b(usage|usage_pct|usage_percentage|quota|plan|calls|calls_used|calls_month|requests|"
+    r"invoice\w*|billing|balance|credits|subscription|consumo|cuota|factura)\w*\s*[=:]",
+    re.IGNORECASE,
+)
+
 # Documentation or code about billing is not platform data (ADR hard negatives).
 _CODE_OR_DOCS = re.compile(
     r"\b(avap|addvar|addparam|addresult|requestpost|requestget|ormdirect|startloop|"
@@ -64,9 +91,16 @@ def has_platform_data(query: str, extra_context: str = "") -> bool:
     Platform data in `extra_context` counts only when the query itself is not about
     AVAP code or docs: a coding question keeps its type whatever the account says.
     """
+    if _OWN_ACCOUNT.search(query) and not _WRITE_CODE.search(query):
+        return True
     if any(p.search(query) for p in _SIGNALS):
         return not _CODE_OR_DOCS.search(query) or _is_account_statement(query)
     return False
+
+
+def has_account_context(extra_context: str) -> bool:
+    """extra_context carries platform account data (usage, quota, plan, billing figures)."""
+    return bool(extra_context) and bool(_ACCOUNT_DATA.search(extra_context))
 
 
 def _is_account_statement(query: str) -> bool:
@@ -74,7 +108,24 @@ def _is_account_statement(query: str) -> bool:
     return bool(re.search(r"\b(you have|tienes|tu proyecto|your project)\b", query, re.I))
 
 
+# An imperative asking for code ("write / fix / refactor ... endpoint|script|function").
+_CODE_REQUEST = re.compile(
+    r"^\W*(please\s+|pls\s+|can you\s+|could you\s+|puedes\s+|podrías\s+|podrias\s+|"
+    r"por favor\s+)?(write|build|create|generate|implement|code|fix|debug|refactor|rewrite|"
+    r"escribe|escríbeme|genera|génerame|crea|créame|construye|implementa|programa|arregla|"
+    r"corrige|refactoriza|reescribe|hazme|haz)\b.{0,60}\b(script|code|c[oó]digo|endpoint|"
+    r"function|funci[oó]n|program|programa|avap|loop|bucle|handler|api)\b",
+    re.IGNORECASE,
+)
+
+
+def is_code_request(query: str) -> bool:
+    return bool(_CODE_REQUEST.search(query))
+
+
 def rules_decide(query: str, extra_context: str = "") -> QueryType | None:
     if has_platform_prefix(query) or has_platform_data(query, extra_context):
         return QueryType.PLATFORM
+    if is_code_request(query):
+        return QueryType.CODE_GENERATION
     return None

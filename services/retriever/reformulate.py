@@ -225,7 +225,7 @@ def reformulate_with_hint(
     query: str,
     feedback: Sequence[Passage] | None = None,
     *,
-    strategy: str = "prf",
+    strategy: str = "broaden",
     n_terms: int = 5,
 ) -> str:
     """Query for the one retry after an insufficient-context verdict (RC-08).
@@ -233,6 +233,10 @@ def reformulate_with_hint(
     strategy "broaden": content words + synonyms; "prf": original query + top
     feedback terms from the first retrieval (falls back to broaden without feedback);
     "both": broadened query + feedback terms.
+
+    "broaden" is the default because it is the only one that did not hurt on SciFact
+    train: on the 318 queries the check fired on, nDCG@10 improved for 15.7% and got
+    worse for 11.9% (mean +0.004); PRF drifted (20-25% worse, mean -0.017 to -0.025).
     """
     if strategy not in ("broaden", "prf", "both"):
         raise ValueError("strategy must be 'broaden', 'prf' or 'both'")

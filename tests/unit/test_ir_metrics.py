@@ -65,3 +65,35 @@ def test_auc_and_calibration() -> None:
     assert roc_auc_good_vs_bad(np.array([0.5, 0.5]), np.array([True, False])) == 0.5
     with pytest.raises(ValueError):
         calibrate([0.1, 0.2], [True, True])
+
+
+def test_relevance_signals_from_a_search_result() -> None:
+    import numpy as np
+
+    from services.retriever.index import SearchResult
+    from services.retriever.relevance import check_relevance, relevance_signal
+    from shared.contracts.pipeline import Passage
+
+    q = np.array([1.0, 0.0], dtype=np.float32)
+    pv = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+    res = SearchResult(
+        passages=[Passage("a", "", "x", 2 / 61), Passage("b", "", "y", 1 / 62)],
+        method="hybrid", query_vector=q, passage_vectors=pv, dense_top1=1.0,
+        dense_scores=[1.0, 0.0], bm25_top1=6.0, bm25_scores=[6.0, 2.0],
+    )
+    assert relevance_signal(res, "top1_dense") == 1.0
+    assert relevance_signal(res, "mean_topk_cosine") == pytest.approx(0.5)
+    # cosine(q, mean(pv)) = 0.5 / |(0.5, 0.5)| = 1/sqrt(2)
+    assert relevance_signal(res, "centroid_cosine") == pytest.approx(2 ** -0.5, abs=1e-6)
+    assert relevance_signal(res, "dense_margin") == pytest.approx(0.5)
+    assert relevance_signal(res, "bm25_peak") == pytest.approx(6.0 / 4.0)
+    assert relevance_signal(res, "rrf_top1") == pytest.approx(2 / 61)
+    # 2.741 * 1 + 2.564 * 1.5 + 2.954 * 2 - 9.693
+    assert relevance_signal(res, "combined") == pytest.approx(2.802, abs=1e-3)
+    ok, signal = check_relevance(res)
+    assert ok and signal == relevance_signal(res, "combined")
+    bm25_only = SearchResult(passages=res.passages, method="bm25", bm25_top1=6.0)
+    assert math.isnan(relevance_signal(bm25_only, "combined"))
+    assert check_relevance(bm25_only)[0]  # no evidence: no retry
+    with pytest.raises(ValueError):
+        relevance_signal(res, "llm")

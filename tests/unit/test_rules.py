@@ -29,12 +29,23 @@ def test_rc02_platform_data_signals(query: str) -> None:
     [
         "Write AVAP code that applies a 20% discount to the price",
         "genera un script AVAP que calcule un descuento del 20%",
+        "build me a script that flags accounts over 90% of their quota in our db",
+    ],
+)
+def test_code_about_percentages_and_quotas_is_code_not_platform(query: str) -> None:
+    assert rules_decide(query) == QueryType.CODE_GENERATION
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
         "how do I call the Stripe billing API with RequestPost in AVAP",
         "what is addVar?",
         "explain this",
+        "how do I write a loop?",
     ],
 )
-def test_hard_negatives_are_left_to_the_later_layers(query: str) -> None:
+def test_docs_questions_are_left_to_the_later_layers(query: str) -> None:
     assert rules_decide(query) is None
 
 
