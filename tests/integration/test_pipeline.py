@@ -118,12 +118,12 @@ async def test_prd_scenario_4_conversational_follow_up_skips_retrieval(
                    OLLAMA_MODEL_NAME="big:1.7b", OLLAMA_MODEL_NAME_CONVERSATIONAL="small:0.6b")
     async with running(env, retrievals=[rec]):
         session = "scenario-4"
-        first = await ask_all(nc, make_request("How do I write a loop in AVAP?",
+        first = await ask_all(nc, make_request("What does startLoop do in AVAP?",
                                                session_id=session))
         second = await ask_all(nc, make_request("en menos palabras", session_id=session))
     assert first[-1].query_type == "RETRIEVAL"
     assert second[-1].query_type == "CONVERSATIONAL"
-    assert rec.queries == ["How do I write a loop in AVAP?"]
+    assert rec.queries == ["What does startLoop do in AVAP?"]
     assert fake_ollama.models == ["big:1.7b", "small:0.6b"]
     # The conversational prompt carries the previous answer, not retrieved documents.
     assert assemble(first) in fake_ollama.requests[1]["messages"][0]["content"]
