@@ -66,7 +66,8 @@ def _weights_file(model_dir: Path) -> Path:
 def _model_key(model_dir: Path) -> str:
     w = _weights_file(model_dir)
     st = w.stat()
-    raw = f"{w.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    # Content-ish key (not the path): a copied encoder dir keeps its key.
+    raw = f"{w.name}|{st.st_size}|{st.st_mtime_ns}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -130,12 +131,40 @@ def export_onnx(model_dir: Path, out: Path) -> Path:
     return out
 
 
+def optimize_onnx(src: Path, out: Path, *, num_heads: int, hidden_size: int) -> Path:
+    """Fuse attention / SkipLayerNorm / BiasGelu (onnxruntime.transformers), atomically."""
+    from onnxruntime.transformers import optimizer
+
+    model = optimizer.optimize_model(
+        str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
+        opt_level=1, use_gpu=False,
+    )
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    model.save_model_to_file(str(tmp))
+    os.replace(tmp, out)
+    return out
+
+
+def quantize_onnx(src: Path, out: Path) -> Path:
+    """int8 dynamic quantisation (per-channel weights) of the MatMuls, atomically."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp.onnx")
+    quantize_dynamic(str(src), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
+                     op_types_to_quantize=["MatMul"])
+    os.replace(tmp, out)
+    return out
+
+
 class FastEncoder:
     """`Encoder` protocol: L2-normalised mean-pooled float32 rows.
 
     backend: "auto" (ONNX Runtime if installed, else torch), "onnx" or "torch".
     model: the packaged default name or a directory (e.g. a fine-tuned encoder saved
     by `services.classifier.finetune`).
+    precision: "fp32" (default; cosine with the reference >= 0.9999) or "int8"
+    (ONNX only: dynamic int8 MatMuls, ~1.6x faster, cosine with the reference
+    ~0.99 mean / ~0.96 worst line: opt-in, train the head with the same setting).
     """
 
     def __init__(
@@ -147,6 +176,7 @@ class FastEncoder:
         cache_size: int = 4096,
         onnx_cache_dir: Path | None = None,
         max_length: int | None = None,
+        precision: str = "fp32",
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -161,6 +191,9 @@ class FastEncoder:
         tok.enable_truncation(self.max_length)
         self._tok = tok
         self._threads = threads
+        if precision not in ("fp32", "int8"):
+            raise ValueError(f"unknown precision {precision!r}")
+        self.precision = precision
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
@@ -175,6 +208,8 @@ class FastEncoder:
                 log.warning("ONNX backend unavailable (%s); using torch", exc)
                 backend = "torch"
         if backend == "torch":
+            if precision != "fp32":
+                raise ValueError("int8 precision needs the ONNX backend (onnxruntime)")
             self._init_torch()
         elif backend != "onnx":
             raise ValueError(f"unknown backend {backend!r}")
@@ -185,10 +220,28 @@ class FastEncoder:
     def _init_onnx(self, cache_dir: Path) -> None:
         import onnxruntime as ort
 
-        path = cache_dir / f"{self.model_dir.name}-{_model_key(self.model_dir)}.onnx"
-        if not path.exists():
-            log.info("exporting %s to %s", self.model_dir, path)
-            export_onnx(self.model_dir, path)
+        key = _model_key(self.model_dir)
+        if os.access(self.model_dir, os.W_OK) and "site-packages" not in str(self.model_dir):
+            cache_dir = self.model_dir / "onnx"  # a fine-tuned encoder keeps its graph
+        raw = cache_dir / f"{self.model_dir.name}-{key}.onnx"
+        fused = cache_dir / f"{self.model_dir.name}-{key}-fused.onnx"
+        path = fused
+        if not fused.exists():
+            if not raw.exists():
+                log.info("exporting %s to %s", self.model_dir, raw)
+                export_onnx(self.model_dir, raw)
+            try:
+                cfg = json.loads((self.model_dir / "config.json").read_text())
+                optimize_onnx(raw, fused, num_heads=int(cfg["num_attention_heads"]),
+                              hidden_size=int(cfg["hidden_size"]))
+            except Exception as exc:  # optimiser missing/unsupported: the plain graph
+                log.warning("ONNX graph fusion skipped (%s)", exc)
+                path = raw
+        if self.precision == "int8":
+            q = path.with_name(path.stem + "-int8.onnx")
+            if not q.exists():
+                quantize_onnx(path, q)
+            path = q
         so = ort.SessionOptions()
         so.intra_op_num_threads = self._threads
         so.inter_op_num_threads = 1

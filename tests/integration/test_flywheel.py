@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+
 import pytest
 
 from services.classifier.embedding import HeadRegistry, Layer2Classifier
