@@ -237,10 +237,12 @@ class FastEncoder:
             except Exception as exc:  # optimiser missing/unsupported: the plain graph
                 log.warning("ONNX graph fusion skipped (%s)", exc)
                 path = raw
-        if self.precision == "int8":
-            q = path.with_name(path.stem + "-int8.onnx")
+        if self.precision == "int8":  # quantise the unfused graph (all MatMuls)
+            q = cache_dir / f"{self.model_dir.name}-{key}-int8.onnx"
             if not q.exists():
-                quantize_onnx(path, q)
+                if not raw.exists():
+                    export_onnx(self.model_dir, raw)
+                quantize_onnx(raw, q)
             path = q
         so = ort.SessionOptions()
         so.intra_op_num_threads = self._threads

@@ -175,7 +175,7 @@ class EmbeddingHead:
             if self.encoder_dir.resolve() != target.resolve():
                 if target.exists():
                     shutil.rmtree(target)
-                shutil.copytree(self.encoder_dir, target)
+                shutil.copytree(self.encoder_dir, target, ignore=shutil.ignore_patterns("onnx"))
             encoder_ref = "encoder"
         head = {
             "format": HEAD_FORMAT,
@@ -223,6 +223,18 @@ def _fit_logreg(x: np.ndarray, y: np.ndarray, *, c: float, seed: int, max_iter: 
         return LogisticRegression(C=c, max_iter=max_iter, random_state=seed).fit(x, y)
 
 
+def _full_logits(model: Any, x: np.ndarray, n_classes: int) -> np.ndarray:
+    """decision_function as (n, n_classes) logits; classes absent from the fit get -1e4."""
+    d = np.asarray(model.decision_function(x), dtype=np.float64)
+    out = np.full((len(x), n_classes), -1e4, dtype=np.float64)
+    cls = np.asarray(model.classes_)
+    if d.ndim == 1:  # binary: symmetric two-logit form
+        out[:, cls[0]], out[:, cls[1]] = -d / 2, d / 2
+    else:
+        out[:, cls] = d
+    return out
+
+
 def train_head(
     texts: Sequence[str],
     labels: Sequence[str],
@@ -231,6 +243,7 @@ def train_head(
     seed: int = 0,
     c: float = 20.0,
     calibration_folds: int = 5,
+    calibration_holdout: float = 0.1,
     max_iter: int = 500,
     finetune_epochs: float = 0.0,
     finetune_dir: Path | None = None,
@@ -245,6 +258,8 @@ def train_head(
       is fitted on them (NLL), and they also yield cross-validated accuracy/macro-F1
       and ECE before/after scaling (stored in `head.metrics`),
     * the final coefficients are fitted on all lines.
+    * with fine-tuning, `calibration_holdout` of each label's lines is kept out of the
+      fine-tune; the temperature (and the cv_* metrics) come from those lines.
     * `finetune_epochs > 0` first fine-tunes the encoder (services.classifier.finetune)
       and trains the head on the fine-tuned vectors; the head then carries the
       encoder (saved next to its coefficients).
@@ -262,16 +277,32 @@ def train_head(
     started = time.perf_counter()
     encoder_dir: Path | None = None
     finetune_seconds = 0.0
+    calib_idx: np.ndarray | None = None
     if finetune_epochs and finetune_epochs > 0:
         import tempfile
 
         from services.classifier.finetune import finetune_encoder
 
+        # Lines the fine-tune never sees: the temperature is fitted on them (out-of-fold
+        # logits of a fine-tuned encoder would be overconfident).
+        y_all = np.searchsorted(classes, labels)
+        rng = np.random.default_rng(seed)
+        calib: list[int] = []
+        for k in range(len(classes)):
+            idx = np.flatnonzero(y_all == k)
+            take = int(round(len(idx) * calibration_holdout))
+            if len(idx) >= 3:
+                calib.extend(rng.permutation(idx)[: max(1, take)].tolist())
+        calib_idx = np.array(sorted(calib), dtype=np.int64)
+        fit_mask = np.ones(len(texts), dtype=bool)
+        fit_mask[calib_idx] = False
         t0 = time.perf_counter()
         encoder_dir = Path(finetune_dir or tempfile.mkdtemp(prefix="intentroute-ft-"))
         base = getattr(encoder, "model_name", DEFAULT_MODEL) if encoder else DEFAULT_MODEL
         finetune_encoder(
-            texts, labels, encoder_dir, base_model=str(base), epochs=finetune_epochs,
+            [t for t, keep in zip(texts, fit_mask, strict=True) if keep],
+            [lab for lab, keep in zip(labels, fit_mask, strict=True) if keep],
+            encoder_dir, base_model=str(base), epochs=finetune_epochs,
             seed=seed, progress=say, **(finetune_options or {}),
         )
         finetune_seconds = time.perf_counter() - t0
@@ -298,29 +329,41 @@ def train_head(
         "data_hash": data_hash(texts, labels),
     }
     temperature = 1.0
-    if folds >= 2:
+    held: np.ndarray | None = None  # calibration logits ...
+    held_y: np.ndarray | None = None  # ... and their labels
+    if calib_idx is not None and len(calib_idx) and len(set(y[calib_idx])) >= 2:
+        say(f"calibration on {len(calib_idx)} lines held out of the fine-tune")
+        fit_mask = np.ones(len(y), dtype=bool)
+        fit_mask[calib_idx] = False
+        m = _fit_logreg(x[fit_mask], y[fit_mask], c=c, seed=seed, max_iter=max_iter)
+        held = _full_logits(m, x[calib_idx], len(classes))
+        held_y = y[calib_idx]
+        metrics["cv_folds"] = "holdout"
+    elif folds >= 2:
         say(f"{folds}-fold out-of-fold logits for calibration")
-        oof = np.zeros((len(y), len(classes)), dtype=np.float64)
+        held = np.zeros((len(y), len(classes)), dtype=np.float64)
         skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
         for tr, te in skf.split(x, y):
             m = _fit_logreg(x[tr], y[tr], c=c, seed=seed, max_iter=max_iter)
             # A fold may miss a class only when counts < folds, excluded above.
-            oof[te] = m.decision_function(x[te])
-        temperature = fit_temperature(oof, y)
-        raw, cal = softmax(oof.copy()), softmax(oof / temperature)
+            held[te] = _full_logits(m, x[te], len(classes))
+        held_y = y
+        metrics["cv_folds"] = folds
+    if held is not None and held_y is not None:
+        temperature = fit_temperature(held, held_y)
+        raw, cal = softmax(held.copy()), softmax(held / temperature)
         pred = cal.argmax(axis=1)
+        decided = cal.max(axis=1) > DEFAULT_THRESHOLD
         metrics.update(
-            cv_folds=folds,
-            cv_accuracy=float((pred == y).mean()),
-            cv_macro_f1=macro_f1([classes[i] for i in y], [classes[i] for i in pred]),
-            ece_uncalibrated=expected_calibration_error(raw, y),
-            ece_calibrated=expected_calibration_error(cal, y),
-            cv_decided_at_0_85=float((cal.max(axis=1) > DEFAULT_THRESHOLD).mean()),
-            cv_accuracy_when_decided=float(
-                (pred == y)[cal.max(axis=1) > DEFAULT_THRESHOLD].mean()
-                if (cal.max(axis=1) > DEFAULT_THRESHOLD).any()
-                else 0.0
-            ),
+            cv_n=len(held_y),
+            cv_accuracy=float((pred == held_y).mean()),
+            cv_macro_f1=macro_f1([classes[i] for i in held_y], [classes[i] for i in pred]),
+            ece_uncalibrated=expected_calibration_error(raw, held_y),
+            ece_calibrated=expected_calibration_error(cal, held_y),
+            cv_decided_at_0_85=float(decided.mean()),
+            cv_accuracy_when_decided=float((pred == held_y)[decided].mean())
+            if decided.any()
+            else 0.0,
         )
     say("final fit on all lines")
     model = _fit_logreg(x, y, c=c, seed=seed, max_iter=max_iter)
@@ -767,6 +810,13 @@ class MicroBatcher:
             for (_, f), p in zip(live, preds, strict=True):
                 if not f.done():
                     f.set_result(p)
+
+    async def maybe_reload(self) -> bool:
+        """`classifier.maybe_reload()` on the encoder thread: loading a new head (and a
+        fine-tuned encoder, which may need an ONNX export) never blocks the event loop,
+        and the swap happens between batches."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.classifier.maybe_reload)
 
     async def close(self) -> None:
         """Stop accepting; classify everything already submitted; stop the thread."""

@@ -1,27 +1,36 @@
-"""Retrieval backend port: the handler only needs `search` and `maybe_reload`."""
+"""Retrieval backend port and the embedded adapter; the handler needs `search` and
+`maybe_reload`, and a relevance judge for the optional LLM YES/NO check."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from functools import cache
 from pathlib import Path
+from string import Template
 from typing import TYPE_CHECKING, Protocol
 
 from shared.contracts.pipeline import Passage
 from shared.embeddings import Encoder
 
 if TYPE_CHECKING:
-    from services.retriever.index import EmbeddedIndex
+    from services.retriever.index import EmbeddedIndex, SearchResult
 
 log = logging.getLogger("intentroute.retriever")
 
 
 class Retrieval(Protocol):
-    async def search(self, query: str, k: int) -> list[Passage]: ...
+    async def search(self, query: str, k: int) -> SearchResult: ...
 
     async def maybe_reload(self) -> bool: ...
 
     async def close(self) -> None: ...
+
+
+def empty_result(method: str) -> SearchResult:
+    from services.retriever.index import SearchResult
+
+    return SearchResult(passages=[], method=method)
 
 
 class EmbeddedRetrieval:
@@ -49,15 +58,61 @@ class EmbeddedRetrieval:
         index = self._open()
         return bool(index and index.maybe_reload())
 
-    async def search(self, query: str, k: int) -> list[Passage]:
+    async def search(self, query: str, k: int) -> SearchResult:
         index = self._open()
         if index is None:
-            return []
+            return empty_result(self._method)
         if self._method == "bm25":
-            return index.search(query, k=k, method="bm25").passages
+            return index.search(query, k, "bm25")
         # Query embedding takes milliseconds of CPU: keep it off the event loop.
-        result = await asyncio.to_thread(index.search, query, k, self._method)
-        return result.passages
+        return await asyncio.to_thread(index.search, query, k, self._method)
 
     async def close(self) -> None:
         self._index = None
+
+
+class RelevanceJudge(Protocol):
+    """LLM YES/NO relevance check (ADR-0009 Decision 2), the optional alternative to
+    the embedding signal. Returns None when no verdict could be had."""
+
+    async def relevant(self, query: str, passages: list[Passage]) -> bool | None: ...
+
+
+PROMPT = Path(__file__).resolve().parent / "prompts" / "relevance.txt"
+
+
+@cache
+def _template() -> Template:
+    return Template(PROMPT.read_text(encoding="utf-8"))
+
+
+def render_relevance_prompt(query: str, passages: list[Passage]) -> str:
+    context = "\n\n".join(f"[{i}] {p.title}\n{p.text[:800]}" for i, p in enumerate(passages, 1))
+    return _template().substitute(query=query, context=context or "(nothing retrieved)")
+
+
+class OllamaRelevanceJudge:
+    def __init__(self, host: str, model: str, *, timeout: float = 5.0) -> None:
+        import ollama
+
+        self._client = ollama.AsyncClient(host=host, timeout=timeout)
+        self._model = model
+        self._timeout = timeout
+
+    async def relevant(self, query: str, passages: list[Passage]) -> bool | None:
+        import httpx
+        import ollama
+
+        try:
+            response = await asyncio.wait_for(self._client.generate(
+                model=self._model, prompt=render_relevance_prompt(query, passages),
+                options={"temperature": 0}, stream=False), self._timeout)
+        except (TimeoutError, httpx.HTTPError, ollama.ResponseError, ConnectionError) as exc:
+            log.warning("[retrieve] relevance judge unavailable: %r", exc)
+            return None
+        answer = (response.response or "").strip().upper()
+        if answer.startswith("YES"):
+            return True
+        if answer.startswith("NO"):
+            return False
+        return None

@@ -42,7 +42,12 @@ def create_app(
 
     async def make_deps(broker: NatsBroker) -> RetrieverDeps:
         store = await Store.connect(settings.common.database_url, tracer=tracer)
-        return RetrieverDeps(store, retrieval or build_retrieval(settings))
+        judge = None
+        if settings.relevance_mode == "llm" and settings.ollama_host and settings.relevance_model:
+            from services.retriever.adapters import OllamaRelevanceJudge
+
+            judge = OllamaRelevanceJudge(settings.ollama_host, settings.relevance_model)
+        return RetrieverDeps(store, retrieval or build_retrieval(settings), judge=judge)
 
     return build_app(
         common=settings.common,

@@ -8,7 +8,8 @@ from faststream import Context
 from faststream.middlewares import AckPolicy
 from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
 
-from services.retriever.adapters import Retrieval
+from services.retriever.adapters import RelevanceJudge, Retrieval
+from services.retriever.logic import RelevancePolicy, retrieve
 from services.retriever.settings import RetrieverSettings
 from shared.bus import PIPELINE_STREAM, consumer_config, publish_stage
 from shared.codec import encode
@@ -19,9 +20,11 @@ from shared.store.stores import Store
 
 
 class RetrieverDeps:
-    def __init__(self, store: Store, retrieval: Retrieval) -> None:
+    def __init__(self, store: Store, retrieval: Retrieval, *,
+                 judge: RelevanceJudge | None = None) -> None:
         self.store = store
         self.retrieval = retrieval
+        self.judge = judge
 
     async def close(self) -> None:
         await self.retrieval.close()
@@ -30,6 +33,9 @@ class RetrieverDeps:
 
 def build_router(settings: RetrieverSettings) -> NatsRouter:
     router = NatsRouter()
+    policy = RelevancePolicy(mode=settings.relevance_mode, signal=settings.relevance_signal,
+                             threshold=settings.relevance_threshold,
+                             strategy=settings.retry_strategy)
 
     @router.subscriber(
         RETRIEVE_SUBJECT,
@@ -59,8 +65,17 @@ def build_router(settings: RetrieverSettings) -> NatsRouter:
                     "retriever",
                 )
             await deps.retrieval.maybe_reload()
-            env.retrieval_query = env.retrieval_query or env.request.query
-            env.passages = await deps.retrieval.search(env.retrieval_query, settings.top_k)
+            req = env.request
+
+            async def last_turns() -> list[str]:
+                turns = await deps.store.last_turns(req.agent_id, req.session_id, 6)
+                return [content for role, content in turns if role == "user"]
+
+            got = await retrieve(req.query, decision.type, deps.retrieval, k=settings.top_k,
+                                 policy=policy, last_turns=last_turns, judge=deps.judge)
+            env.passages = got.passages
+            env.retrieval_query = got.query
+            env.retrieval_retried = got.retried
             env.timings["retrieve"] = round((time.perf_counter() - started) * 1000, 3)
             await publish_stage(
                 broker, generate_subject(decision.model_slot), encode(env),

@@ -342,13 +342,14 @@ def ingest(
         prev: _Snapshot | None = None
         if read_current(index_dir) is not None:
             prev = _load_current(index_dir)
-        enc_id = {"name": encoder_name(encoder), "dim": int(encoder.dim)}
+        dim = int(encoder.dim)
+        enc_id: dict[str, Any] = {"name": encoder_name(encoder), "dim": dim}
         same_encoder = prev is not None and prev.manifest.get("encoder") == enc_id
         prev_rows: dict[str, tuple[str, int]] = {}
         if prev is not None:
             prev_rows = {c.chunk_id: (c.content_hash, i) for i, c in enumerate(prev.chunks)}
 
-        vectors = np.zeros((len(chunks), enc_id["dim"]), dtype=np.float32)
+        vectors = np.zeros((len(chunks), dim), dtype=np.float32)
         to_embed: list[int] = []
         added = updated = unchanged = 0
         for i, c in enumerate(chunks):

@@ -13,7 +13,6 @@ from nats.aio.client import Client
 
 from intentroute.workers import WORKERS, create_worker
 from shared.client import ask
-from shared.contracts.pipeline import Passage
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ResponseChunk
 
@@ -25,10 +24,9 @@ class RecordingRetrieval:
         self.inner = inner
         self.queries: list[str] = []
 
-    async def search(self, query: str, k: int) -> list[Passage]:
+    async def search(self, query: str, k: int) -> Any:
         self.queries.append(query)
-        result: list[Passage] = await self.inner.search(query, k)
-        return result
+        return await self.inner.search(query, k)
 
     async def maybe_reload(self) -> bool:
         return bool(await self.inner.maybe_reload())

@@ -177,3 +177,14 @@ def test_finetune_smoke_head_carries_its_encoder(tmp_path: Path) -> None:
     clf = Layer2Classifier(again)
     preds = clf.classify_batch([t for t, _ in HELD_OUT])
     assert sum(p.label == lab for p, (_, lab) in zip(preds, HELD_OUT, strict=True)) >= 3
+
+
+@pytest.mark.skipif(not onnxruntime_available(), reason="onnxruntime not installed")
+def test_int8_option_is_close_but_opt_in(reference: SentenceTransformerEncoder,
+                                         tmp_path: Path) -> None:
+    q = FastEncoder(precision="int8", cache_size=0, onnx_cache_dir=tmp_path)
+    assert q.precision == "int8" and "int8" in q.onnx_path.name
+    cos = (reference.encode(SAMPLE) * q.encode(SAMPLE)).sum(axis=1)
+    assert cos.mean() >= 0.97 and cos.min() >= 0.9
+    with pytest.raises(ValueError):
+        FastEncoder(precision="int8", backend="torch")

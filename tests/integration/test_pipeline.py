@@ -205,3 +205,23 @@ async def test_classify_history_keeps_session_order_and_readers_get_six(
     assert all(h.type == QueryType.RETRIEVAL for h in history)
     other = await store.last_history("agent-b", "hist")
     assert [h.topic for h in other] == ["other agent same session id"]
+
+
+async def test_relevance_retry_happens_at_most_once_and_is_recorded(
+    nc, nats_url, database_url, kb_index, store
+) -> None:
+    rec = recording(kb_index)
+    env = base_env(nats_url, database_url, kb_index, RELEVANCE_SIGNAL="top1_bm25",
+                   RELEVANCE_THRESHOLD="2.5")
+    async with running(env, retrievals=[rec]):
+        off_topic = make_request("What is the boiling point of tungsten?",
+                                 query_type="RETRIEVAL")
+        miss = await ask_all(nc, off_topic)
+        first = len(rec.queries)
+        hit = await ask_all(nc, make_request("How does startLoop count?",
+                                             query_type="RETRIEVAL"))
+    assert miss[-1].retried is True and first == 2
+    assert hit[-1].retried is False and len(rec.queries) == 3
+    row = await store.pool.fetchrow("SELECT retried FROM request_log WHERE request_id = $1",
+                                    off_topic.request_id)
+    assert row["retried"] is True

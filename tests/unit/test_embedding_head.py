@@ -252,6 +252,20 @@ async def test_micro_batcher_batches_concurrent_submissions(head: EmbeddingHead)
         await batcher.submit("late")
 
 
+async def test_micro_batcher_reload_runs_off_loop(enc: FakeEncoder, tmp_path: Path) -> None:
+    texts, labels = synthetic(n_per=10)
+    reg = HeadRegistry(tmp_path, encoder=enc)
+    reg.propose(train_head(texts[::3], labels[::3], enc), texts, labels)
+    clf = Layer2Classifier.from_registry(tmp_path, encoder=enc)
+    batcher = MicroBatcher(clf)
+    assert await batcher.maybe_reload() is False
+    res = reg.propose(train_head(texts, labels, enc), texts, labels)
+    assert res.promoted
+    assert await batcher.maybe_reload() is True
+    assert (await batcher.submit("hello")).head_version == "v0002"
+    await batcher.close()
+
+
 async def test_micro_batcher_close_drains(head: EmbeddingHead) -> None:
     enc = FakeEncoder(delay=0.01)
     batcher = MicroBatcher(Layer2Classifier(head, enc), max_batch=4, max_wait_ms=1)

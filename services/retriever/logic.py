@@ -1,0 +1,73 @@
+"""Retrieval for one request: follow-up rewrite, search, relevance check, one retry.
+
+RC-08: at most one reformulation retry; after it, whatever came back is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from services.retriever.adapters import RelevanceJudge, Retrieval
+from services.retriever.reformulate import is_followup, reformulate_with_hint, rewrite_followup
+from services.retriever.relevance import relevance_signal
+from shared.contracts.pipeline import Passage
+from shared.contracts.routing import QueryType
+
+log = logging.getLogger("intentroute.retriever")
+
+
+class RelevancePolicy(msgspec.Struct, frozen=True):
+    # "embedding" (calibrated signal, default) | "llm" (YES/NO judge) | "off"
+    mode: str = "embedding"
+    signal: str = "combined"
+    threshold: float = math.nan  # NaN = the calibrated default of `signal`
+    strategy: str = "broaden"
+
+
+class Retrieved(msgspec.Struct):
+    passages: list[Passage]
+    query: str
+    retried: bool = False
+    signal: float | None = None
+
+
+async def retrieve(
+    query: str,
+    query_type: QueryType,
+    retrieval: Retrieval,
+    *,
+    k: int,
+    policy: RelevancePolicy,
+    last_turns: Callable[[], Awaitable[list[str]]],
+    judge: RelevanceJudge | None = None,
+) -> Retrieved:
+    if is_followup(query):
+        query = rewrite_followup(query, await last_turns())
+    result = await retrieval.search(query, k)
+    # ADR-0009 Decision 2: the relevance check is for RETRIEVAL only; CODE_GENERATION
+    # has the parser as its stronger, post-generation signal.
+    if query_type != QueryType.RETRIEVAL or policy.mode == "off" or not result.passages:
+        return Retrieved(result.passages, query)
+    signal: float | None = None
+    if policy.mode == "llm" and judge is not None:
+        verdict = await judge.relevant(query, result.passages)
+        relevant = True if verdict is None else verdict
+    else:
+        from services.retriever.relevance import THRESHOLDS
+
+        signal = relevance_signal(result, policy.signal)
+        threshold = THRESHOLDS[policy.signal] if math.isnan(policy.threshold) else (
+            policy.threshold)
+        relevant = math.isnan(signal) or signal >= threshold
+    if relevant:
+        return Retrieved(result.passages, query, signal=signal)
+    retry_query = reformulate_with_hint(query, result.passages, strategy=policy.strategy)
+    log.info("[retrieve] context insufficient (signal=%s): retrying once with %r",
+             signal, retry_query)
+    second = await retrieval.search(retry_query, k)
+    return Retrieved(second.passages or result.passages, retry_query, retried=True,
+                     signal=signal)
