@@ -21,10 +21,12 @@ def build_retrieval(settings: RetrieverSettings) -> Retrieval:
         return ElasticsearchRetrieval.from_settings(settings)
     encoder = None
     if settings.method != "bm25":
-        from shared.embeddings import SentenceTransformerEncoder, pin_threads
+        from shared.embeddings import pin_threads
+        from shared.fast_encoder import shared_fast_encoder
 
+        # Query embedding is most of a hybrid query's cost: one thread, the fast path.
         pin_threads(1)
-        encoder = SentenceTransformerEncoder(settings.embedding_model)
+        encoder = shared_fast_encoder(settings.embedding_model)
     return EmbeddedRetrieval(settings.index_dir, method=settings.method, encoder=encoder)
 
 

@@ -408,7 +408,7 @@ ElasticsearchIndex = ElasticsearchBackend
 
 class ElasticsearchRetrieval:
     """Adapter to the worker's `Retrieval` port (services/retriever/adapters.py):
-    `search(query, k) -> list[Passage]`, built from RetrieverSettings."""
+    `search(query, k) -> SearchResult`, built from RetrieverSettings."""
 
     def __init__(self, backend: ElasticsearchBackend, method: str = "hybrid") -> None:
         self.backend = backend
@@ -425,8 +425,8 @@ class ElasticsearchRetrieval:
         backend = ElasticsearchBackend.from_url(settings.es_url, encoder, index=settings.es_index)
         return cls(backend, settings.method)
 
-    async def search(self, query: str, k: int) -> list[Passage]:
-        return (await self.backend.search(query, k, self.method)).passages
+    async def search(self, query: str, k: int) -> SearchResult:
+        return await self.backend.search(query, k, self.method)
 
     async def maybe_reload(self) -> bool:
         return await self.backend.maybe_reload()

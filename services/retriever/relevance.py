@@ -135,7 +135,13 @@ def is_relevant(signal: float, threshold: float = DEFAULT_THRESHOLD) -> bool:
 
 def check_relevance(result: SearchResult, method: str = DEFAULT_SIGNAL,
                     threshold: float | None = None) -> tuple[bool, float]:
-    """(relevant?, signal) with the calibrated threshold of `method` by default."""
+    """(relevant?, signal) with the calibrated threshold of `method` by default.
+
+    "combined" needs a hybrid result; for a dense-only result it falls back to
+    top1_dense (with that signal's threshold) instead of never firing.
+    """
+    if method == "combined" and result.method != "hybrid" and threshold is None:
+        method = "top1_dense"
     signal = relevance_signal(result, method)
     return is_relevant(signal, THRESHOLDS[method] if threshold is None else threshold), signal
 

@@ -95,5 +95,7 @@ def test_relevance_signals_from_a_search_result() -> None:
     bm25_only = SearchResult(passages=res.passages, method="bm25", bm25_top1=6.0)
     assert math.isnan(relevance_signal(bm25_only, "combined"))
     assert check_relevance(bm25_only)[0]  # no evidence: no retry
+    dense_only = SearchResult(passages=res.passages, method="dense", dense_top1=0.3)
+    assert check_relevance(dense_only) == (False, 0.3)  # falls back to top1_dense < 0.542
     with pytest.raises(ValueError):
         relevance_signal(res, "llm")
