@@ -84,6 +84,9 @@ def _request(i: int) -> AgentRequest:
 async def _measure(nats_url: str, requests: int, load: int, window: int) -> dict[str, float]:
     nc = await nats.connect(nats_url)
     await ensure_streams(nc.jetstream(), 3600)
+    from intentroute.cli import wait_for_consumers
+
+    await wait_for_consumers(nc, list(WORKERS))
     waiter = Waiter()
     await nc.subscribe("agent.response.>", cb=waiter.on_chunk)
     loop = asyncio.get_running_loop()
@@ -126,7 +129,10 @@ async def _measure(nats_url: str, requests: int, load: int, window: int) -> dict
     }
 
 
-def run(requests: int = 400, load: int = 3000, window: int = 256) -> dict[str, float]:
+def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: bool = False
+        ) -> dict[str, float]:
+    """models=False measures the transport: rules-only classifier, BM25 retriever.
+    models=True runs the production cascade (Layer 2) and hybrid retrieval."""
     from services.retriever.index import ingest
     from shared.embeddings import SentenceTransformerEncoder
     from shared.store import migrate
@@ -137,16 +143,19 @@ def run(requests: int = 400, load: int = 3000, window: int = 256) -> dict[str, f
         with embedded_stack(state) as (nats_url, db_url):
             migrate(db_url)
             env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
-                       INDEX_DIR=str(state / "index"), RETRIEVER_METHOD="bm25",
-                       GENERATOR_BACKEND="echo", AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="WARNING")
+                       INDEX_DIR=str(state / "index"), GENERATOR_BACKEND="echo",
+                       AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="WARNING")
+            if not models:
+                env.update(RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="")
             procs = [
                 subprocess.Popen([sys.executable, "-m", "intentroute.cli", "worker", name],
                                  env=env)
                 for name in WORKERS
             ]
             try:
-                time.sleep(3.0)
-                return asyncio.run(_measure(nats_url, requests, load, window))
+                result = asyncio.run(_measure(nats_url, requests, load, window))
+                result["models"] = models
+                return result
             finally:
                 for p in procs:
                     p.terminate()

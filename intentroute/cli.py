@@ -339,11 +339,14 @@ def bench_pipeline(
     json_out: Annotated[bool, typer.Option("--json")] = True,
     requests: Annotated[int, typer.Option(help="Sequential requests for latency")] = 400,
     load: Annotated[int, typer.Option(help="Requests for the throughput run")] = 3000,
+    models: Annotated[
+        bool, typer.Option(help="Layer-2 classifier and hybrid retrieval instead of rules/BM25")
+    ] = False,
 ) -> None:
     """End-to-end latency and throughput with the echo generator, all workers here."""
     from bench.pipeline import run
 
-    typer.echo(json.dumps(run(requests=requests, load=load)))
+    typer.echo(json.dumps(run(requests=requests, load=load, models=models)))
 
 
 @bench_app.command("classifier")

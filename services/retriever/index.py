@@ -193,6 +193,10 @@ class Bm25Tokenizer:
         return out
 
 
+_HEADING_WORD = re.compile(r"[a-z_][a-z0-9_]{2,}")
+_QUERY_WORD = re.compile(r"[a-z_][a-z0-9_]{2,}")
+
+
 def _build_bm25(chunks: Sequence[Chunk], config: Bm25Config) -> Any:
     import bm25s
 
@@ -470,6 +474,7 @@ class EmbeddedIndex:
         self.encoder = encoder
         self.settings = settings
         self._snap = snapshot
+        self._headings: dict[str, dict[str, list[int]]] = {}
         self._check_encoder(snapshot)
 
     @classmethod
@@ -489,6 +494,25 @@ class EmbeddedIndex:
         if encoder_name(self.encoder) != want["name"]:
             log.warning("index embedded with %s, querying with %s", want["name"],
                         encoder_name(self.encoder))
+
+    def _named_sections(self, snap: _Snapshot, query: str) -> list[int]:
+        """Rows of Markdown sections whose one-word heading appears in the query."""
+        headings = self._headings.get(snap.name)
+        if headings is None:
+            headings = {}
+            for row, chunk in enumerate(snap.chunks):
+                if not chunk.source.endswith((".md", ".markdown")) or not chunk.title:
+                    continue
+                head = chunk.title.rsplit(" > ", 1)[-1].strip("`() ").lower()
+                if _HEADING_WORD.fullmatch(head):
+                    headings.setdefault(head, []).append(row)
+            self._headings = {snap.name: headings}
+        rows: list[int] = []
+        for word in _QUERY_WORD.findall(query.lower()):
+            for row in headings.get(word, ()):
+                if row not in rows:
+                    rows.append(row)
+        return rows
 
     # -- state ---------------------------------------------------------------
 
@@ -574,9 +598,15 @@ class EmbeddedIndex:
             assert sims is not None
             b_rows = _top(bm25_all, depth, positive_only=True)
             d_rows = _top(sims, depth, positive_only=False)
-            w = weights or (st.bm25_weight, st.dense_weight)
-            fused = rrf([[str(r) for r in b_rows], [str(r) for r in d_rows]], k=st.rrf_k,
-                        weights=list(w))[:k]
+            w = list(weights or (st.bm25_weight, st.dense_weight))
+            rankings = [[str(r) for r in b_rows], [str(r) for r in d_rows]]
+            named = self._named_sections(snap, query)
+            if named:
+                # A third ranking: sections whose own heading the query names ("what
+                # does addParam do"). Long questions otherwise drift to overview pages.
+                rankings.append([str(r) for r in named])
+                w.append(1.0)
+            fused = rrf(rankings, k=st.rrf_k, weights=w)[:k]
             rows = np.array([int(r) for r, _ in fused], dtype=np.int64)
             scores = [s for _, s in fused]
 
