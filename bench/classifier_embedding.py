@@ -38,10 +38,17 @@ _FALLBACK_TEXTS = [
 ]
 
 
-def _texts(n: int) -> list[str]:
-    """n distinct query-like texts (no cache hits)."""
+def _texts(n: int, corpus: str = "project") -> list[str]:
+    """n distinct query-like texts (no cache hits).
+
+    corpus "project": the classifier's own training lines (mean ~17 tokens);
+    "clinc": CLINC150 test lines from /work/shared/data (mean ~10 tokens).
+    """
     base: list[str] = []
-    if TRAIN.exists():
+    clinc = REPO.parent / "shared" / "data" / "clinc150" / "data_full.json"
+    if corpus == "clinc" and clinc.exists():
+        base = [t for t, _ in json.loads(clinc.read_text())["test"]]
+    elif TRAIN.exists():
         for line in TRAIN.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 base.append(json.loads(line)["text"])
@@ -70,7 +77,7 @@ def _head() -> Any:
     return train_head([t for t, _ in rows], [lab for _, lab in rows], shared_fast_encoder())
 
 
-def _classifier(encoder: str = "fast") -> Any:
+def _classifier(encoder: str = "fast", precision: str = "fp32") -> Any:
     from services.classifier.embedding import Layer2Classifier
     from shared.embeddings import pin_threads
 
@@ -84,14 +91,18 @@ def _classifier(encoder: str = "fast") -> Any:
 
     if head.has_own_encoder:
         assert head.encoder_dir is not None
-        return Layer2Classifier(head, FastEncoder(head.encoder_dir, cache_size=0))
-    return Layer2Classifier(head, FastEncoder(head.encoder, threads=1, cache_size=0))
+        return Layer2Classifier(head, FastEncoder(head.encoder_dir, cache_size=0,
+                                                  precision=precision))
+    return Layer2Classifier(
+        head, FastEncoder(head.encoder, threads=1, cache_size=0, precision=precision)
+    )
 
 
-def embedding_latency(n: int = 300, *, encoder: str = "fast", warmup: int = 20) -> dict:
+def embedding_latency(n: int = 300, *, encoder: str = "fast", warmup: int = 20,
+                      corpus: str = "project", precision: str = "fp32") -> dict:
     """Single-message Layer 2 latency (encoder + head), wall-clock and CPU ms."""
-    clf = _classifier(encoder)
-    texts = _texts(n + warmup)
+    clf = _classifier(encoder, precision)
+    texts = _texts(n + warmup, corpus)
     for t in texts[:warmup]:
         clf.classify(t)
     wall, cpu = [], []
@@ -106,6 +117,8 @@ def embedding_latency(n: int = 300, *, encoder: str = "fast", warmup: int = 20) 
         "embedding_cpu_ms_p50": round(float(np.percentile(cpu, 50)), 3),
         "n": n,
         "encoder": encoder,
+        "corpus": corpus,
+        "precision": precision if encoder == "fast" else "fp32",
         "backend": getattr(clf.encoder, "backend", "sentence-transformers"),
     }
 
@@ -156,9 +169,15 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--reference", action="store_true", help="also time the ST encoder")
     ap.add_argument("--throughput", type=int, default=2000)
+    ap.add_argument("--corpus", choices=("project", "clinc"), default="project")
+    ap.add_argument("--int8", action="store_true", help="also time the int8 fast encoder")
     args = ap.parse_args()
-    print(json.dumps(embedding_latency(args.n), indent=1))
+    print(json.dumps(embedding_latency(args.n, corpus=args.corpus), indent=1))
+    if args.int8:
+        print(json.dumps(embedding_latency(args.n, corpus=args.corpus, precision="int8"),
+                         indent=1))
     if args.reference:
-        print(json.dumps(embedding_latency(args.n, encoder="reference"), indent=1))
+        print(json.dumps(embedding_latency(args.n, encoder="reference", corpus=args.corpus),
+                         indent=1))
     if args.throughput:
         print(json.dumps(micro_batch_throughput(n=args.throughput), indent=1))

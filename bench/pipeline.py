@@ -8,6 +8,7 @@ figures measure the bus, the stores and the workers' own overhead.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -16,6 +17,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -72,16 +74,17 @@ class Waiter:
                 fut.set_result(time.perf_counter())
 
 
-def _request(i: int) -> AgentRequest:
+def _request(i: int, agent: str = "bench-load") -> AgentRequest:
     sample = MIX[i % len(MIX)]
     return AgentRequest(
-        request_id=uuid.uuid4().hex, session_id=f"bench-{i % 50}", agent_id="bench",
+        request_id=uuid.uuid4().hex, session_id=f"bench-{i % 50}", agent_id=agent,
         query=str(sample["query"]), query_type=sample.get("query_type"),
         extra_context=str(sample.get("extra_context") or ""),
     )
 
 
-async def _measure(nats_url: str, requests: int, load: int, window: int) -> dict[str, float]:
+async def _measure(nats_url: str, db_url: str, requests: int, load: int, window: int
+                   ) -> dict[str, Any]:
     nc = await nats.connect(nats_url)
     await ensure_streams(nc.jetstream(), 3600)
     from intentroute.cli import wait_for_consumers
@@ -99,7 +102,7 @@ async def _measure(nats_url: str, requests: int, load: int, window: int) -> dict
         await asyncio.wait_for(waiter.pending[req.request_id], 60)
     latencies = []
     for i in range(requests):
-        req = _request(i)
+        req = _request(i, "bench-seq")
         fut = loop.create_future()
         waiter.pending[req.request_id] = fut
         t = time.perf_counter()
@@ -119,6 +122,7 @@ async def _measure(nats_url: str, requests: int, load: int, window: int) -> dict
     await asyncio.gather(*(one(i) for i in range(load)))
     elapsed = time.perf_counter() - t
     await nc.drain()
+    stages = await _stage_breakdown(db_url)
     return {
         "floor_rtt_ms_p50": floor,
         "e2e_ms_p50": _pct(latencies, 0.5),
@@ -126,11 +130,37 @@ async def _measure(nats_url: str, requests: int, load: int, window: int) -> dict
         "throughput_rps": round(load / elapsed, 1),
         "requests": requests,
         "load": load,
+        "stage_ms_p50": stages,
     }
 
 
+async def _stage_breakdown(db_url: str) -> dict[str, float]:
+    """Median per-stage figures of the sequential requests, from the request log:
+    `<stage>.at` is when the stage started (ms after acceptance), `<stage>` how long
+    it worked."""
+    import asyncpg
+
+    from shared.store import asyncpg_dsn
+
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        rows = await conn.fetch("SELECT stage_ms, total_ms FROM request_log "
+                                "WHERE agent_id = 'bench-seq' AND outcome = 'ok'")
+    finally:
+        await conn.close()
+    values: dict[str, list[float]] = {}
+    for row in rows:
+        stage_ms = row["stage_ms"]
+        parsed = json.loads(stage_ms) if isinstance(stage_ms, str) else stage_ms
+        for key, value in parsed.items():
+            values.setdefault(key, []).append(float(value))
+        if row["total_ms"] is not None:
+            values.setdefault("total_before_final", []).append(float(row["total_ms"]))
+    return {k: round(statistics.median(v), 3) for k, v in sorted(values.items())}
+
+
 def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: bool = False
-        ) -> dict[str, float]:
+        ) -> dict[str, Any]:
     """models=False measures the transport: rules-only classifier, BM25 retriever.
     models=True runs the production cascade (Layer 2) and hybrid retrieval."""
     from services.retriever.index import ingest
@@ -153,7 +183,7 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
                 for name in WORKERS
             ]
             try:
-                result = asyncio.run(_measure(nats_url, requests, load, window))
+                result = asyncio.run(_measure(nats_url, db_url, requests, load, window))
                 result["models"] = models
                 return result
             finally:
@@ -164,6 +194,4 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
 
 
 if __name__ == "__main__":
-    import json
-
     print(json.dumps(run()))

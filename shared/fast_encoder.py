@@ -7,17 +7,24 @@ is framework overhead around a tiny (6 x 384) transformer. `FastEncoder`:
 * tokenises with the Rust `tokenizers` fast path (no padding for a single message,
   dynamic padding to the longest text for a batch, texts sorted by length),
 * runs the transformer with ONNX Runtime (fp32, graph optimisations on, 1 thread by
-  default) when `onnxruntime` is installed; the ONNX graph is exported once from the
-  model directory and cached on disk (keyed by the weights' path/size/mtime);
-  otherwise it falls back to calling the Hugging Face model directly under
-  `torch.inference_mode` (no sentence-transformers wrapper),
+  default) when `onnxruntime` (+ `onnx` for the export) is installed; the graph is
+  exported once from the model directory, fused (attention, SkipLayerNorm, BiasGelu
+  via onnxruntime.transformers) and cached on disk ($INTENTROUTE_ONNX_CACHE or
+  ~/.cache/intentroute/onnx, keyed by the weights' name/size/mtime; a model dir under
+  the temp dir keeps its graph in `dir/onnx/`, so a temporary fine-tune cleans up
+  with its dir); otherwise it falls back to calling the Hugging Face model directly
+  under `torch.inference_mode` (no sentence-transformers wrapper),
 * mean-pools over the attention mask and L2-normalises, exactly like the reference
   model's Pooling + Normalize modules (cosine with the reference >= 0.9999),
 * keeps an LRU cache of recent texts (repeated queries cost a dict lookup).
 
-int8 dynamic quantisation was measured and rejected: 2x faster but cosine with the
-reference fell to 0.90-0.97 on CLINC150 lines (activation outliers), below the 0.99
-agreement required.
+Measured here (1 thread, p50 per message, CLINC-length / project-length queries):
+reference sentence-transformers ~16-20 ms, FastEncoder fp32 ~5.3-6.7 / ~8.2 ms,
+FastEncoder int8 ~3.7 / ~4.6 ms. int8 (`precision="int8"` or
+$INTENTROUTE_ENCODER_PRECISION=int8) is opt-in: dynamic per-channel int8 MatMuls put
+cosine with the reference at ~0.99 mean but ~0.95-0.97 on the worst lines (activation
+outliers), and cost ~0.3-0.6 points of head accuracy; no per-layer exclusion set
+reached a 0.99 minimum.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -177,6 +185,7 @@ class FastEncoder:
         onnx_cache_dir: Path | None = None,
         max_length: int | None = None,
         precision: str = "fp32",
+        max_chunk: int = 8,
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -191,6 +200,10 @@ class FastEncoder:
         tok.enable_truncation(self.max_length)
         self._tok = tok
         self._threads = threads
+        # Texts are sorted by length and run in chunks of <= max_chunk: on one CPU
+        # thread bigger padded batches cost more per text (measured: chunks of 4-8 of
+        # similar length ~150 texts/s, unsorted batches of 32 ~55 texts/s).
+        self.max_chunk = max(1, max_chunk)
         if precision not in ("fp32", "int8"):
             raise ValueError(f"unknown precision {precision!r}")
         self.precision = precision
@@ -203,7 +216,7 @@ class FastEncoder:
             backend = "onnx" if onnxruntime_available() else "torch"
         if backend == "onnx":
             try:
-                self._init_onnx(onnx_cache_dir or _default_cache_dir())
+                self._init_onnx(onnx_cache_dir)
             except Exception as exc:  # export/runtime problem: keep working on torch
                 log.warning("ONNX backend unavailable (%s); using torch", exc)
                 backend = "torch"
@@ -217,12 +230,15 @@ class FastEncoder:
         self._dim = int(self._forward([[101, 102]])[0].shape[-1])
 
     # -- backends -------------------------------------------------------------------
-    def _init_onnx(self, cache_dir: Path) -> None:
+    def _init_onnx(self, explicit_cache: Path | None) -> None:
         import onnxruntime as ort
 
+        cache_dir = explicit_cache or _default_cache_dir()
         key = _model_key(self.model_dir)
-        if os.access(self.model_dir, os.W_OK) and "site-packages" not in str(self.model_dir):
-            cache_dir = self.model_dir / "onnx"  # a fine-tuned encoder keeps its graph
+        if explicit_cache is None and self.model_dir.resolve().is_relative_to(
+            Path(tempfile.gettempdir()).resolve()
+        ):
+            cache_dir = self.model_dir / "onnx"  # a temporary fine-tune keeps its graph
         raw = cache_dir / f"{self.model_dir.name}-{key}.onnx"
         fused = cache_dir / f"{self.model_dir.name}-{key}-fused.onnx"
         path = fused
@@ -314,8 +330,9 @@ class FastEncoder:
             return out
         encs = self._tok.encode_batch([texts[i] for i in todo], add_special_tokens=True)
         order = sorted(range(len(todo)), key=lambda k: len(encs[k].ids))
-        for start in range(0, len(order), max(1, batch_size)):
-            chunk = order[start : start + batch_size]
+        step = max(1, min(batch_size, self.max_chunk))
+        for start in range(0, len(order), step):
+            chunk = order[start : start + step]
             vecs = self._forward([encs[k].ids for k in chunk])
             for k, v in zip(chunk, vecs, strict=True):
                 out[todo[k]] = v
@@ -332,17 +349,29 @@ class FastEncoder:
             self._cache.clear()
 
 
-_shared: dict[tuple[str, str, int], FastEncoder] = {}
+PRECISION_ENV = "INTENTROUTE_ENCODER_PRECISION"
+
+_shared: dict[tuple[str, str, int, str], FastEncoder] = {}
 _shared_lock = threading.Lock()
 
 
 def shared_fast_encoder(
-    model: str | Path = DEFAULT_MODEL, *, backend: str = "auto", threads: int = 1
+    model: str | Path = DEFAULT_MODEL,
+    *,
+    backend: str = "auto",
+    threads: int = 1,
+    precision: str | None = None,
 ) -> FastEncoder:
-    """One FastEncoder per (model, backend, threads) per process."""
-    key = (str(model), backend, threads)
+    """One FastEncoder per (model, backend, threads, precision) per process.
+
+    precision defaults to $INTENTROUTE_ENCODER_PRECISION or "fp32".
+    """
+    precision = precision or os.environ.get(PRECISION_ENV, "fp32")
+    key = (str(model), backend, threads, precision)
     with _shared_lock:
         enc = _shared.get(key)
         if enc is None:
-            enc = _shared[key] = FastEncoder(model, backend=backend, threads=threads)
+            enc = _shared[key] = FastEncoder(
+                model, backend=backend, threads=threads, precision=precision
+            )
         return enc

@@ -93,6 +93,8 @@ async def stage_guard(
     max_deliver: int,
     store: Store | None,
 ) -> AsyncIterator[None]:
+    # Time from acceptance to this stage's start: queueing + transit, per stage.
+    env.timings[f"{stage}.at"] = round((time.time() - env.accepted_at) * 1000, 3)
     try:
         yield
     except PermanentError as exc:

@@ -713,7 +713,7 @@ class Layer2Classifier:
         if not texts:
             return []
         head, encoder, version = self._state
-        vectors = encoder.encode(list(texts), batch_size=max(32, len(texts)))
+        vectors = encoder.encode(list(texts), batch_size=max(32, len(texts)))  # chunked inside
         return _predictions(head, vectors, version)
 
     def decides(self, prediction: Prediction, threshold: float | None = None) -> bool:

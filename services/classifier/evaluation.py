@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,9 @@ def eval_intents(
     if head.has_own_encoder:
         test_encoder = head.make_encoder(threads=max(1, os.cpu_count() or 1))
         test_vecs = test_encoder.encode(te_texts, batch_size=64)
+        # The fine-tuned encoder (~90 MB + its ONNX graph) was a temporary dir: drop it.
+        if head.encoder_dir is not None and head.encoder_dir.name.startswith("intentroute-ft-"):
+            shutil.rmtree(head.encoder_dir, ignore_errors=True)
     else:
         test_vecs = _encode_cached(encoder, te_texts, embed_cache)
     probs = head.predict_proba(test_vecs)

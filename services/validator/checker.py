@@ -20,6 +20,10 @@ class ParserChecker:
         return cls(GuardedParser(client, breaker, timeout=settings.parser_timeout,
                                  strict=settings.strict))
 
+    @property
+    def enabled(self) -> bool:
+        return self.guarded.enabled
+
     async def verdict(self, code: str) -> Verdict:
         result = await self.guarded.check(code)
         if result.status == CheckStatus.VALID:

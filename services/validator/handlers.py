@@ -37,11 +37,16 @@ class Verdict(msgspec.Struct, frozen=True):
 
 
 class CodeChecker(Protocol):
+    @property
+    def enabled(self) -> bool: ...
+
     async def verdict(self, code: str) -> Verdict: ...
 
 
 class Unvalidated:
     """No parser configured: every answer is delivered as PARSER_UNAVAILABLE."""
+
+    enabled = False
 
     async def verdict(self, code: str) -> Verdict:
         log.warning("[ptvl] parser unavailable — returning unvalidated")
@@ -94,7 +99,7 @@ def build_router(settings: ValidatorSettings) -> NatsRouter:
             if env.attempt == 0:
                 await out.status("validating AVAP code")
             code = deps.extract(env.answer)
-            if code:
+            if code or not deps.checker.enabled:
                 verdict = await deps.checker.verdict(code)
             else:
                 verdict = Verdict(
