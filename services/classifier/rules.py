@@ -17,32 +17,49 @@ PLATFORM_PREFIXES: tuple[str, ...] = ("you are a direct and concise assistant",)
 _PCT = r"\d{1,3}(?:[.,]\d+)?\s?%"
 # RC-02 signals, English and Spanish. Each needs account/usage vocabulary next to
 # the figure, so "AVAP code that applies a 20% discount" is not platform data.
-_SIGNALS: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        # usage percentages of the project / account / plan
-        rf"(usage|consumption|quota|plan|limit|project|account)\b[^.?!\n]{{0,40}}{_PCT}",
-        rf"{_PCT}[^.?!\n]{{0,40}}\b(usage|used|of (your|my|the) (quota|plan|limit)|consumed)",
-        rf"(uso|consumo|cuota|plan|l[ií]mite|proyecto|cuenta)\b[^.?!\n]{{0,40}}{_PCT}",
-        rf"{_PCT}[^.?!\n]{{0,40}}\b(de uso|usado|consumido|de (tu|mi|la) (cuota|plan))",
-        # call / request counts of the account
-        r"\b(how many|number of)\b[^.?!\n]{0,30}\b(api )?(calls|requests)\b[^.?!\n]{0,40}"
-        r"\b(i|we|my|our)\b",
-        r"\b(my|our)\b[^.?!\n]{0,20}\b(api )?(calls|requests|usage|quota|consumption)\b",
-        r"\bcu[aá]nt[ao]s\b[^.?!\n]{0,30}\b(llamadas|peticiones|solicitudes|requests)\b",
-        r"\b(llamadas|peticiones|solicitudes)\b[^.?!\n]{0,30}\b(llevo|he hecho|me quedan|"
-        r"este mes|consumid[ao]s)\b",
-        r"\b(mi|mis|nuestra|nuestro)\s+(cuota|consumo|uso|factura|facturaci[oó]n|plan|"
-        r"suscripci[oó]n|l[ií]mite)\b",
-        # quotas, limits and billing of the account
-        r"\b(my|our)\s+(invoice|bill|billing|subscription|plan|quota|limit|credits?)\b",
-        r"\b(remaining|left on)\b[^.?!\n]{0,30}\b(quota|plan|credits?|requests|calls)\b",
-        r"\b(quota|rate limit)\b[^.?!\n]{0,30}\b(exceeded|reached|left|remaining)\b",
-        r"\bcuota\b[^.?!\n]{0,30}\b(excedida|superada|restante|agotada)\b",
-        r"\b(factura|facturaci[oó]n|cobro|cargo)\b[^.?!\n]{0,40}\b(mes|cuenta|tarjeta|plan)\b",
-        r"\b(invoice|charged|billing)\b[^.?!\n]{0,40}\b(month|account|card|plan)\b",
-    )
+# Each pattern is paired with literal substrings one of which it cannot match
+# without: a C-level `in` check skips the regex for most messages.
+_SIGNAL_RULES: tuple[tuple[tuple[str, ...], str], ...] = (
+    # usage percentages of the project / account / plan
+    (("%",), rf"(usage|consumption|quota|plan|limit|project|account)\b[^.?!\n]{{0,40}}{_PCT}"),
+    (("%",), rf"{_PCT}[^.?!\n]{{0,40}}\b(usage|used|of (your|my|the) (quota|plan|limit)|"
+             r"consumed)"),
+    (("%",), rf"(uso|consumo|cuota|plan|l[ií]mite|proyecto|cuenta)\b[^.?!\n]{{0,40}}{_PCT}"),
+    (("%",), rf"{_PCT}[^.?!\n]{{0,40}}\b(de uso|usado|consumido|de (tu|mi|la) (cuota|plan))"),
+    # call / request counts of the account
+    (("how many", "number of"),
+     r"\b(how many|number of)\b[^.?!\n]{0,30}\b(api )?(calls|requests)\b[^.?!\n]{0,40}"
+     r"\b(i|we|my|our)\b"),
+    (("my", "our"),
+     r"\b(my|our)\b[^.?!\n]{0,20}\b(api )?(calls|requests|usage|quota|consumption)\b"),
+    (("cuánt", "cuant"),
+     r"\bcu[aá]nt[ao]s\b[^.?!\n]{0,30}\b(llamadas|peticiones|solicitudes|requests)\b"),
+    (("llamadas", "peticiones", "solicitudes"),
+     r"\b(llamadas|peticiones|solicitudes)\b[^.?!\n]{0,30}\b(llevo|he hecho|me quedan|"
+     r"este mes|consumid[ao]s)\b"),
+    (("mi", "nuestr"),
+     r"\b(mi|mis|nuestra|nuestro)\s+(cuota|consumo|uso|factura|facturaci[oó]n|plan|"
+     r"suscripci[oó]n|l[ií]mite)\b"),
+    # quotas, limits and billing of the account
+    (("my", "our"),
+     r"\b(my|our)\s+(invoice|bill|billing|subscription|plan|quota|limit|credits?)\b"),
+    (("remaining", "left on"),
+     r"\b(remaining|left on)\b[^.?!\n]{0,30}\b(quota|plan|credits?|requests|calls)\b"),
+    (("quota", "rate limit"),
+     r"\b(quota|rate limit)\b[^.?!\n]{0,30}\b(exceeded|reached|left|remaining)\b"),
+    (("cuota",), r"\bcuota\b[^.?!\n]{0,30}\b(excedida|superada|restante|agotada)\b"),
+    (("factura", "cobro", "cargo"),
+     r"\b(factura|facturaci[oó]n|cobro|cargo)\b[^.?!\n]{0,40}\b(mes|cuenta|tarjeta|plan)\b"),
+    (("invoice", "charged", "billing"),
+     r"\b(invoice|charged|billing)\b[^.?!\n]{0,40}\b(month|account|card|plan)\b"),
 )
+_SIGNALS = tuple((triggers, re.compile(p, re.IGNORECASE)) for triggers, p in _SIGNAL_RULES)
+_OWN_TRIGGERS = ("my", "our", "mi", "nuestr", "recibo", "receipt", "tarjeta", "card",
+                 "suspend", "cancel", "block", "bloque", "tarifa", "plan")
+# Every trigger, for one C-level pass (`map` over a bound method, no Python loop):
+# most messages stop there.
+_ALL_TRIGGERS = tuple(sorted(
+    {t for triggers, _ in _SIGNAL_RULES for t in triggers} | set(_OWN_TRIGGERS)))
 # The user's own account named outright: platform even next to code words
 # ("does RequestGet in my endpoints count against my quota?"), unless code is asked for.
 _OWN_ACCOUNT = re.compile(
@@ -91,9 +108,17 @@ def has_platform_data(query: str, extra_context: str = "") -> bool:
     Platform data in `extra_context` counts only when the query itself is not about
     AVAP code or docs: a coding question keeps its type whatever the account says.
     """
-    if _OWN_ACCOUNT.search(query) and not _WRITE_CODE.search(query):
+    lowered = query.lower()
+    contains = lowered.__contains__
+    if not any(map(contains, _ALL_TRIGGERS)):
+        return False
+    if (
+        any(map(contains, _OWN_TRIGGERS))
+        and _OWN_ACCOUNT.search(query)
+        and not _WRITE_CODE.search(query)
+    ):
         return True
-    if any(p.search(query) for p in _SIGNALS):
+    if any(any(map(contains, triggers)) and rx.search(query) for triggers, rx in _SIGNALS):
         return not _CODE_OR_DOCS.search(query) or _is_account_statement(query)
     return False
 
