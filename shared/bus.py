@@ -97,6 +97,12 @@ def make_broker(
     )
 
 
+async def raw_body(msg: NatsMessage) -> bytes:
+    """Subscriber decoder that leaves the body as bytes: handlers decode it once, with
+    the contract's typed msgspec decoder, instead of FastStream parsing the JSON too."""
+    return msg.body
+
+
 def consumer_config(settings: CommonSettings) -> ConsumerConfig:
     """Redelivery settings: a dead worker's message goes to a replica after ack_wait."""
     return ConsumerConfig(ack_wait=settings.ack_wait, max_deliver=settings.max_deliver)

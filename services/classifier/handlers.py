@@ -11,7 +11,7 @@ from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
 
 from services.classifier.cascade import Cascade
 from services.classifier.settings import ClassifierSettings
-from shared.bus import PIPELINE_STREAM, AnswerStream, consumer_config, publish_stage
+from shared.bus import PIPELINE_STREAM, AnswerStream, consumer_config, publish_stage, raw_body
 from shared.codec import encode
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, RETRIEVE_SUBJECT, Envelope, generate_subject
 from shared.contracts.response import ChunkKind
@@ -69,6 +69,7 @@ def build_router(settings: ClassifierSettings) -> NatsRouter:
         pull_sub=PullSub(batch_size=settings.batch_size, timeout=5.0),
         config=consumer_config(settings.common),
         ack_policy=AckPolicy.NACK_ON_ERROR,
+        decoder=raw_body,
     )
     async def on_classify(
         msg: NatsMessage,

@@ -11,7 +11,7 @@ from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
 
 from services.gateway.settings import GatewaySettings
 from services.gateway.validation import InputError, parse_request
-from shared.bus import REQUESTS_STREAM, AnswerStream, consumer_config, publish_stage
+from shared.bus import REQUESTS_STREAM, AnswerStream, consumer_config, publish_stage, raw_body
 from shared.codec import encode
 from shared.contracts import request as request_contract
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, Envelope
@@ -77,6 +77,7 @@ def build_router(settings: GatewaySettings) -> NatsRouter:
         pull_sub=PullSub(batch_size=settings.batch_size, timeout=5.0),
         config=consumer_config(settings.common),
         ack_policy=AckPolicy.NACK_ON_ERROR,
+        decoder=raw_body,
     )
     async def on_request(
         msg: NatsMessage,

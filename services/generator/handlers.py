@@ -22,6 +22,7 @@ from shared.bus import (
     deliveries,
     last_seq,
     publish_stage,
+    raw_body,
 )
 from shared.codec import encode
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Envelope, generate_subject
@@ -90,6 +91,7 @@ def build_router(settings: GeneratorSettings) -> NatsRouter:
         pull_sub=PullSub(batch_size=settings.concurrency, timeout=5.0),
         config=consumer_config(settings.common),
         ack_policy=AckPolicy.NACK_ON_ERROR,
+        decoder=raw_body,
         max_workers=settings.concurrency,
     )
     async def on_generate(

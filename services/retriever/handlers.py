@@ -11,7 +11,7 @@ from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
 from services.retriever.adapters import RelevanceJudge, Retrieval
 from services.retriever.logic import RelevancePolicy, retrieve
 from services.retriever.settings import RetrieverSettings
-from shared.bus import PIPELINE_STREAM, consumer_config, publish_stage
+from shared.bus import PIPELINE_STREAM, consumer_config, publish_stage, raw_body
 from shared.codec import encode
 from shared.contracts.pipeline import RETRIEVE_SUBJECT, generate_subject
 from shared.contracts.routing import RETRIEVING_TYPES
@@ -44,6 +44,7 @@ def build_router(settings: RetrieverSettings) -> NatsRouter:
         pull_sub=PullSub(batch_size=settings.batch_size, timeout=5.0),
         config=consumer_config(settings.common),
         ack_policy=AckPolicy.NACK_ON_ERROR,
+        decoder=raw_body,
     )
     async def on_retrieve(
         msg: NatsMessage,

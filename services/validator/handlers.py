@@ -13,7 +13,7 @@ from faststream.middlewares import AckPolicy
 from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
 
 from services.validator.settings import ValidatorSettings
-from shared.bus import PIPELINE_STREAM, AnswerStream, consumer_config, publish_stage
+from shared.bus import PIPELINE_STREAM, AnswerStream, consumer_config, publish_stage, raw_body
 from shared.codec import encode
 from shared.contracts.pipeline import VALIDATE_SUBJECT, generate_subject
 from shared.contracts.response import ValidationStatus
@@ -80,6 +80,7 @@ def build_router(settings: ValidatorSettings) -> NatsRouter:
         pull_sub=PullSub(batch_size=settings.batch_size, timeout=5.0),
         config=consumer_config(settings.common),
         ack_policy=AckPolicy.NACK_ON_ERROR,
+        decoder=raw_body,
     )
     async def on_validate(
         msg: NatsMessage,
