@@ -26,16 +26,17 @@ class BatchedLayer2:
         self._reload_every = reload_every
         self._checked = time.monotonic()
 
-    def _maybe_reload(self) -> None:
-        # A promoted head is picked up without a restart; the check is a stat call.
+    async def _maybe_reload(self) -> None:
+        # A promoted head is picked up without a restart. The check is a stat call; a
+        # reload runs on the encoder thread (a fine-tuned head may export its model).
         now = time.monotonic()
         if now - self._checked >= self._reload_every:
             self._checked = now
-            if self.classifier.maybe_reload():
+            if await self.batcher.maybe_reload():
                 log.info("[classify] promoted head %s loaded", self.classifier.version)
 
     async def predict(self, text: str) -> Prediction:
-        self._maybe_reload()
+        await self._maybe_reload()
         return await self.batcher.submit(text)
 
     async def predict_many(self, texts: list[str]) -> list[Prediction]:

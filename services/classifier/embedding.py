@@ -404,12 +404,12 @@ class Prediction(msgspec.Struct, frozen=True):
 
 def decides(prediction: Prediction, threshold: float = DEFAULT_THRESHOLD) -> bool:
     """Layer 2 decides when its calibrated confidence clears the threshold (ADR-0008)."""
-    return prediction.confidence > threshold
+    return prediction.confidence >= threshold
 
 
 def clarity(confidence: float) -> Clarity:
     """ADR-018 clarity gate for a confidence."""
-    if confidence > DEFAULT_THRESHOLD:
+    if confidence >= DEFAULT_THRESHOLD:
         return Clarity.CLEAR
     if confidence >= CONFIRM_THRESHOLD:
         return Clarity.NEEDS_CONFIRMATION
