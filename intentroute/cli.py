@@ -311,9 +311,27 @@ def _ingest(path: Path, index_dir: Path) -> None:
 
     pin_threads(2)
     encoder = SentenceTransformerEncoder(os.environ.get("EMBEDDING_MODEL", "all-MiniLM-L6-v2"))
+    es_url = os.environ.get("ES_URL", "")
+    if es_url:
+        # The retriever reads Elasticsearch when ES_URL is set: fill that index instead.
+        asyncio.run(_ingest_es(path, es_url, encoder))
+        return
     # Batches of 16, sorted by length, embed fastest on this kind of 2-core CPU.
     report = run_ingest(path, index_dir, encoder, progress=True, batch_size=16)
     typer.echo(json.dumps({"index_dir": str(index_dir), **_as_dict(report)}), err=True)
+
+
+async def _ingest_es(path: Path, es_url: str, encoder: object) -> None:
+    from services.retriever.es_backend import ElasticsearchBackend
+
+    backend = ElasticsearchBackend.from_url(
+        es_url, encoder, index=os.environ.get("ES_INDEX", "intentroute-kb")  # type: ignore[arg-type]
+    )
+    try:
+        report = await backend.ingest(path, progress=True, batch_size=16)
+        typer.echo(json.dumps({"es_url": es_url, **_as_dict(report)}), err=True)
+    finally:
+        await backend.close()
 
 
 def _as_dict(obj: object) -> dict[str, object]:
