@@ -24,7 +24,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from intentroute.stack import embedded_stack
-from intentroute.workers import WORKERS
+from intentroute.workers import WORKERS, wait_for_consumers
 from shared.bus import ensure_streams
 from shared.client import publish_request
 from shared.codec import decode_chunk
@@ -87,8 +87,6 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
                    ) -> dict[str, Any]:
     nc = await nats.connect(nats_url)
     await ensure_streams(nc.jetstream(), 3600)
-    from intentroute.cli import wait_for_consumers
-
     await wait_for_consumers(nc, list(WORKERS))
     waiter = Waiter()
     await nc.subscribe("agent.response.>", cb=waiter.on_chunk)

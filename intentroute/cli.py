@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from intentroute.stack import StackInfo, embedded_stack, read_state, write_state
-from intentroute.workers import WORKERS
+from intentroute.workers import WORKERS, wait_for_consumers
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON on stdout).")
@@ -159,26 +159,6 @@ async def _declare_streams(nats_url: str) -> None:
         await ensure_streams(nc.jetstream(), CommonSettings.from_env().response_ttl)
     finally:
         await nc.drain()
-
-
-async def wait_for_consumers(nc: object, durables: list[str], timeout: float = 180.0) -> None:
-    """Block until every worker's durable consumer exists (workers load models first)."""
-    from nats.js.errors import NotFoundError
-
-    from shared.contracts import pipeline, request
-
-    js = nc.jetstream()  # type: ignore[attr-defined]
-    deadline = time.monotonic() + timeout
-    for durable in durables:
-        stream = request.STREAM if durable == "gateway" else pipeline.STREAM
-        while True:
-            try:
-                await js.consumer_info(stream, durable)
-                break
-            except NotFoundError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"worker {durable} did not start") from None
-                await asyncio.sleep(0.25)
 
 
 async def _demo(nats_url: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Mapping
 
 from faststream import FastStream
@@ -76,3 +78,23 @@ def _validator(environ: Mapping[str, str] | None, tp: TracerProvider | None) -> 
     from services.validator.settings import ValidatorSettings
 
     return create_app(ValidatorSettings.from_env(environ), tracer_provider=tp)
+
+
+async def wait_for_consumers(nc: object, durables: list[str], timeout: float = 180.0) -> None:
+    """Block until every worker's durable consumer exists (workers load models first)."""
+    from nats.js.errors import NotFoundError
+
+    from shared.contracts import pipeline, request
+
+    js = nc.jetstream()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    for durable in durables:
+        stream = request.STREAM if durable == "gateway" else pipeline.STREAM
+        while True:
+            try:
+                await js.consumer_info(stream, durable)
+                break
+            except NotFoundError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {durable} did not start") from None
+                await asyncio.sleep(0.25)

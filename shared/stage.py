@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import msgspec
 from faststream.nats import NatsBroker, NatsMessage
@@ -52,6 +53,25 @@ async def decode_or_report(broker: NatsBroker, msg: NatsMessage, stage: str) -> 
         return None
 
 
+def request_log_row(env: Envelope, outcome: str, **fields: Any) -> RequestLogRow:
+    """The request-log row of `env`: ids, routing decision and stage timings, plus
+    whatever the finishing stage knows (`answered_by`, `validation_status`, ...)."""
+    req = env.request
+    dec = env.decision
+    return RequestLogRow(
+        request_id=req.request_id,
+        agent_id=req.agent_id,
+        session_id=req.session_id,
+        outcome=outcome,
+        query_type=dec.type.value if dec else "",
+        layer=dec.layer.value if dec else "",
+        confidence=dec.confidence if dec else None,
+        model_slot=dec.model_slot.value if dec else "",
+        stage_ms=env.timings,
+        **fields,
+    )
+
+
 async def answer_error(
     broker: NatsBroker,
     store: Store | None,
@@ -67,20 +87,7 @@ async def answer_error(
         code, message, decision=env.decision
     )
     if store is not None:
-        dec = env.decision
-        await store.write(
-            RequestLogRow(
-                request_id=req.request_id,
-                agent_id=req.agent_id,
-                session_id=req.session_id,
-                outcome=f"error:{code}",
-                query_type=dec.type.value if dec else "",
-                layer=dec.layer.value if dec else "",
-                confidence=dec.confidence if dec else None,
-                model_slot=dec.model_slot.value if dec else "",
-                stage_ms=env.timings,
-            )
-        )
+        await store.write(request_log_row(env, f"error:{code}"))
 
 
 @asynccontextmanager
@@ -139,17 +146,10 @@ async def finish_turn(
             answer=answer,
             query_type=dec.type.value,
         ),
-        RequestLogRow(
-            request_id=req.request_id,
-            agent_id=req.agent_id,
-            session_id=req.session_id,
-            outcome="ok",
-            query_type=dec.type.value,
-            layer=dec.layer.value,
-            confidence=dec.confidence,
-            model_slot=dec.model_slot.value,
+        request_log_row(
+            env,
+            "ok",
             answered_by=answered_by,
-            stage_ms=env.timings,
             total_ms=round((time.time() - env.accepted_at) * 1000, 3),
             validation_status=validation_status,
             retried=retried or env.retrieval_retried,

@@ -14,6 +14,7 @@ from services.classifier.settings import ClassifierSettings
 from shared.bus import PIPELINE_STREAM, AnswerStream, consumer_config, publish_stage, raw_body
 from shared.codec import encode
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, RETRIEVE_SUBJECT, Envelope, generate_subject
+from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind
 from shared.contracts.routing import (
     RETRIEVING_TYPES,
@@ -23,8 +24,8 @@ from shared.contracts.routing import (
     topic_snippet,
 )
 from shared.runtime import Closable
-from shared.stage import decode_or_report, stage_guard
-from shared.store.stores import HistoryRow, RequestLogRow, Store
+from shared.stage import decode_or_report, request_log_row, stage_guard
+from shared.store.stores import HistoryRow, Store
 
 
 class ClassifierDeps:
@@ -97,22 +98,26 @@ def build_router(settings: ClassifierSettings) -> NatsRouter:
                 subject = RETRIEVE_SUBJECT
             else:
                 subject = generate_subject(decision.model_slot)
-            row = HistoryRow(
-                agent_id=req.agent_id,
-                session_id=req.session_id,
-                request_id=req.request_id,
-                type=decision.type.value,
-                topic=topic_snippet(req.query),
-                layer=decision.layer.value,
-                confidence=decision.confidence,
-            )
             # The history write and the hand-off share the wait; ack comes after both.
             await asyncio.gather(
-                deps.store.write(row),
+                deps.store.write(history_row(req, decision)),
                 publish_stage(broker, subject, encode(env), msg_id=f"{req.request_id}:classified"),
             )
 
     return router
+
+
+def history_row(req: AgentRequest, decision: RoutingDecision) -> HistoryRow:
+    """This turn's classify_history entry: type plus a <=60-character topic (RC-06)."""
+    return HistoryRow(
+        agent_id=req.agent_id,
+        session_id=req.session_id,
+        request_id=req.request_id,
+        type=decision.type.value,
+        topic=topic_snippet(req.query),
+        layer=decision.layer.value,
+        confidence=decision.confidence,
+    )
 
 
 async def _ask_back(
@@ -121,16 +126,7 @@ async def _ask_back(
     """Clarity policy `ask`: a clarification chunk with the options; nothing generated."""
     req = env.request
     env.timings["classify"] = round((time.perf_counter() - started) * 1000, 3)
-    await store.write(
-        HistoryRow(agent_id=req.agent_id, session_id=req.session_id, request_id=req.request_id,
-                   type=decision.type.value, topic=topic_snippet(req.query),
-                   layer=decision.layer.value, confidence=decision.confidence),
-        RequestLogRow(request_id=req.request_id, agent_id=req.agent_id,
-                      session_id=req.session_id, outcome="clarification",
-                      query_type=decision.type.value, layer=decision.layer.value,
-                      confidence=decision.confidence, model_slot=decision.model_slot.value,
-                      stage_ms=env.timings),
-    )
+    await store.write(history_row(req, decision), request_log_row(env, "clarification"))
     await AnswerStream(broker, req.request_id, start_seq=env.seq).final(
         decision=decision, text=clarification_text(decision), kind=ChunkKind.CLARIFICATION
     )

@@ -18,6 +18,7 @@ import msgspec
 
 from services.classifier.cascade import Cascade
 from services.classifier.deixis import is_deictic
+from services.classifier.embedding import macro_f1
 from services.classifier.llm import LlmLabeler
 from services.classifier.rules import has_platform_data, has_platform_prefix
 from shared.contracts.request import AgentRequest
@@ -102,7 +103,7 @@ async def evaluate_routing(
             "confidence": dec.confidence,
             "clarity": dec.clarity.value,
         })
-        violations.update(_violations(line, req, dec, llm_called=bool(
+        violations.update(_violations(line, dec, llm_called=bool(
             counting and counting.calls > calls_before)))
         if not is_deictic(line.query):
             considered += 1
@@ -115,7 +116,7 @@ async def evaluate_routing(
         "n": len(lines),
         "accuracy": round(sum(t == p for t, p in zip(y_true, y_pred, strict=True))
                           / max(1, len(lines)), 4),
-        "macro_f1": round(macro_f1(y_true, y_pred), 4),
+        "macro_f1": round(macro_f1([t.value for t in y_true], [p.value for p in y_pred]), 4),
         "per_type": per_type(y_true, y_pred),
         "layer_share": {name: round(layers[name] / max(1, len(lines)), 4) for name in LAYERS},
         "history_invariance": round(invariant / max(1, considered), 4),
@@ -146,7 +147,7 @@ async def _invariant_under_history(cascade: Cascade, req: AgentRequest,
     return True
 
 
-def _violations(line: EvalLine, req: AgentRequest, dec: RoutingDecision, *,
+def _violations(line: EvalLine, dec: RoutingDecision, *,
                 llm_called: bool) -> list[str]:
     found = []
     declared = bool(line.query_type)
@@ -160,8 +161,7 @@ def _violations(line: EvalLine, req: AgentRequest, dec: RoutingDecision, *,
         found.append("RC-02")
     if dec.model_slot != slot_for(dec.type):
         found.append("RC-05")
-    if len(line.history) > HISTORY_WINDOW and len(_history(line.history)) > HISTORY_WINDOW:
-        found.append("RC-06")
+    # RC-06 holds by construction: `_history` hands the cascade at most the last 6.
     return found
 
 
@@ -177,16 +177,6 @@ def per_type(y_true: list[QueryType], y_pred: list[QueryType]) -> dict[str, dict
             "support": actual,
         }
     return out
-
-
-def macro_f1(y_true: list[QueryType], y_pred: list[QueryType]) -> float:
-    scores = []
-    for t in set(y_true):
-        tp = sum(a == t and b == t for a, b in zip(y_true, y_pred, strict=True))
-        fp = sum(a != t and b == t for a, b in zip(y_true, y_pred, strict=True))
-        fn = sum(a == t and b != t for a, b in zip(y_true, y_pred, strict=True))
-        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
-    return sum(scores) / len(scores) if scores else 0.0
 
 
 class DirectLayer2:

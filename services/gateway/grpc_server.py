@@ -15,9 +15,9 @@ import msgspec
 from nats.aio.client import Client
 
 from services.gateway.validation import InputError, check_request
-from shared.client import AnswerTimeout, ask
+from shared.client import AnswerTimeout, ask, assemble
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import ChunkKind, ResponseChunk
+from shared.contracts.response import ResponseChunk
 from shared.grpc import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("intentroute.gateway.grpc")
@@ -87,15 +87,12 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
         self, request: agent_pb2.AgentRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.AgentResponse:
         req = await self._checked(request, context)
-        parts: list[str] = []
+        chunks: list[ResponseChunk] = []
         async for chunk in self._chunks(req, context):
-            if chunk.kind == ChunkKind.RESET:
-                parts.clear()
-            elif chunk.kind in (ChunkKind.TEXT, ChunkKind.CLARIFICATION):
-                parts.append(chunk.text)
+            chunks.append(chunk)
             if chunk.is_final:
                 final = to_response(chunk)
-                final.text = "".join(parts) + chunk.text
+                final.text = assemble(chunks)
                 return final
         await context.abort(grpc.StatusCode.INTERNAL, "answer ended without a final chunk")
         raise AssertionError("unreachable")

@@ -10,7 +10,7 @@ from faststream.middlewares import AckPolicy
 from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
 
 from services.gateway.settings import GatewaySettings
-from services.gateway.validation import InputError, parse_request
+from services.gateway.validation import InputError, parse_request, salvage_field
 from shared.bus import REQUESTS_STREAM, AnswerStream, consumer_config, publish_stage, raw_body
 from shared.codec import encode
 from shared.contracts import request as request_contract
@@ -35,12 +35,11 @@ async def reject_input(broker: NatsBroker, store: Store, error: InputError, raw:
                 error.message)
     if error.request_id:
         await AnswerStream(broker, error.request_id).error(error.code, error.message)
-        agent, session = _salvage_ids(raw)
         await store.write(
             RequestLogRow(
                 request_id=error.request_id,
-                agent_id=agent,
-                session_id=session,
+                agent_id=salvage_field(raw, "agent_id"),
+                session_id=salvage_field(raw, "session_id"),
                 outcome=f"error:{error.code}",
             )
         )
@@ -55,16 +54,6 @@ async def reject_input(broker: NatsBroker, store: Store, error: InputError, raw:
         error=ErrorInfo(error.code, error.message),
     )
     await broker.publish(encode(chunk), UNADDRESSABLE_SUBJECT)
-
-
-def _salvage_ids(raw: bytes) -> tuple[str, str]:
-    import re
-
-    ids = []
-    for field in (b"agent_id", b"session_id"):
-        m = re.search(rb'"' + field + rb'"\s*:\s*"([^"]{1,128})"', raw[:4096])
-        ids.append(m.group(1).decode("utf-8", "replace") if m else "")
-    return ids[0], ids[1]
 
 
 def build_router(settings: GatewaySettings) -> NatsRouter:

@@ -23,16 +23,27 @@ class InputError(msgspec.Struct, frozen=True):
 
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
-_RAW_ID_RE = re.compile(rb'"request_id"\s*:\s*"([A-Za-z0-9_\-]{1,128})"')
+# request_id addresses a response subject, so only safe characters; the others are
+# kept as sent, for the request log.
+_RAW_FIELD_RE = {
+    name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*"(' + chars + rb'{1,128})"')
+    for name, chars in (("request_id", rb"[A-Za-z0-9_\-]"), ("session_id", rb'[^"]'),
+                        ("agent_id", rb'[^"]'))
+}
 _REQUIRED = ("request_id", "session_id", "agent_id", "query")
 _CONTEXT_FIELDS = ("extra_context", "user_info", "editor_context")
 _decoder = msgspec.json.Decoder(AgentRequest)
 
 
+def salvage_field(raw: bytes, name: str) -> str:
+    """An id field (`request_id`, `session_id`, `agent_id`) of a payload that does not
+    decode, if one can be seen."""
+    match = _RAW_FIELD_RE[name].search(raw[:4096])
+    return match.group(1).decode("utf-8", "replace") if match else ""
+
+
 def salvage_request_id(raw: bytes) -> str:
-    """The request_id of a payload that does not decode, if one can be seen."""
-    match = _RAW_ID_RE.search(raw[:4096])
-    return match.group(1).decode() if match else ""
+    return salvage_field(raw, "request_id")
 
 
 def parse_request(raw: bytes) -> AgentRequest | InputError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from functools import cache
 from pathlib import Path
 from string import Template
@@ -14,7 +15,7 @@ from shared.contracts.pipeline import Passage
 from shared.embeddings import Encoder
 
 if TYPE_CHECKING:
-    from services.retriever.index import EmbeddedIndex, SearchResult
+    from services.retriever.index import EmbeddedBackend, SearchResult
 
 log = logging.getLogger("intentroute.retriever")
 
@@ -34,41 +35,48 @@ def empty_result(method: str) -> SearchResult:
 
 
 class EmbeddedRetrieval:
-    """The in-process index on disk (read-only here); follows re-ingests live."""
+    """The in-process index on disk, read-only here, through the index's own async
+    backend. It waits for a first ingest, and checks for a newer one at most once per
+    `reload_every` seconds instead of reading the pointer file on every request."""
 
-    def __init__(self, index_dir: Path, *, method: str, encoder: Encoder | None) -> None:
+    def __init__(self, index_dir: Path, *, method: str, encoder: Encoder | None,
+                 reload_every: float = 1.0) -> None:
         self._dir = index_dir
         self._method = method
         self._encoder = encoder
-        self._index: EmbeddedIndex | None = None
+        self._reload_every = reload_every
+        self._checked = 0.0
+        self._backend: EmbeddedBackend | None = None
 
-    def _open(self) -> EmbeddedIndex | None:
-        from services.retriever.index import EmbeddedIndex
+    def _open(self) -> EmbeddedBackend | None:
+        from services.retriever.index import EmbeddedBackend
 
-        if self._index is None:
+        if self._backend is None:
             try:
-                self._index = EmbeddedIndex.open(self._dir, self._encoder)
+                # BM25 alone is sub-millisecond: run it on the loop, not in a thread.
+                self._backend = EmbeddedBackend.open(self._dir, self._encoder,
+                                                     offload=self._method != "bm25")
             except FileNotFoundError:
                 log.warning("[retrieve] no index at %s yet: run `intentroute ingest PATH`",
                             self._dir)
-                return None
-        return self._index
+        return self._backend
 
     async def maybe_reload(self) -> bool:
-        index = self._open()
-        return bool(index and index.maybe_reload())
+        now = time.monotonic()
+        if self._backend is not None and now - self._checked < self._reload_every:
+            return False
+        self._checked = now
+        backend = self._open()
+        return bool(backend and await backend.maybe_reload())
 
     async def search(self, query: str, k: int) -> SearchResult:
-        index = self._open()
-        if index is None:
+        backend = self._open()
+        if backend is None:
             return empty_result(self._method)
-        if self._method == "bm25":
-            return index.search(query, k, "bm25")
-        # Query embedding takes milliseconds of CPU: keep it off the event loop.
-        return await asyncio.to_thread(index.search, query, k, self._method)
+        return await backend.search(query, k, self._method)
 
     async def close(self) -> None:
-        self._index = None
+        self._backend = None
 
 
 class RelevanceJudge(Protocol):

@@ -13,7 +13,7 @@ import msgspec
 
 from services.retriever.adapters import RelevanceJudge, Retrieval
 from services.retriever.reformulate import is_followup, reformulate_with_hint, rewrite_followup
-from services.retriever.relevance import relevance_signal
+from services.retriever.relevance import check_relevance
 from shared.contracts.pipeline import Passage
 from shared.contracts.routing import QueryType
 
@@ -57,12 +57,8 @@ async def retrieve(
         verdict = await judge.relevant(query, result.passages)
         relevant = True if verdict is None else verdict
     else:
-        from services.retriever.relevance import THRESHOLDS
-
-        signal = relevance_signal(result, policy.signal)
-        threshold = THRESHOLDS[policy.signal] if math.isnan(policy.threshold) else (
-            policy.threshold)
-        relevant = math.isnan(signal) or signal >= threshold
+        threshold = None if math.isnan(policy.threshold) else policy.threshold
+        relevant, signal = check_relevance(result, policy.signal, threshold)
     if relevant:
         return Retrieved(result.passages, query, signal=signal)
     retry_query = reformulate_with_hint(query, result.passages, strategy=policy.strategy)
