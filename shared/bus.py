@@ -13,24 +13,20 @@ from __future__ import annotations
 
 import logging
 
-from faststream.nats import JStream, NatsBroker, NatsMessage
+from faststream.nats import NatsBroker
+from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
-from opentelemetry.trace import TracerProvider
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, NotFoundError
+from opentelemetry import propagate
 
-from shared.codec import encode
+from shared.codec import decode_chunk, encode
 from shared.contracts import pipeline, request, response
 from shared.contracts.response import ChunkKind, ErrorInfo, ResponseChunk, response_subject
 from shared.contracts.routing import RoutingDecision
 from shared.settings import CommonSettings
 
 log = logging.getLogger("intentroute.bus")
-
-# Streams are declared once by `ensure_streams` (not by FastStream from subscriber
-# subjects, which would add overlapping subjects to the pipeline stream).
-REQUESTS_STREAM = JStream(name=request.STREAM, declare=False)
-PIPELINE_STREAM = JStream(name=pipeline.STREAM, declare=False)
 
 
 def stream_configs(response_ttl: float) -> list[StreamConfig]:
@@ -77,53 +73,52 @@ async def connect_and_declare(broker: NatsBroker, settings: CommonSettings) -> N
     await ensure_streams(broker.config.connection_state.stream, settings.response_ttl)
 
 
-def make_broker(
-    settings: CommonSettings, *, tracer_provider: TracerProvider | None = None
-) -> NatsBroker:
-    middlewares = []
-    if tracer_provider is not None:
-        from faststream.nats.opentelemetry import NatsTelemetryMiddleware
-
-        middlewares.append(NatsTelemetryMiddleware(tracer_provider=tracer_provider))
+def make_broker(settings: CommonSettings) -> NatsBroker:
+    """The worker's connection (FastStream owns connect, reconnect and shutdown);
+    stages read through `shared.consumer.StageConsumer` and publish through `Bus`."""
     # FastStream logs two lines per message at INFO; that costs more than a hop.
     quiet = logging.getLogger("intentroute.faststream")
     quiet.setLevel(logging.WARNING)
     return NatsBroker(
         settings.nats_url,
-        middlewares=middlewares,
         logger=quiet,
         graceful_timeout=10.0,
         max_reconnect_attempts=-1,
     )
 
 
-async def raw_body(msg: NatsMessage) -> bytes:
-    """Subscriber decoder that leaves the body as bytes: handlers decode it once, with
-    the contract's typed msgspec decoder, instead of FastStream parsing the JSON too."""
-    return msg.body
+class Bus:
+    """The publishing side of a worker: core and JetStream publishes on its connection,
+    carrying the current trace context in the headers when tracing is on."""
+
+    def __init__(self, nc: Client, *, tracing: bool = False) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.tracing = tracing
+
+    def _headers(self, headers: dict[str, str] | None) -> dict[str, str] | None:
+        if not self.tracing:
+            return headers
+        carrier = dict(headers or {})
+        propagate.inject(carrier)
+        return carrier
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        """Core publish: ordered on this connection, stored if a stream covers it."""
+        await self.nc.publish(subject, payload, headers=self._headers(None))
+
+    async def publish_durable(
+        self, subject: str, payload: bytes, *, stream: str, msg_id: str
+    ) -> None:
+        """JetStream publish, returns once stored; the msg id makes a resend a no-op."""
+        await self.js.publish(
+            subject, payload, stream=stream, headers=self._headers({"Nats-Msg-Id": msg_id})
+        )
 
 
-def consumer_config(settings: CommonSettings) -> ConsumerConfig:
-    """Redelivery settings: a dead worker's message goes to a replica after ack_wait."""
-    return ConsumerConfig(ack_wait=settings.ack_wait, max_deliver=settings.max_deliver)
-
-
-def deliveries(msg: NatsMessage) -> int:
-    """How many times JetStream has delivered this message (1 on the first try)."""
-    meta = getattr(msg.raw_message, "metadata", None)
-    return int(meta.num_delivered) if meta is not None else 1
-
-
-async def publish_stage(
-    broker: NatsBroker, subject: str, payload: bytes, *, msg_id: str
-) -> None:
+async def publish_stage(bus: Bus, subject: str, payload: bytes, *, msg_id: str) -> None:
     """Durable hand-off to the next stage; the msg id makes a re-publish after a crash a no-op."""
-    await broker.publish(
-        payload,
-        subject,
-        stream=pipeline.STREAM,
-        headers={"Nats-Msg-Id": msg_id},
-    )
+    await bus.publish_durable(subject, payload, stream=pipeline.STREAM, msg_id=msg_id)
 
 
 class AnswerStream:
@@ -134,15 +129,15 @@ class AnswerStream:
     confirms the whole answer is stored, and whose msg id keeps it unique.
     """
 
-    def __init__(self, broker: NatsBroker, request_id: str, *, start_seq: int = 0) -> None:
-        self._broker = broker
+    def __init__(self, bus: Bus, request_id: str, *, start_seq: int = 0) -> None:
+        self._bus = bus
         self.request_id = request_id
         self.subject = response_subject(request_id)
         self.seq = start_seq
         self.text_parts: list[str] = []
 
     async def _send(self, chunk: ResponseChunk) -> None:
-        await self._broker.publish(encode(chunk), self.subject)
+        await self._bus.publish(self.subject, encode(chunk))
         self.seq += 1
 
     async def text(self, text: str) -> None:
@@ -189,11 +184,9 @@ class AnswerStream:
             answered_by=answered_by,
             retried=retried,
         )
-        await self._broker.publish(
-            encode(chunk),
-            self.subject,
-            stream=response.STREAM,
-            headers={"Nats-Msg-Id": f"{self.request_id}:final"},
+        await self._bus.publish_durable(
+            self.subject, encode(chunk), stream=response.STREAM,
+            msg_id=f"{self.request_id}:final",
         )
         self.seq += 1
 
@@ -207,15 +200,10 @@ class AnswerStream:
         return "".join(self.text_parts)
 
 
-async def last_seq(broker: NatsBroker, request_id: str) -> int:
+async def last_seq(bus: Bus, request_id: str) -> int:
     """Next free seq on a response subject (used when a redelivered stage resumes)."""
-    from nats.js.errors import NotFoundError
-
-    js = broker.config.connection_state.stream
     try:
-        msg = await js.get_last_msg(response.STREAM, response_subject(request_id))
+        msg = await bus.js.get_last_msg(response.STREAM, response_subject(request_id))
     except NotFoundError:
         return 0
-    from shared.codec import decode_chunk
-
-    return decode_chunk(msg.data).seq + 1
+    return decode_chunk(msg.data or b"").seq + 1

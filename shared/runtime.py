@@ -1,4 +1,4 @@
-"""Composition root shared by the workers: broker + router + lifespan, same shape everywhere."""
+"""Composition root shared by the workers: connection + stages + lifespan, same shape everywhere."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from contextlib import asynccontextmanager
 from typing import Protocol, TypeVar
 
 from faststream import FastStream
-from faststream.nats import NatsBroker, NatsRouter
 from opentelemetry.trace import TracerProvider
 
-from shared.bus import connect_and_declare, make_broker
+from shared.bus import Bus, connect_and_declare, make_broker
+from shared.consumer import Stage, StageConsumer
 from shared.settings import CommonSettings
+from shared.telemetry import tracer_for
 
 
 class Closable(Protocol):
@@ -25,31 +26,39 @@ D = TypeVar("D", bound=Closable)
 def build_app(
     *,
     common: CommonSettings,
-    routers: list[NatsRouter],
-    make_deps: Callable[[NatsBroker], Awaitable[D]],
+    stages: list[Stage[D]],
+    make_deps: Callable[[Bus], Awaitable[D]],
     tracer_provider: TracerProvider | None = None,
     on_ready: Callable[[D], Awaitable[None]] | None = None,
 ) -> FastStream:
-    """Broker with the worker's routers; the lifespan connects, declares streams and
-    builds the worker's clients and models once, before any message is handled."""
+    """The worker's app: its lifespan connects, declares the streams, builds the
+    worker's clients and models once, then starts one consumer per stage; on the way
+    out the consumers stop pulling and finish what they hold before deps close."""
     logging.basicConfig(
         level=common.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    broker = make_broker(common, tracer_provider=tracer_provider)
-    for router in routers:
-        broker.include_router(router)
+    broker = make_broker(common)
     app = FastStream(broker, logger=logging.getLogger("intentroute.app"))
+    tracer = tracer_for("intentroute.bus", tracer_provider) if tracer_provider else None
 
     @asynccontextmanager
     async def lifespan() -> AsyncIterator[None]:
         await connect_and_declare(broker, common)
-        deps = await make_deps(broker)
-        app.context.set_global("deps", deps)
-        if on_ready is not None:
-            await on_ready(deps)
+        bus = Bus(broker.config.connection_state.connection, tracing=tracer is not None)
+        deps = await make_deps(bus)
+        consumers = [
+            StageConsumer(bus.nc, stage.spec, stage.bind(deps), tracer=tracer)
+            for stage in stages
+        ]
         try:
+            for consumer in consumers:
+                await consumer.start()
+            if on_ready is not None:
+                await on_ready(deps)
             yield
         finally:
+            for consumer in consumers:
+                await consumer.stop()
             await deps.close()
 
     app.lifespan_context = lambda *_, **__: lifespan()

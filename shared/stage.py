@@ -16,10 +16,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
-from faststream.nats import NatsBroker, NatsMessage
 
-from shared.bus import AnswerStream, deliveries
+from shared.bus import AnswerStream, Bus
 from shared.codec import decode_envelope, encode
+from shared.consumer import Delivery
 from shared.contracts.pipeline import Envelope
 from shared.contracts.response import UNADDRESSABLE_SUBJECT, ChunkKind, ErrorInfo, ResponseChunk
 from shared.store.stores import RequestLogRow, Store, TurnRow
@@ -36,10 +36,10 @@ class PermanentError(Exception):
         self.message = message
 
 
-async def decode_or_report(broker: NatsBroker, msg: NatsMessage, stage: str) -> Envelope | None:
+async def decode_or_report(bus: Bus, msg: Delivery, stage: str) -> Envelope | None:
     """Decode the envelope; an undecodable one is reported and acknowledged."""
     try:
-        return decode_envelope(msg.body)
+        return decode_envelope(msg.data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         log.error("[%s] undecodable envelope dropped to %s: %s", stage, UNADDRESSABLE_SUBJECT, exc)
         chunk = ResponseChunk(
@@ -49,7 +49,7 @@ async def decode_or_report(broker: NatsBroker, msg: NatsMessage, stage: str) -> 
             is_final=True,
             error=ErrorInfo("BAD_ENVELOPE", f"{stage}: envelope does not decode: {exc}"),
         )
-        await broker.publish(encode(chunk), UNADDRESSABLE_SUBJECT)
+        await bus.publish(UNADDRESSABLE_SUBJECT, encode(chunk))
         return None
 
 
@@ -73,7 +73,7 @@ def request_log_row(env: Envelope, outcome: str, **fields: Any) -> RequestLogRow
 
 
 async def answer_error(
-    broker: NatsBroker,
+    bus: Bus,
     store: Store | None,
     env: Envelope,
     code: str,
@@ -83,7 +83,7 @@ async def answer_error(
 ) -> None:
     """Final error chunk to the caller plus a request-log row saying so."""
     req = env.request
-    await AnswerStream(broker, req.request_id, start_seq=start_seq).error(
+    await AnswerStream(bus, req.request_id, start_seq=start_seq).error(
         code, message, decision=env.decision
     )
     if store is not None:
@@ -92,8 +92,8 @@ async def answer_error(
 
 @asynccontextmanager
 async def stage_guard(
-    broker: NatsBroker,
-    msg: NatsMessage,
+    bus: Bus,
+    msg: Delivery,
     env: Envelope,
     *,
     stage: str,
@@ -107,14 +107,14 @@ async def stage_guard(
     except PermanentError as exc:
         log.warning("[%s] %s permanent error %s: %s", stage, env.request.request_id,
                     exc.code, exc.message)
-        await answer_error(broker, store, env, exc.code, exc.message)
+        await answer_error(bus, store, env, exc.code, exc.message)
     except Exception as exc:
-        attempt = deliveries(msg)
+        attempt = msg.deliveries
         if attempt >= max_deliver:
             log.error("[%s] %s failed on delivery %d/%d, answering with an error: %r",
                       stage, env.request.request_id, attempt, max_deliver, exc)
             await answer_error(
-                broker, None, env, "STAGE_FAILED",
+                bus, None, env, "STAGE_FAILED",
                 f"{stage} failed after {attempt} attempts: {exc}",
             )
             return

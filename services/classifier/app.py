@@ -1,14 +1,14 @@
-"""Classifier worker: settings -> broker -> router -> lifespan (store, encoder + head, LLM)."""
+"""Classifier worker: settings -> stage -> lifespan (store, encoder + head, LLM)."""
 
 from __future__ import annotations
 
 from faststream import FastStream
-from faststream.nats import NatsBroker
 from opentelemetry.trace import TracerProvider
 
 from services.classifier.cascade import Cascade, CascadeConfig
-from services.classifier.handlers import ClassifierDeps, build_router
+from services.classifier.handlers import ClassifierDeps, build_stage
 from services.classifier.settings import ClassifierSettings
+from shared.bus import Bus
 from shared.runtime import build_app
 from shared.store.stores import Store
 from shared.telemetry import build_tracer_provider, tracer_for
@@ -24,7 +24,7 @@ def create_app(
         "intentroute-classifier", settings.common.otlp_endpoint
     )
 
-    async def make_deps(broker: NatsBroker) -> ClassifierDeps:
+    async def make_deps(bus: Bus) -> ClassifierDeps:
         from services.classifier.adapters import build_layer2, build_llm
 
         store = await Store.connect(
@@ -36,11 +36,11 @@ def create_app(
             layer2=layer2,
             llm=build_llm(settings),
         )
-        return ClassifierDeps(store, cascade, layer2)
+        return ClassifierDeps(bus, store, cascade, layer2)
 
     return build_app(
         common=settings.common,
-        routers=[build_router(settings)],
+        stages=[build_stage(settings)],
         make_deps=make_deps,
         tracer_provider=provider,
     )

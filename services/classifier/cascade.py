@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import msgspec
@@ -65,6 +66,22 @@ class Layer2(Protocol):
     """Embedding classifier (micro-batched in the worker)."""
 
     async def predict(self, text: str) -> Prediction: ...
+
+
+HistoryLoader = Callable[[], Awaitable[list[HistoryEntry]]]
+
+
+def _once(history: list[HistoryEntry] | HistoryLoader) -> HistoryLoader:
+    """The history, read at most once per decision and only when asked for."""
+    loaded: list[list[HistoryEntry]] = [history] if isinstance(history, list) else []
+
+    async def get() -> list[HistoryEntry]:
+        if not loaded:
+            assert not isinstance(history, list)
+            loaded.append(await history())
+        return loaded[0]
+
+    return get
 
 
 class CascadeConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,8 +150,11 @@ class Cascade:
         return None
 
     async def decide(
-        self, request: AgentRequest, history: list[HistoryEntry]
+        self, request: AgentRequest, history: list[HistoryEntry] | HistoryLoader
     ) -> RoutingDecision:
+        """`history` may be a loader: it is then read only if a deictic message or
+        Layer 3 needs it, so most decisions cost no store round trip."""
+        past = _once(history)
         fast = self.decide_fast(request)
         query = request.query
         if fast is not None:
@@ -148,7 +168,7 @@ class Cascade:
         if is_social(query):
             return decision(QueryType.CONVERSATIONAL, Layer.RULES, 1.0)
         if is_deictic(query):
-            referent = resolve_reference(query, history, request.editor_context)
+            referent = resolve_reference(query, await past(), request.editor_context)
             if referent is not None:
                 return decision(referent, Layer.RULES, 1.0, resolved_reference=True)
         if self.layer2 is None:
@@ -175,7 +195,7 @@ class Cascade:
                    else Clarity.NEEDS_CLARIFICATION)
         if self.llm is not None:
             # RC-03: the LLM sees the history only to resolve references (stated in its prompt).
-            label = await self.llm.label(query, history, request.editor_context)
+            label = await self.llm.label(query, await past(), request.editor_context)
             if label is not None:
                 return decision(label, Layer.LLM, pred.confidence, clarity=clarity,
                                 alternatives=alternatives)

@@ -5,20 +5,19 @@ from __future__ import annotations
 import asyncio
 import time
 
-from faststream import Context
-from faststream.middlewares import AckPolicy
-from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
-
 from services.classifier.cascade import Cascade
 from services.classifier.settings import ClassifierSettings
-from shared.bus import PIPELINE_STREAM, AnswerStream, consumer_config, publish_stage, raw_body
+from shared.bus import AnswerStream, Bus, publish_stage
 from shared.codec import encode
+from shared.consumer import Delivery, Stage, StageSpec
+from shared.contracts import pipeline
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, RETRIEVE_SUBJECT, Envelope, generate_subject
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind
 from shared.contracts.routing import (
     RETRIEVING_TYPES,
     Clarity,
+    HistoryEntry,
     QueryType,
     RoutingDecision,
     topic_snippet,
@@ -29,7 +28,10 @@ from shared.store.stores import HistoryRow, Store
 
 
 class ClassifierDeps:
-    def __init__(self, store: Store, cascade: Cascade, layer2: Closable | None = None) -> None:
+    def __init__(
+        self, bus: Bus, store: Store, cascade: Cascade, layer2: Closable | None = None
+    ) -> None:
+        self.bus = bus
         self.store = store
         self.cascade = cascade
         self.layer2 = layer2
@@ -60,38 +62,27 @@ def clarification_text(decision: RoutingDecision) -> str:
     return f"I am not sure what you need. Do you want {listed}?"
 
 
-def build_router(settings: ClassifierSettings) -> NatsRouter:
-    router = NatsRouter()
-
-    @router.subscriber(
-        CLASSIFY_SUBJECT,
-        stream=PIPELINE_STREAM,
-        durable="classifier",
-        pull_sub=PullSub(batch_size=settings.batch_size, timeout=5.0),
-        config=consumer_config(settings.common),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        decoder=raw_body,
-    )
-    async def on_classify(
-        msg: NatsMessage,
-        deps: ClassifierDeps = Context("deps"),
-        broker: NatsBroker = Context("broker"),
-    ) -> None:
-        env = await decode_or_report(broker, msg, "classify")
+def build_stage(settings: ClassifierSettings) -> Stage[ClassifierDeps]:
+    async def on_classify(msg: Delivery, deps: ClassifierDeps) -> None:
+        bus = deps.bus
+        env = await decode_or_report(bus, msg, "classify")
         if env is None:
             return
-        async with stage_guard(broker, msg, env, stage="classify",
+        async with stage_guard(bus, msg, env, stage="classify",
                                max_deliver=settings.common.max_deliver, store=deps.store):
             started = time.perf_counter()
             req = env.request
-            # RC-06: the classifier reads at most the last 6 entries.
-            history = await deps.store.last_history(req.agent_id, req.session_id)
+
+            async def history() -> list[HistoryEntry]:
+                # RC-06: the classifier reads at most the last 6 entries, and only when a
+                # deictic message or Layer 3 needs them.
+                return await deps.store.last_history(req.agent_id, req.session_id)
+
             decision = await deps.cascade.decide(req, history)
             env.decision = decision
             if decision.clarity != Clarity.CLEAR and settings.policy_for(req.agent_id) == "ask":
-                await _ask_back(broker, deps.store, env, decision, started)
+                await _ask_back(bus, deps.store, env, decision, started)
                 return
-            env.history = history
             env.timings["classify"] = round((time.perf_counter() - started) * 1000, 3)
             # RC-04: only RETRIEVAL and CODE_GENERATION go through the retriever.
             if decision.type in RETRIEVING_TYPES:
@@ -101,10 +92,20 @@ def build_router(settings: ClassifierSettings) -> NatsRouter:
             # The history write and the hand-off share the wait; ack comes after both.
             await asyncio.gather(
                 deps.store.write(history_row(req, decision)),
-                publish_stage(broker, subject, encode(env), msg_id=f"{req.request_id}:classified"),
+                publish_stage(bus, subject, encode(env), msg_id=f"{req.request_id}:classified"),
             )
 
-    return router
+    return Stage(
+        StageSpec(
+            stream=pipeline.STREAM,
+            subject=CLASSIFY_SUBJECT,
+            durable="classifier",
+            max_inflight=settings.batch_size,
+            ack_wait=settings.common.ack_wait,
+            max_deliver=settings.common.max_deliver,
+        ),
+        on_classify,
+    )
 
 
 def history_row(req: AgentRequest, decision: RoutingDecision) -> HistoryRow:
@@ -121,12 +122,12 @@ def history_row(req: AgentRequest, decision: RoutingDecision) -> HistoryRow:
 
 
 async def _ask_back(
-    broker: NatsBroker, store: Store, env: Envelope, decision: RoutingDecision, started: float
+    bus: Bus, store: Store, env: Envelope, decision: RoutingDecision, started: float
 ) -> None:
     """Clarity policy `ask`: a clarification chunk with the options; nothing generated."""
     req = env.request
     env.timings["classify"] = round((time.perf_counter() - started) * 1000, 3)
     await store.write(history_row(req, decision), request_log_row(env, "clarification"))
-    await AnswerStream(broker, req.request_id, start_seq=env.seq).final(
+    await AnswerStream(bus, req.request_id, start_seq=env.seq).final(
         decision=decision, text=clarification_text(decision), kind=ChunkKind.CLARIFICATION
     )

@@ -1,14 +1,14 @@
-"""Generator worker for one model slot: settings -> broker -> router -> lifespan."""
+"""Generator worker for one model slot: settings -> stage -> lifespan."""
 
 from __future__ import annotations
 
 from faststream import FastStream
-from faststream.nats import NatsBroker
 from opentelemetry.trace import TracerProvider
 
 from services.generator.backends import ChatBackend, EchoBackend, OllamaBackend
-from services.generator.handlers import GeneratorDeps, build_router
+from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.settings import GeneratorSettings
+from shared.bus import Bus
 from shared.runtime import build_app
 from shared.store.stores import Store
 from shared.telemetry import build_tracer_provider, tracer_for
@@ -34,15 +34,15 @@ def create_app(
     )
     tracer = tracer_for("intentroute.generator", provider)
 
-    async def make_deps(broker: NatsBroker) -> GeneratorDeps:
+    async def make_deps(bus: Bus) -> GeneratorDeps:
         store = await Store.connect(settings.common.database_url, tracer=tracer)
         backend = choose_backend(settings)
         model = settings.model or ("echo" if isinstance(backend, EchoBackend) else "")
-        return GeneratorDeps(store, backend, model, tracer)
+        return GeneratorDeps(bus, store, backend, model, tracer)
 
     return build_app(
         common=settings.common,
-        routers=[build_router(settings)],
+        stages=[build_stage(settings)],
         make_deps=make_deps,
         tracer_provider=provider,
     )

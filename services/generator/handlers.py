@@ -6,25 +6,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from faststream import Context
-from faststream.middlewares import AckPolicy
-from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
 from opentelemetry.trace import Tracer
 
 from services.generator.backends import BackendUnavailable, ChatBackend
 from services.generator.extractive import extractive_answer
 from services.generator.prompts import render_prompt
 from services.generator.settings import GeneratorSettings
-from shared.bus import (
-    PIPELINE_STREAM,
-    AnswerStream,
-    consumer_config,
-    deliveries,
-    last_seq,
-    publish_stage,
-    raw_body,
-)
+from shared.bus import AnswerStream, Bus, last_seq, publish_stage
 from shared.codec import encode
+from shared.consumer import Delivery, Stage, StageSpec
+from shared.contracts import pipeline
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Envelope, generate_subject
 from shared.contracts.routing import QueryType
 from shared.stage import PermanentError, decode_or_report, finish_turn, stage_guard
@@ -37,8 +28,9 @@ Sink = Callable[[str], Awaitable[None]]
 
 class GeneratorDeps:
     def __init__(
-        self, store: Store, backend: ChatBackend | None, model: str, tracer: Tracer
+        self, bus: Bus, store: Store, backend: ChatBackend | None, model: str, tracer: Tracer
     ) -> None:
+        self.bus = bus
         self.store = store
         self.backend = backend
         self.model = model
@@ -80,42 +72,37 @@ async def produce(
     return "extractive"
 
 
-def build_router(settings: GeneratorSettings) -> NatsRouter:
-    router = NatsRouter()
+def build_stage(settings: GeneratorSettings) -> Stage[GeneratorDeps]:
     slot = settings.slot.value
 
-    @router.subscriber(
-        generate_subject(settings.slot),
-        stream=PIPELINE_STREAM,
-        durable=f"generator-{slot}",
-        pull_sub=PullSub(batch_size=settings.concurrency, timeout=5.0),
-        config=consumer_config(settings.common),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        decoder=raw_body,
-        max_workers=settings.concurrency,
-    )
-    async def on_generate(
-        msg: NatsMessage,
-        deps: GeneratorDeps = Context("deps"),
-        broker: NatsBroker = Context("broker"),
-    ) -> None:
-        env = await decode_or_report(broker, msg, f"generate.{slot}")
+    async def on_generate(msg: Delivery, deps: GeneratorDeps) -> None:
+        env = await decode_or_report(deps.bus, msg, f"generate.{slot}")
         if env is None:
             return
-        async with stage_guard(broker, msg, env, stage=f"generate.{slot}",
+        async with stage_guard(deps.bus, msg, env, stage=f"generate.{slot}",
                                max_deliver=settings.common.max_deliver, store=deps.store):
-            await _generate(settings, deps, broker, msg, env)
+            await _generate(settings, deps, msg, env)
 
-    return router
+    return Stage(
+        StageSpec(
+            stream=pipeline.STREAM,
+            subject=generate_subject(settings.slot),
+            durable=f"generator-{slot}",
+            max_inflight=settings.concurrency,
+            ack_wait=settings.common.ack_wait,
+            max_deliver=settings.common.max_deliver,
+        ),
+        on_generate,
+    )
 
 
 async def _generate(
     settings: GeneratorSettings,
     deps: GeneratorDeps,
-    broker: NatsBroker,
-    msg: NatsMessage,
+    msg: Delivery,
     env: Envelope,
 ) -> None:
+    bus = deps.bus
     started = time.perf_counter()
     req = env.request
     decision = env.decision
@@ -148,15 +135,15 @@ async def _generate(
                                         on_restart=restart, keepalive=keepalive)
         env.answer = "".join(parts)
         env.timings[f"generate.{settings.slot.value}"] = _ms(started)
-        await publish_stage(broker, VALIDATE_SUBJECT, encode(env),
+        await publish_stage(bus, VALIDATE_SUBJECT, encode(env),
                             msg_id=f"{req.request_id}:generated:{env.attempt}")
         return
 
     start_seq = env.seq
-    redelivered = deliveries(msg) > 1
+    redelivered = msg.deliveries > 1
     if redelivered:
-        start_seq = max(start_seq, await last_seq(broker, req.request_id))
-    out = AnswerStream(broker, req.request_id, start_seq=start_seq)
+        start_seq = max(start_seq, await last_seq(bus, req.request_id))
+    out = AnswerStream(bus, req.request_id, start_seq=start_seq)
     if redelivered and start_seq > env.seq:
         await out.reset()
     answered_by = await produce(deps, env, previous_answer=previous, sink=out.text,

@@ -1,14 +1,14 @@
-"""Retriever worker: settings -> broker -> router -> lifespan (index, encoder)."""
+"""Retriever worker: settings -> stage -> lifespan (index, encoder)."""
 
 from __future__ import annotations
 
 from faststream import FastStream
-from faststream.nats import NatsBroker
 from opentelemetry.trace import TracerProvider
 
 from services.retriever.adapters import EmbeddedRetrieval, Retrieval
-from services.retriever.handlers import RetrieverDeps, build_router
+from services.retriever.handlers import RetrieverDeps, build_stage
 from services.retriever.settings import RetrieverSettings
+from shared.bus import Bus
 from shared.runtime import build_app
 from shared.store.stores import Store
 from shared.telemetry import build_tracer_provider, tracer_for
@@ -42,18 +42,18 @@ def create_app(
     )
     tracer = tracer_for("intentroute.retriever", provider)
 
-    async def make_deps(broker: NatsBroker) -> RetrieverDeps:
+    async def make_deps(bus: Bus) -> RetrieverDeps:
         store = await Store.connect(settings.common.database_url, tracer=tracer)
         judge = None
         if settings.relevance_mode == "llm" and settings.ollama_host and settings.relevance_model:
             from services.retriever.adapters import OllamaRelevanceJudge
 
             judge = OllamaRelevanceJudge(settings.ollama_host, settings.relevance_model)
-        return RetrieverDeps(store, retrieval or build_retrieval(settings), judge=judge)
+        return RetrieverDeps(bus, store, retrieval or build_retrieval(settings), judge=judge)
 
     return build_app(
         common=settings.common,
-        routers=[build_router(settings)],
+        stages=[build_stage(settings)],
         make_deps=make_deps,
         tracer_provider=provider,
     )

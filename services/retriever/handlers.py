@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import time
 
-from faststream import Context
-from faststream.middlewares import AckPolicy
-from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
-
 from services.retriever.adapters import RelevanceJudge, Retrieval
 from services.retriever.logic import RelevancePolicy, retrieve
 from services.retriever.settings import RetrieverSettings
-from shared.bus import PIPELINE_STREAM, consumer_config, publish_stage, raw_body
+from shared.bus import Bus, publish_stage
 from shared.codec import encode
+from shared.consumer import Delivery, Stage, StageSpec
+from shared.contracts import pipeline
 from shared.contracts.pipeline import RETRIEVE_SUBJECT, generate_subject
 from shared.contracts.routing import RETRIEVING_TYPES
 from shared.stage import PermanentError, decode_or_report, stage_guard
@@ -20,8 +18,9 @@ from shared.store.stores import Store
 
 
 class RetrieverDeps:
-    def __init__(self, store: Store, retrieval: Retrieval, *,
+    def __init__(self, bus: Bus, store: Store, retrieval: Retrieval, *,
                  judge: RelevanceJudge | None = None) -> None:
+        self.bus = bus
         self.store = store
         self.retrieval = retrieval
         self.judge = judge
@@ -31,30 +30,17 @@ class RetrieverDeps:
         await self.store.close()
 
 
-def build_router(settings: RetrieverSettings) -> NatsRouter:
-    router = NatsRouter()
+def build_stage(settings: RetrieverSettings) -> Stage[RetrieverDeps]:
     policy = RelevancePolicy(mode=settings.relevance_mode, signal=settings.relevance_signal,
                              threshold=settings.relevance_threshold,
                              strategy=settings.retry_strategy)
 
-    @router.subscriber(
-        RETRIEVE_SUBJECT,
-        stream=PIPELINE_STREAM,
-        durable="retriever",
-        pull_sub=PullSub(batch_size=settings.batch_size, timeout=5.0),
-        config=consumer_config(settings.common),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        decoder=raw_body,
-    )
-    async def on_retrieve(
-        msg: NatsMessage,
-        deps: RetrieverDeps = Context("deps"),
-        broker: NatsBroker = Context("broker"),
-    ) -> None:
-        env = await decode_or_report(broker, msg, "retrieve")
+    async def on_retrieve(msg: Delivery, deps: RetrieverDeps) -> None:
+        bus = deps.bus
+        env = await decode_or_report(bus, msg, "retrieve")
         if env is None:
             return
-        async with stage_guard(broker, msg, env, stage="retrieve",
+        async with stage_guard(bus, msg, env, stage="retrieve",
                                max_deliver=settings.common.max_deliver, store=deps.store):
             started = time.perf_counter()
             decision = env.decision
@@ -79,8 +65,18 @@ def build_router(settings: RetrieverSettings) -> NatsRouter:
             env.retrieval_retried = got.retried
             env.timings["retrieve"] = round((time.perf_counter() - started) * 1000, 3)
             await publish_stage(
-                broker, generate_subject(decision.model_slot), encode(env),
+                bus, generate_subject(decision.model_slot), encode(env),
                 msg_id=f"{env.request.request_id}:retrieved",
             )
 
-    return router
+    return Stage(
+        StageSpec(
+            stream=pipeline.STREAM,
+            subject=RETRIEVE_SUBJECT,
+            durable="retriever",
+            max_inflight=settings.batch_size,
+            ack_wait=settings.common.ack_wait,
+            max_deliver=settings.common.max_deliver,
+        ),
+        on_retrieve,
+    )

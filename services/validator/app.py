@@ -1,13 +1,13 @@
-"""Validator worker: settings -> broker -> router -> lifespan (parser client, breaker)."""
+"""Validator worker: settings -> stage -> lifespan (parser client, breaker)."""
 
 from __future__ import annotations
 
 from faststream import FastStream
-from faststream.nats import NatsBroker
 from opentelemetry.trace import TracerProvider
 
-from services.validator.handlers import CodeChecker, Unvalidated, ValidatorDeps, build_router
+from services.validator.handlers import CodeChecker, Unvalidated, ValidatorDeps, build_stage
 from services.validator.settings import ValidatorSettings
+from shared.bus import Bus
 from shared.runtime import build_app
 from shared.store.stores import Store
 from shared.telemetry import build_tracer_provider, tracer_for
@@ -34,15 +34,15 @@ def create_app(
     )
     tracer = tracer_for("intentroute.validator", provider)
 
-    async def make_deps(broker: NatsBroker) -> ValidatorDeps:
+    async def make_deps(bus: Bus) -> ValidatorDeps:
         from services.validator.extract import extract_avap_code
 
         store = await Store.connect(settings.common.database_url, tracer=tracer)
-        return ValidatorDeps(store, checker or build_checker(settings), extract_avap_code)
+        return ValidatorDeps(bus, store, checker or build_checker(settings), extract_avap_code)
 
     return build_app(
         common=settings.common,
-        routers=[build_router(settings)],
+        stages=[build_stage(settings)],
         make_deps=make_deps,
         tracer_provider=provider,
     )

@@ -8,13 +8,12 @@ import time
 from typing import Protocol
 
 import msgspec
-from faststream import Context
-from faststream.middlewares import AckPolicy
-from faststream.nats import NatsBroker, NatsMessage, NatsRouter, PullSub
 
 from services.validator.settings import ValidatorSettings
-from shared.bus import PIPELINE_STREAM, AnswerStream, consumer_config, publish_stage, raw_body
+from shared.bus import AnswerStream, Bus, publish_stage
 from shared.codec import encode
+from shared.consumer import Delivery, Stage, StageSpec
+from shared.contracts import pipeline
 from shared.contracts.pipeline import VALIDATE_SUBJECT, generate_subject
 from shared.contracts.response import ValidationStatus
 from shared.contracts.routing import ModelSlot
@@ -54,7 +53,10 @@ class Unvalidated:
 
 
 class ValidatorDeps:
-    def __init__(self, store: Store, checker: CodeChecker, extract: ExtractCode) -> None:
+    def __init__(
+        self, bus: Bus, store: Store, checker: CodeChecker, extract: ExtractCode
+    ) -> None:
+        self.bus = bus
         self.store = store
         self.checker = checker
         self.extract = extract
@@ -70,33 +72,19 @@ class ExtractCode(Protocol):
     def __call__(self, answer: str) -> str: ...
 
 
-def build_router(settings: ValidatorSettings) -> NatsRouter:
-    router = NatsRouter()
-
-    @router.subscriber(
-        VALIDATE_SUBJECT,
-        stream=PIPELINE_STREAM,
-        durable="validator",
-        pull_sub=PullSub(batch_size=settings.batch_size, timeout=5.0),
-        config=consumer_config(settings.common),
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        decoder=raw_body,
-    )
-    async def on_validate(
-        msg: NatsMessage,
-        deps: ValidatorDeps = Context("deps"),
-        broker: NatsBroker = Context("broker"),
-    ) -> None:
-        env = await decode_or_report(broker, msg, "validate")
+def build_stage(settings: ValidatorSettings) -> Stage[ValidatorDeps]:
+    async def on_validate(msg: Delivery, deps: ValidatorDeps) -> None:
+        bus = deps.bus
+        env = await decode_or_report(bus, msg, "validate")
         if env is None:
             return
-        async with stage_guard(broker, msg, env, stage="validate",
+        async with stage_guard(bus, msg, env, stage="validate",
                                max_deliver=settings.common.max_deliver, store=deps.store):
             started = time.perf_counter()
             if env.decision is None:
                 raise PermanentError("NO_DECISION", "envelope reached the validator unclassified")
             req = env.request
-            out = AnswerStream(broker, req.request_id, start_seq=env.seq)
+            out = AnswerStream(bus, req.request_id, start_seq=env.seq)
             if env.attempt == 0:
                 await out.status("validating AVAP code")
             code = deps.extract(env.answer)
@@ -116,7 +104,7 @@ def build_router(settings: ValidatorSettings) -> NatsRouter:
                 env.attempt = 1
                 env.parser_feedback = verdict.feedback
                 env.seq = out.seq
-                await publish_stage(broker, generate_subject(ModelSlot.MAIN), encode(env),
+                await publish_stage(bus, generate_subject(ModelSlot.MAIN), encode(env),
                                     msg_id=f"{req.request_id}:parser-retry")
                 return
             status = {
@@ -131,4 +119,14 @@ def build_router(settings: ValidatorSettings) -> NatsRouter:
             await out.final(decision=env.decision, validation_status=status.value,
                             avap_code=code, answered_by=env.answered_by, retried=retried)
 
-    return router
+    return Stage(
+        StageSpec(
+            stream=pipeline.STREAM,
+            subject=VALIDATE_SUBJECT,
+            durable="validator",
+            max_inflight=settings.batch_size,
+            ack_wait=settings.common.ack_wait,
+            max_deliver=settings.common.max_deliver,
+        ),
+        on_validate,
+    )

@@ -1,17 +1,18 @@
-"""Contract tier: handlers against FastStream's in-memory TestNatsBroker and fakes."""
+"""Contract tier: stage handlers fed JetStream deliveries, publishing on a recording bus.
+
+Each test delivers wire bytes to a stage as its consumer would and checks what the
+stage publishes, on which subject and stream, in which contract."""
 
 from __future__ import annotations
 
 import json
 
-from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
-
 from services.classifier.cascade import Cascade
 from services.classifier.handlers import ClassifierDeps
-from services.classifier.handlers import build_router as classifier_router
+from services.classifier.handlers import build_stage as classifier_stage
 from services.classifier.settings import ClassifierSettings
 from services.gateway.handlers import GatewayDeps
-from services.gateway.handlers import build_router as gateway_router
+from services.gateway.handlers import build_stage as gateway_stage
 from services.gateway.settings import GatewaySettings
 from shared.codec import decode_chunk, decode_envelope, encode
 from shared.contracts.pipeline import Envelope
@@ -23,9 +24,11 @@ from shared.settings import CommonSettings
 class FakeStore:
     def __init__(self) -> None:
         self.rows: list[object] = []
+        self.history_reads = 0
 
     async def last_history(self, agent_id: str, session_id: str, n: int = 6
                            ) -> list[HistoryEntry]:
+        self.history_reads += 1
         return [HistoryEntry(QueryType.RETRIEVAL, "what is addVar")] * 5
 
     async def write(self, *rows: object) -> None:
@@ -35,73 +38,77 @@ class FakeStore:
         pass
 
 
+class RecordingBus:
+    """What a stage published: (subject, stream or "" for core, payload)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, bytes]] = []
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        self.sent.append((subject, "", payload))
+
+    async def publish_durable(self, subject: str, payload: bytes, *, stream: str,
+                              msg_id: str) -> None:
+        self.sent.append((subject, stream, payload))
+
+    def on(self, subject: str) -> list[bytes]:
+        return [payload for subj, _, payload in self.sent if subj == subject]
+
+
+class FakeDelivery:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.deliveries = 1
+        self.settled = False
+
+    async def nack(self, delay: float | None = None) -> None:
+        self.settled = True
+
+    async def in_progress(self) -> None:
+        pass
+
+
 COMMON = CommonSettings(nats_url="nats://unused:4222")
-# Hand-offs are JetStream publishes; the in-memory broker routes them by stream name.
-PIPELINE = JStream("INTENTROUTE_PIPELINE", declare=False)
-RESPONSES = JStream("AGENT_RESPONSES", declare=False)
 
 
 async def test_gateway_forwards_valid_and_answers_invalid() -> None:
-    broker = NatsBroker()
-    broker.include_router(gateway_router(GatewaySettings(common=COMMON)))
-    store = FakeStore()
-    broker.context.set_global("deps", GatewayDeps(store))  # type: ignore[arg-type]
-    forwarded: list[bytes] = []
-    errors: list[bytes] = []
+    stage = gateway_stage(GatewaySettings(common=COMMON))
+    assert (stage.spec.stream, stage.spec.subject) == ("AGENT_REQUESTS", "agent.request")
+    bus, store = RecordingBus(), FakeStore()
+    deps = GatewayDeps(bus, store)  # type: ignore[arg-type]
+    ok = AgentRequest(request_id="ok-1", session_id="s", agent_id="a", query="hi")
+    await stage.handle(FakeDelivery(encode(ok)), deps)  # type: ignore[arg-type]
+    bad = {"request_id": "bad-1", "session_id": "s", "agent_id": "a", "query": "q",
+           "query_type": "NOPE"}
+    await stage.handle(FakeDelivery(json.dumps(bad).encode()), deps)  # type: ignore[arg-type]
 
-    @broker.subscriber("intentroute.stage.classify", stream=PIPELINE)
-    async def classify(msg: NatsMessage) -> None:
-        body = msg.body
-        forwarded.append(body)
-
-    @broker.subscriber("agent.response.bad-1", stream=RESPONSES)
-    async def answer(msg: NatsMessage) -> None:
-        body = msg.body
-        errors.append(body)
-
-    async with TestNatsBroker(broker) as br:
-        ok = AgentRequest(request_id="ok-1", session_id="s", agent_id="a", query="hi")
-        await br.publish(encode(ok), "agent.request", stream="AGENT_REQUESTS")
-        bad = {"request_id": "bad-1", "session_id": "s", "agent_id": "a", "query": "q",
-               "query_type": "NOPE"}
-        await br.publish(json.dumps(bad).encode(), "agent.request", stream="AGENT_REQUESTS")
-
-    assert decode_envelope(forwarded[0]).request == ok
-    chunk = decode_chunk(errors[0])
+    forwarded = [(subj, stream) for subj, stream, _ in bus.sent if subj.startswith("intentroute")]
+    assert forwarded == [("intentroute.stage.classify", "INTENTROUTE_PIPELINE")]
+    assert decode_envelope(bus.on("intentroute.stage.classify")[0]).request == ok
+    (error,) = bus.on("agent.response.bad-1")
+    chunk = decode_chunk(error)
     assert chunk.is_final and chunk.error is not None
     assert chunk.error.code == "UNKNOWN_QUERY_TYPE"
     assert len(store.rows) == 1
 
 
 async def test_classifier_routes_platform_past_the_retriever_despite_history() -> None:
-    broker = NatsBroker()
-    broker.include_router(classifier_router(ClassifierSettings(common=COMMON, heads_dir="")))
-    store = FakeStore()
-    broker.context.set_global("deps", ClassifierDeps(store, Cascade()))  # type: ignore[arg-type]
-    seen: dict[str, bytes] = {}
-
-    @broker.subscriber("intentroute.stage.generate.conversational", stream=PIPELINE)
-    async def conversational(msg: NatsMessage) -> None:
-        body = msg.body
-        seen["conversational"] = body
-
-    @broker.subscriber("intentroute.stage.retrieve", stream=PIPELINE)
-    async def retrieve(msg: NatsMessage) -> None:
-        body = msg.body
-        seen["retrieve"] = body
-
+    stage = classifier_stage(ClassifierSettings(common=COMMON, heads_dir=""))
+    bus, store = RecordingBus(), FakeStore()
+    deps = ClassifierDeps(bus, store, Cascade())  # type: ignore[arg-type]
     env = Envelope(
         request=AgentRequest(request_id="p-1", session_id="s", agent_id="a",
                              query="cuántas llamadas llevo este mes?"),
         accepted_at=0.0,
     )
-    async with TestNatsBroker(broker) as br:
-        await br.publish(encode(env), "intentroute.stage.classify", stream="INTENTROUTE_PIPELINE")
+    await stage.handle(FakeDelivery(encode(env)), deps)  # type: ignore[arg-type]
 
-    assert set(seen) == {"conversational"}
-    out = decode_envelope(seen["conversational"])
+    assert [(subj, stream) for subj, stream, _ in bus.sent] == [
+        ("intentroute.stage.generate.conversational", "INTENTROUTE_PIPELINE")]
+    out = decode_envelope(bus.on("intentroute.stage.generate.conversational")[0])
     assert out.decision is not None and out.decision.type == QueryType.PLATFORM
-    assert len(out.history) == 5
+    # RC-02 decides from the message alone: the (RETRIEVAL-laden) history is not even read.
+    assert store.history_reads == 0
     assert store.rows and store.rows[0].type == "PLATFORM"  # type: ignore[attr-defined]
 
 
@@ -119,27 +126,16 @@ class UnsureLayer2:
 
 
 async def _route_unsure(policy_by_agent: dict[str, str]) -> tuple[dict[str, bytes], FakeStore]:
-    broker = NatsBroker()
     settings = ClassifierSettings(common=COMMON, heads_dir="",
                                   clarity_policy_by_agent=policy_by_agent)
-    broker.include_router(classifier_router(settings))
-    store = FakeStore()
-    deps = ClassifierDeps(store, Cascade(layer2=UnsureLayer2()))  # type: ignore[arg-type]
-    broker.context.set_global("deps", deps)
-    seen: dict[str, bytes] = {}
-
-    @broker.subscriber("intentroute.stage.retrieve", stream=PIPELINE)
-    async def retrieve(msg: NatsMessage) -> None:
-        seen["retrieve"] = msg.body
-
-    @broker.subscriber("agent.response.u-1", stream=RESPONSES)
-    async def answer(msg: NatsMessage) -> None:
-        seen["answer"] = msg.body
-
+    bus, store = RecordingBus(), FakeStore()
+    deps = ClassifierDeps(bus, store, Cascade(layer2=UnsureLayer2()))  # type: ignore[arg-type]
     env = Envelope(request=AgentRequest(request_id="u-1", session_id="s", agent_id="widget",
                                         query="tell me about the thing"), accepted_at=0.0)
-    async with TestNatsBroker(broker) as br:
-        await br.publish(encode(env), "intentroute.stage.classify", stream="INTENTROUTE_PIPELINE")
+    await classifier_stage(settings).handle(FakeDelivery(encode(env)), deps)  # type: ignore[arg-type]
+    seen = {"retrieve" if subj == "intentroute.stage.retrieve" else
+            "answer" if subj == "agent.response.u-1" else subj: payload
+            for subj, _, payload in bus.sent}
     return seen, store
 
 
