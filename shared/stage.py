@@ -22,7 +22,15 @@ from shared.codec import decode_envelope, encode
 from shared.consumer import Delivery
 from shared.contracts.pipeline import Envelope
 from shared.contracts.response import UNADDRESSABLE_SUBJECT, ChunkKind, ErrorInfo, ResponseChunk
-from shared.store.stores import RequestLogRow, Store, TurnRow
+from shared.contracts.routing import topic_snippet
+from shared.store.stores import (
+    HistoryRow,
+    RequestLogRow,
+    Row,
+    Store,
+    StoreUnavailable,
+    TurnRow,
+)
 
 log = logging.getLogger("intentroute.stage")
 
@@ -53,6 +61,22 @@ async def decode_or_report(bus: Bus, msg: Delivery, stage: str) -> Envelope | No
         return None
 
 
+def history_row(env: Envelope) -> HistoryRow:
+    """The turn's classify_history entry: type plus a <=60-character topic (RC-06)."""
+    req = env.request
+    dec = env.decision
+    assert dec is not None
+    return HistoryRow(
+        agent_id=req.agent_id,
+        session_id=req.session_id,
+        request_id=req.request_id,
+        type=dec.type.value,
+        topic=topic_snippet(req.query),
+        layer=dec.layer.value,
+        confidence=dec.confidence,
+    )
+
+
 def request_log_row(env: Envelope, outcome: str, **fields: Any) -> RequestLogRow:
     """The request-log row of `env`: ids, routing decision and stage timings, plus
     whatever the finishing stage knows (`answered_by`, `validation_status`, ...)."""
@@ -81,13 +105,21 @@ async def answer_error(
     *,
     start_seq: int = 0,
 ) -> None:
-    """Final error chunk to the caller plus a request-log row saying so."""
+    """Final error chunk to the caller plus the turn's history and request-log rows."""
     req = env.request
     await AnswerStream(bus, req.request_id, start_seq=start_seq).error(
         code, message, decision=env.decision
     )
-    if store is not None:
-        await store.write(request_log_row(env, f"error:{code}"))
+    if store is None:
+        return
+    rows: list[Row] = [request_log_row(env, f"error:{code}")]
+    if env.decision is not None:
+        rows.append(history_row(env))
+    try:
+        await store.write(*rows)
+    except StoreUnavailable as exc:
+        # The caller has its answer; a store that keeps failing must not turn it into a loop.
+        log.error("[%s] error rows not stored: %s", req.request_id, exc)
 
 
 @asynccontextmanager
@@ -114,7 +146,7 @@ async def stage_guard(
             log.error("[%s] %s failed on delivery %d/%d, answering with an error: %r",
                       stage, env.request.request_id, attempt, max_deliver, exc)
             await answer_error(
-                bus, None, env, "STAGE_FAILED",
+                bus, store, env, "STAGE_FAILED",
                 f"{stage} failed after {attempt} attempts: {exc}",
             )
             return
@@ -132,12 +164,14 @@ async def finish_turn(
     validation_status: str = "",
     retried: bool = False,
 ) -> None:
-    """Store the turn and its request-log row before the final chunk goes out, so the
-    next turn of the session already sees this answer."""
+    """Store the turn, its classify_history entry and its request-log row in one
+    write before the final chunk goes out, so the next turn of the session already
+    sees this answer and this turn's type."""
     req = env.request
     dec = env.decision
     assert dec is not None
     await store.write(
+        history_row(env),
         TurnRow(
             agent_id=req.agent_id,
             session_id=req.session_id,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from services.classifier.cascade import Cascade
@@ -12,7 +11,6 @@ from shared.codec import encode
 from shared.consumer import Delivery, Stage, StageSpec
 from shared.contracts import pipeline
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, RETRIEVE_SUBJECT, Envelope, generate_subject
-from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind
 from shared.contracts.routing import (
     RETRIEVING_TYPES,
@@ -20,11 +18,10 @@ from shared.contracts.routing import (
     HistoryEntry,
     QueryType,
     RoutingDecision,
-    topic_snippet,
 )
 from shared.runtime import Closable
-from shared.stage import decode_or_report, request_log_row, stage_guard
-from shared.store.stores import HistoryRow, Store
+from shared.stage import decode_or_report, history_row, request_log_row, stage_guard
+from shared.store.stores import Store
 
 
 class ClassifierDeps:
@@ -89,11 +86,9 @@ def build_stage(settings: ClassifierSettings) -> Stage[ClassifierDeps]:
                 subject = RETRIEVE_SUBJECT
             else:
                 subject = generate_subject(decision.model_slot)
-            # The history write and the hand-off share the wait; ack comes after both.
-            await asyncio.gather(
-                deps.store.write(history_row(req, decision)),
-                publish_stage(bus, subject, encode(env), msg_id=f"{req.request_id}:classified"),
-            )
+            # This turn's classify_history row travels in the envelope's decision and is
+            # written with the turn by the stage that ends it (shared.stage.finish_turn).
+            await publish_stage(bus, subject, encode(env), msg_id=f"{req.request_id}:classified")
 
     return Stage(
         StageSpec(
@@ -108,26 +103,13 @@ def build_stage(settings: ClassifierSettings) -> Stage[ClassifierDeps]:
     )
 
 
-def history_row(req: AgentRequest, decision: RoutingDecision) -> HistoryRow:
-    """This turn's classify_history entry: type plus a <=60-character topic (RC-06)."""
-    return HistoryRow(
-        agent_id=req.agent_id,
-        session_id=req.session_id,
-        request_id=req.request_id,
-        type=decision.type.value,
-        topic=topic_snippet(req.query),
-        layer=decision.layer.value,
-        confidence=decision.confidence,
-    )
-
-
 async def _ask_back(
     bus: Bus, store: Store, env: Envelope, decision: RoutingDecision, started: float
 ) -> None:
     """Clarity policy `ask`: a clarification chunk with the options; nothing generated."""
     req = env.request
     env.timings["classify"] = round((time.perf_counter() - started) * 1000, 3)
-    await store.write(history_row(req, decision), request_log_row(env, "clarification"))
+    await store.write(history_row(env), request_log_row(env, "clarification"))
     await AnswerStream(bus, req.request_id, start_seq=env.seq).final(
         decision=decision, text=clarification_text(decision), kind=ChunkKind.CLARIFICATION
     )

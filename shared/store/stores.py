@@ -63,26 +63,37 @@ class RequestLogRow(msgspec.Struct, frozen=True, kw_only=True):
 
 Row = HistoryRow | TurnRow | RequestLogRow
 
-_SQL_SESSION = """
-INSERT INTO sessions (agent_id, session_id) VALUES ($1, $2)
-ON CONFLICT (agent_id, session_id) DO UPDATE SET updated_at = now()
-"""
-_SQL_HISTORY = """
-INSERT INTO classify_history
-    (agent_id, session_id, request_id, type, topic, layer, confidence)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (request_id) DO NOTHING
-"""
-_SQL_MESSAGE = """
-INSERT INTO messages (agent_id, session_id, request_id, role, content, query_type)
-VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (request_id, role) DO NOTHING
-"""
-_SQL_LOG = """
+# One statement writes a whole batch: one round trip and one implicit transaction,
+# where BEGIN + an executemany per table + COMMIT took six. Arrays keep their order
+# (WITH ORDINALITY), so ids follow the order the rows were written in.
+_SQL_BATCH = """
+WITH new_sessions AS (
+    INSERT INTO sessions (agent_id, session_id)
+    SELECT * FROM unnest($1::text[], $2::text[])
+    ON CONFLICT (agent_id, session_id) DO UPDATE SET updated_at = now()
+), new_history AS (
+    INSERT INTO classify_history
+        (agent_id, session_id, request_id, type, topic, layer, confidence)
+    SELECT a, s, r, t, tp, l, c
+    FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+                $9::float8[]) WITH ORDINALITY AS u(a, s, r, t, tp, l, c, n)
+    ORDER BY n
+    ON CONFLICT (request_id) DO NOTHING
+), new_messages AS (
+    INSERT INTO messages (agent_id, session_id, request_id, role, content, query_type)
+    SELECT a, s, r, ro, co, t
+    FROM unnest($10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
+        WITH ORDINALITY AS u(a, s, r, ro, co, t, n)
+    ORDER BY n
+    ON CONFLICT (request_id, role) DO NOTHING
+)
 INSERT INTO request_log
     (request_id, agent_id, session_id, query_type, layer, confidence, model_slot,
      answered_by, stage_ms, total_ms, outcome, validation_status, retried)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13)
+SELECT r, a, s, t, l, c, ms, ab, sm::jsonb, tm, o, vs, rt
+FROM unnest($16::text[], $17::text[], $18::text[], $19::text[], $20::text[], $21::float8[],
+            $22::text[], $23::text[], $24::text[], $25::float8[], $26::text[], $27::text[],
+            $28::bool[]) AS u(r, a, s, t, l, c, ms, ab, sm, tm, o, vs, rt)
 ON CONFLICT (request_id) DO UPDATE SET
     query_type = EXCLUDED.query_type, layer = EXCLUDED.layer,
     confidence = EXCLUDED.confidence, model_slot = EXCLUDED.model_slot,
@@ -107,11 +118,17 @@ ORDER BY id DESC LIMIT $3
 """
 
 
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    return [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+
+
 async def _write_batch(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
-    sessions: set[tuple[str, str]] = set()
+    sessions: dict[tuple[str, str], None] = {}
     history: list[tuple[Any, ...]] = []
     messages: list[tuple[Any, ...]] = []
-    logs: list[tuple[Any, ...]] = []
+    # One log row per request (the latest wins): ON CONFLICT DO UPDATE may not touch
+    # a row twice in one statement.
+    logs: dict[str, tuple[Any, ...]] = {}
     for row in rows:
         if isinstance(row, HistoryRow):
             history.append(
@@ -119,7 +136,7 @@ async def _write_batch(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
                  row.topic[:60], row.layer, row.confidence)
             )
         elif isinstance(row, TurnRow):
-            sessions.add((row.agent_id, row.session_id))
+            sessions[(row.agent_id, row.session_id)] = None
             messages.append(
                 (row.agent_id, row.session_id, row.request_id, "user", row.query,
                  row.query_type)
@@ -129,20 +146,19 @@ async def _write_batch(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
                  row.query_type)
             )
         else:
-            logs.append(
-                (row.request_id, row.agent_id, row.session_id, row.query_type, row.layer,
-                 row.confidence, row.model_slot, row.answered_by, json.dumps(row.stage_ms),
-                 row.total_ms, row.outcome, row.validation_status, row.retried)
+            logs.pop(row.request_id, None)
+            logs[row.request_id] = (
+                row.request_id, row.agent_id, row.session_id, row.query_type, row.layer,
+                row.confidence, row.model_slot, row.answered_by, json.dumps(row.stage_ms),
+                row.total_ms, row.outcome, row.validation_status, row.retried,
             )
-    async with conn.transaction():
-        if sessions:
-            await conn.executemany(_SQL_SESSION, sorted(sessions))
-        if history:
-            await conn.executemany(_SQL_HISTORY, history)
-        if messages:
-            await conn.executemany(_SQL_MESSAGE, messages)
-        if logs:
-            await conn.executemany(_SQL_LOG, logs)
+    await conn.execute(
+        _SQL_BATCH,
+        *_columns(list(sessions), 2),
+        *_columns(history, 7),
+        *_columns(messages, 6),
+        *_columns(list(logs.values()), 13),
+    )
 
 
 class GroupCommitWriter:
