@@ -162,11 +162,13 @@ async def _write_batch(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
 
 
 class GroupCommitWriter:
-    """Batches rows from concurrent callers into one transaction per round trip."""
+    """Batches rows from concurrent callers into one statement per round trip."""
 
     def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 256, retries: int = 3) -> None:
         self._pool = pool
-        self._queue: asyncio.Queue[tuple[Row, asyncio.Future[None]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[tuple[Row, ...], asyncio.Future[None]]] = (
+            asyncio.Queue()
+        )
         self._max_batch = max_batch
         self._retries = retries
         self._task: asyncio.Task[None] | None = None
@@ -178,13 +180,9 @@ class GroupCommitWriter:
     async def write(self, *rows: Row) -> None:
         """Returns once every row is committed; raises if the store keeps failing."""
         self.start()
-        loop = asyncio.get_running_loop()
-        futures = []
-        for row in rows:
-            fut: asyncio.Future[None] = loop.create_future()
-            self._queue.put_nowait((row, fut))
-            futures.append(fut)
-        await asyncio.gather(*futures)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((rows, fut))
+        await fut
 
     async def _run(self) -> None:
         while True:
@@ -196,12 +194,12 @@ class GroupCommitWriter:
             for _ in batch:
                 self._queue.task_done()
 
-    async def _flush(self, batch: list[tuple[Row, asyncio.Future[None]]]) -> None:
+    async def _flush(self, batch: list[tuple[tuple[Row, ...], asyncio.Future[None]]]) -> None:
         error: BaseException | None = None
         for attempt in range(self._retries):
             try:
                 async with self._pool.acquire() as conn:
-                    await _write_batch(conn, [row for row, _ in batch])
+                    await _write_batch(conn, [row for rows, _ in batch for row in rows])
                 error = None
                 break
             except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
@@ -227,6 +225,14 @@ class GroupCommitWriter:
         except asyncio.CancelledError:
             pass
         self._task = None
+
+
+async def _release_as_is(conn: asyncpg.Connection) -> None:
+    """Pool release without asyncpg's reset query (a round trip per acquire): these
+    connections keep no session state (no LISTEN, locks, SET or open cursors); one
+    left inside a transaction by an error is still reset."""
+    if conn.is_in_transaction():
+        await conn.reset()
 
 
 class StoreUnavailable(Exception):
@@ -259,7 +265,8 @@ class Store:
         if not database_url:
             raise StoreUnavailable("DATABASE_URL is not set")
         pool = await asyncpg.create_pool(
-            asyncpg_dsn(database_url), min_size=min_size, max_size=max_size
+            asyncpg_dsn(database_url), min_size=min_size, max_size=max_size,
+            reset=_release_as_is,
         )
         assert pool is not None
         return cls(pool, tracer=tracer)
