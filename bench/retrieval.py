@@ -4,6 +4,11 @@ the relevance-check calibration of ADR-0009 Decision 2.
     python -m bench.retrieval eval --beir /work/shared/data/scifact
     python -m bench.retrieval relevance --beir /work/shared/data/scifact
     python -m bench.retrieval ingest-speed --beir /work/shared/data/scifact --kb kb
+    python -m bench.retrieval short-ingest [--kb kb/avap]
+
+`ingest_chunks_per_s` (in the eval JSON too) is a full ingest, with the encoder
+`intentroute ingest` uses, of knowledge-base chunks of at most 128 WordPiece tokens
+derived from kb/avap (see `short_chunks`) into a throwaway index.
 
 The index (with its embeddings) is cached under /tmp/intentroute-bench/ and reused:
 ingest is idempotent, so only the first run embeds the corpus.
@@ -29,6 +34,9 @@ from bench.ir_metrics import evaluate_run, ndcg_at_k
 from shared.embeddings import Encoder
 
 CACHE_ROOT = Path(tempfile.gettempdir()) / "intentroute-bench"
+REPO = Path(__file__).resolve().parent.parent
+DEMO_KB = REPO / "kb" / "avap"
+SHORT_CHUNK_TOKENS = 128
 
 
 # ---------------------------------------------------------------------------- data
@@ -85,6 +93,13 @@ def _encoder(encoder: Encoder | None) -> Encoder:
     return encoder if encoder is not None else make_encoder("st")
 
 
+def ingest_encoder() -> Encoder:
+    """The encoder `intentroute ingest` uses (ONNX fp32, 2 threads)."""
+    from shared.fast_encoder import batch_fast_encoder
+
+    return batch_fast_encoder()
+
+
 def _doc_ranking(result: Any, k: int) -> list[str]:
     seen: list[str] = []
     for p in result.passages:
@@ -93,12 +108,14 @@ def _doc_ranking(result: Any, k: int) -> list[str]:
     return seen[:k]
 
 
-def _open_index(corpus: Path, index_dir: Path | None, encoder: Encoder, progress: bool
-                ) -> tuple[Any, Any, dict[str, Any]]:
+def _open_index(corpus: Path, index_dir: Path | None, encoder: Encoder, progress: bool,
+                ingest_with: Encoder | None = None) -> tuple[Any, Any, dict[str, Any]]:
+    """Ingest (idempotent) with `ingest_with` (default: `encoder`), open for queries
+    with `encoder`."""
     from services.retriever.index import EmbeddedIndex, ingest
 
     index_dir = index_dir or _default_index_dir(corpus)
-    report = ingest(corpus, index_dir, encoder, progress=progress)
+    report = ingest(corpus, index_dir, ingest_with or encoder, progress=progress)
     index = EmbeddedIndex.open(index_dir, encoder)
     full = index.manifest.get("full_embed") or {}
     if report.changed and report.embedded == report.chunks:
@@ -126,12 +143,16 @@ def evaluate(
     warmup: int = 5,
 ) -> dict[str, Any]:
     """nDCG/Recall/MRR@k per method on the queries present in qrels, plus ingest
-    throughput and hybrid query latency (query embedding included, 1 thread)."""
+    throughput (the corpus, and `short_chunk_ingest`) and hybrid query latency (query
+    embedding included, 1 thread). Without `encoder`, the corpus is ingested with the
+    encoder `intentroute ingest` uses and queried through sentence-transformers."""
     from shared.embeddings import pin_threads
 
     pin_threads(1)
     enc = _encoder(encoder)
-    index, _, ingest_info = _open_index(corpus, index_dir, enc, progress)
+    batch_enc = ingest_encoder() if encoder is None else enc
+    index, _, ingest_info = _open_index(corpus, index_dir, enc, progress, batch_enc)
+    short = short_chunk_ingest(encoder=batch_enc) if DEMO_KB.is_dir() else None
     judged = load_qrels(qrels)
     qs = load_queries(queries, set(judged))
     judged = {q: judged[q] for q in qs}
@@ -163,6 +184,8 @@ def evaluate(
         "index_version": index.version,
         "ingest_docs_per_s": ingest_info["ingest_docs_per_s"],
         "ingest_cached": ingest_info["ingest_cached"],
+        "ingest_chunks_per_s": short["ingest_chunks_per_s"] if short else math.nan,
+        "ingest_short_chunks": short,
         "query_ms_p50": _pctl(latencies, 50),
         "query_ms_p95": _pctl(latencies, 95),
         "query_cpu_ms_p50": _pctl(cpu_ms, 50),
@@ -335,6 +358,63 @@ def ingest_speed(
     return out
 
 
+def short_chunks(kb: Path = DEMO_KB, max_tokens: int = SHORT_CHUNK_TOKENS,
+                 bounds: Sequence[int] = (128, 96, 64, 48, 32)) -> list[str]:
+    """Distinct knowledge-base chunks of at most `max_tokens` WordPiece tokens.
+
+    `kb` is chunked as `ingest` does at several size bounds (more distinct chunks than
+    one chunking gives) and chunks longer than `max_tokens` real tokens are dropped:
+    the chunker's words x 1.3 estimate undercounts AVAP code.
+    """
+    import tokenizers
+
+    from services.retriever.ingest import iter_chunks
+    from shared.embeddings import DEFAULT_MODEL, resolve_model_path
+
+    tok = tokenizers.Tokenizer.from_file(
+        str(Path(resolve_model_path(DEFAULT_MODEL)) / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    seen: set[str] = set()
+    out: list[str] = []
+    for bound in bounds:
+        for c in iter_chunks(kb, max_tokens=bound, overlap_tokens=16):
+            text = c.indexed_text
+            if text not in seen and len(tok.encode(text).ids) <= max_tokens:
+                seen.add(text)
+                out.append(text)
+    return out
+
+
+def short_chunk_ingest(kb: Path = DEMO_KB, *, encoder: Encoder | None = None) -> dict[str, Any]:
+    """Full ingest (load, embed, BM25, write) of `short_chunks(kb)` into a throwaway
+    index, one chunk per document, with the ingest encoder -> chunks/s."""
+    from services.retriever.index import ingest
+
+    enc = encoder if encoder is not None else ingest_encoder()
+    texts = short_chunks(kb)
+    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="short-ingest-", dir=CACHE_ROOT))
+    try:
+        corpus = tmp / "corpus.jsonl"
+        with corpus.open("w", encoding="utf-8") as f:
+            for i, text in enumerate(texts):
+                f.write(json.dumps({"_id": f"c{i}", "title": "", "text": text}) + "\n")
+        enc.encode([t for t in texts[:8]])  # warm-up (lazy init) outside the timing
+        r = ingest(corpus, tmp / "index", enc, progress=False)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "ingest_chunks_per_s": r.chunks_per_s,
+        "embed_chunks_per_s": r.embed_chunks_per_s,
+        "chunks": r.chunks,
+        "max_tokens": SHORT_CHUNK_TOKENS,
+        "encoder": type(enc).__name__,
+        "encoder_threads": getattr(enc, "_threads", None),
+        "load_avg_1m": os.getloadavg()[0],
+    }
+
+
 # ---------------------------------------------------------------------------- CLI
 
 
@@ -351,7 +431,7 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.retrieval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["eval", "relevance", "ingest-speed"])
+    ap.add_argument("command", choices=["eval", "relevance", "ingest-speed", "short-ingest"])
     ap.add_argument("--beir", help="BEIR dir (corpus.jsonl, queries.jsonl, qrels/train.tsv)")
     ap.add_argument("--corpus")
     ap.add_argument("--queries")
@@ -363,7 +443,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--encoder", choices=["st", "fast"], default="st",
                     help="query encoder: sentence-transformers or shared.fast_encoder")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--ingest-encoder", choices=["st", "fast"], default="fast",
+                    help="short-ingest: sentence-transformers or the ingest encoder")
     args = ap.parse_args(argv)
+    if args.command == "short-ingest":
+        from shared.embeddings import pin_threads
+
+        pin_threads(2)
+        enc_i = ingest_encoder() if args.ingest_encoder == "fast" else make_encoder("st")
+        print(json.dumps(short_chunk_ingest(args.kb or DEMO_KB, encoder=enc_i), indent=2))
+        return
     corpus, queries, qrels = _paths(args)
     enc = make_encoder(args.encoder)
     if args.command == "eval":
