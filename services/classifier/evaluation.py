@@ -114,7 +114,7 @@ def eval_intents(
             shutil.rmtree(head.encoder_dir, ignore_errors=True)
     else:
         test_vecs = _encode_cached(encoder, te_texts, embed_cache)
-    probs = head.predict_proba(test_vecs)
+    probs = head.predict_proba(test_vecs, te_texts)
     labels = np.array(head.labels)
     pred = labels[probs.argmax(axis=1)]
     conf = probs.max(axis=1)

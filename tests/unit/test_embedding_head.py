@@ -93,7 +93,7 @@ def enc() -> FakeEncoder:
 @pytest.fixture(scope="module")
 def head(enc: FakeEncoder) -> EmbeddingHead:
     texts, labels = synthetic()
-    return train_head(texts, labels, enc, seed=0)
+    return train_head(texts, labels, enc, seed=0, lexical=None)
 
 
 def test_probabilities_sum_to_one_and_confident_on_clear_cases(
@@ -156,7 +156,7 @@ def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path:
     assert reg.current() is None and reg.current_version is None
 
     # First head: a mediocre one (few lines) is promoted because there is none.
-    weak = train_head(texts[::6], labels[::6], enc, seed=0)
+    weak = train_head(texts[::6], labels[::6], enc, seed=0, lexical=None)
     r1 = reg.propose(weak, ev_texts, ev_labels)
     assert r1.promoted and r1.version == "v0001" and r1.current is None
     assert reg.current_version == "v0001"
@@ -169,7 +169,7 @@ def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path:
 
     # Worse: shuffled labels.
     shuffled = list(np.random.default_rng(0).permutation(labels))
-    bad = train_head(texts, shuffled, enc, seed=0)
+    bad = train_head(texts, shuffled, enc, seed=0, lexical=None)
     r2 = reg.propose(bad, ev_texts, ev_labels)
     assert not r2.promoted and r2.current is not None
     assert r2.candidate["macro_f1"] < r2.current["macro_f1"]
@@ -178,7 +178,7 @@ def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path:
     assert worker.maybe_reload() is False
 
     # Better: all lines.
-    good = train_head(texts, labels, enc, seed=0)
+    good = train_head(texts, labels, enc, seed=0, lexical=None)
     r3 = reg.propose(good, ev_texts, ev_labels)
     assert r3.promoted, r3.reason
     assert r3.candidate["accuracy"] >= r3.current["accuracy"]  # type: ignore[index]
@@ -195,7 +195,7 @@ def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path:
 def test_pointer_is_written_atomically(enc: FakeEncoder, tmp_path: Path) -> None:
     reg = HeadRegistry(tmp_path, encoder=enc)
     texts, labels = synthetic(n_per=10)
-    v = reg.add(train_head(texts, labels, enc))
+    v = reg.add(train_head(texts, labels, enc, lexical=None))
     reg.set_current(v)
     assert (tmp_path / "CURRENT").read_text().strip() == v
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
@@ -223,7 +223,8 @@ def test_loaders_and_train_and_promote(enc: FakeEncoder, tmp_path: Path) -> None
     assert len(ev) == 16 and {lab for _, lab in ev} == set(TOPICS)
 
     reg = HeadRegistry(tmp_path / "heads", encoder=enc)
-    res = train_and_promote([jl, hist, csv_path], reg, enc, holdout=0.2, seed=0)
+    res = train_and_promote([jl, hist, csv_path], reg, enc, holdout=0.2, seed=0,
+                            lexical=None)
     assert res.promoted and reg.current_version == "v0001" and res.n_eval > 0
     head = reg.current()
     assert head is not None and head.meta["n_eval"] == res.n_eval
@@ -255,11 +256,11 @@ async def test_micro_batcher_batches_concurrent_submissions(head: EmbeddingHead)
 async def test_micro_batcher_reload_runs_off_loop(enc: FakeEncoder, tmp_path: Path) -> None:
     texts, labels = synthetic(n_per=10)
     reg = HeadRegistry(tmp_path, encoder=enc)
-    reg.propose(train_head(texts[::3], labels[::3], enc), texts, labels)
+    reg.propose(train_head(texts[::3], labels[::3], enc, lexical=None), texts, labels)
     clf = Layer2Classifier.from_registry(tmp_path, encoder=enc)
     batcher = MicroBatcher(clf)
     assert await batcher.maybe_reload() is False
-    res = reg.propose(train_head(texts, labels, enc), texts, labels)
+    res = reg.propose(train_head(texts, labels, enc, lexical=None), texts, labels)
     assert res.promoted
     assert await batcher.maybe_reload() is True
     assert (await batcher.submit("hello")).head_version == "v0002"
@@ -285,3 +286,26 @@ async def test_micro_batcher_propagates_errors(head: EmbeddingHead) -> None:
     with pytest.raises(RuntimeError, match="encoder down"):
         await batcher.submit("hi")
     await batcher.close()
+
+
+def test_lexical_block_reads_the_text_and_survives_save_and_load(
+    enc: FakeEncoder, tmp_path: Path
+) -> None:
+    # Spanish wording the (fake) encoder cannot see: only the char n-grams carry it.
+    texts = ["¿cuánto he gastado este mes?", "¿cuántas llamadas llevo?", "mi factura de marzo",
+             "¿qué hace addVar?", "¿qué significa startLoop?", "explícame getDateTime"] * 4
+    labels = ["PLATFORM"] * 3 + ["RETRIEVAL"] * 3
+    labels = labels * 4
+    blind = np.zeros((len(texts), DIM), dtype=np.float32)
+    lex = {"analyzer": "char_wb", "ngram_range": [2, 4], "n_features": 2**12, "weight": 2.0}
+    head = train_head(texts, labels, None, vectors=blind, lexical=lex, calibration_folds=2)
+    x = np.zeros((2, DIM), dtype=np.float32)
+    asked = ["¿cuánto llevo gastado?", "¿qué hace getDateTime?"]
+    probs = head.predict_proba(x, asked)
+    assert [head.labels[int(i)] for i in probs.argmax(axis=1)] == ["PLATFORM", "RETRIEVAL"]
+    assert head.dim == DIM
+    with pytest.raises(ValueError, match="reads the text"):
+        head.predict_proba(x)
+    again = EmbeddingHead.load(head.save(tmp_path / "lex"))
+    assert again.lexical is not None and again.lexical.settings == lex
+    np.testing.assert_array_equal(again.predict_proba(x, asked), probs)
