@@ -170,13 +170,17 @@ class StageConsumer:
         # Top up in halves: one pull request per message would double the traffic.
         if free <= 0 or (self._outstanding and free < max(1, self.spec.max_inflight // 2)):
             return
-        self._outstanding += free
         request = {
             "batch": free,
             "expires": int(self._expires * _NS),
             "idle_heartbeat": int(self._heartbeat * _NS),
         }
-        await self.nc.publish(self._next_subject, _encode(request), reply=self._inbox)
+        try:
+            await self.nc.publish(self._next_subject, _encode(request), reply=self._inbox)
+        except Exception as exc:  # connection lost: the watchdog asks again
+            log.warning("[%s] pull request not sent: %r", self.spec.durable, exc)
+            return
+        self._outstanding += free
 
     async def _on_message(self, msg: Msg) -> None:
         # Runs on the subscription's reader: hand the message off and return at once.
@@ -259,5 +263,4 @@ class StageConsumer:
             if silent > 2 * self._heartbeat + 1:
                 self._outstanding = 0
                 self._last_seen = loop.time()
-                with contextlib.suppress(Exception):
-                    await self._pull()
+                await self._pull()
