@@ -191,6 +191,15 @@ def test_int8_option_is_close_but_opt_in(reference: SentenceTransformerEncoder,
 
 
 @pytest.mark.skipif(not onnxruntime_available(), reason="onnxruntime not installed")
+def test_blockwise_int8_stays_within_a_thousandth_of_the_reference(
+        reference: SentenceTransformerEncoder, tmp_path: Path) -> None:
+    q = FastEncoder(precision="int8-block", cache_size=0, onnx_cache_dir=tmp_path)
+    assert q.onnx_path.name.endswith("-int8block.onnx")
+    cos = (reference.encode(SAMPLE) * q.encode(SAMPLE)).sum(axis=1)
+    assert cos.mean() >= 0.999 and cos.min() >= 0.998
+
+
+@pytest.mark.skipif(not onnxruntime_available(), reason="onnxruntime not installed")
 def test_smoothing_before_int8_leaves_the_fp32_graph_unchanged(tmp_path: Path) -> None:
     import onnxruntime as ort
 
