@@ -647,8 +647,10 @@ class RetrievalBackend(Protocol):
 class EmbeddedBackend:
     """Async facade over EmbeddedIndex.
 
-    A hybrid query costs ~5-15 ms of CPU (mostly the query embedding), long enough to
-    stall NATS heartbeats/acks under load, so by default it runs in a worker thread.
+    A query that embeds costs ~5-15 ms of CPU, long enough to stall NATS heartbeats
+    and acks under load, so by default it runs in a worker thread. BM25 alone (or a
+    query that brings its vector) takes well under a millisecond, less than the
+    thread hand-off itself, and runs on the loop.
     """
 
     def __init__(self, index: EmbeddedIndex, *, offload: bool = True) -> None:
@@ -663,7 +665,8 @@ class EmbeddedBackend:
 
     async def search(self, query: str, k: int = TOP_K, method: str = "hybrid",
                      query_vector: npt.NDArray[np.float32] | None = None) -> SearchResult:
-        if self.offload:
+        embeds = method != "bm25" and query_vector is None
+        if self.offload and embeds:
             return await asyncio.to_thread(self.index.search, query, k, method, query_vector)
         return self.index.search(query, k, method, query_vector)
 
