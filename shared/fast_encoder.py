@@ -251,7 +251,8 @@ def blockwise_int8_onnx(src: Path, out: Path, *, block_size: int = 32) -> Path:
     and block), atomically. Per-block activation scales keep outlier channels from
     flattening the rest, so the vectors stay within ~1e-3 cosine of fp32; a quarter of
     the weight bytes is what makes single-message inference faster (it streams the
-    weights from memory)."""
+    weights from memory). Single messages only: on length-sorted batches of 8 (ingest,
+    2 threads) it ran ~59 chunks/s against ~99 for fp32."""
     import onnx
     from onnx import helper, numpy_helper
 
