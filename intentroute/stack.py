@@ -91,8 +91,10 @@ class PostgresServer:
     DB = "intentroute"
 
     def __init__(self, data_dir: Path, port: int | None = None) -> None:
-        self.data_dir = data_dir
-        self.pgdata = data_dir / "pgdata"
+        # Absolute: postgres runs in its data directory, where a relative socket
+        # directory (from a relative INTENTROUTE_HOME) would not exist.
+        self.data_dir = data_dir.resolve()
+        self.pgdata = self.data_dir / "pgdata"
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self._user: str | None = None
