@@ -174,6 +174,7 @@ class EmbeddingHead:
     ) -> None:
         self.labels = list(labels)
         self.lexical = LexicalFeatures(lexical) if lexical else None
+        self._blocks_t: tuple[np.ndarray, np.ndarray] | None = None
         self.coef = np.ascontiguousarray(coef, dtype=np.float32)
         self.intercept = np.ascontiguousarray(intercept, dtype=np.float32)
         if self.coef.shape[0] != len(self.labels):
@@ -200,13 +201,22 @@ class EmbeddingHead:
         x = np.asarray(vectors, dtype=np.float32)
         if x.ndim == 1:
             x = x[None, :]
-        dim = self.dim
-        z = x @ self.coef[:, :dim].T + self.intercept
+        dense_t, lexical_t = self._blocks()
+        z = x @ dense_t + self.intercept
         if self.lexical is not None:
             if texts is None:
                 raise ValueError("this head reads the text too: pass texts with the vectors")
-            z = z + np.asarray(self.lexical.transform(texts) @ self.coef[:, dim:].T)
+            z = z + np.asarray(self.lexical.transform(texts) @ lexical_t)
         return np.asarray(z / self.temperature)
+
+    def _blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """coef split by input block, transposed and contiguous once (a strided slice
+        made the sparse product copy the lexical block on every message)."""
+        if self._blocks_t is None:
+            dim = self.dim
+            self._blocks_t = (np.ascontiguousarray(self.coef[:, :dim].T),
+                              np.ascontiguousarray(self.coef[:, dim:].T))
+        return self._blocks_t
 
     def predict_proba(
         self, vectors: np.ndarray, texts: Sequence[str] | None = None
