@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.classifier_embedding import texts_for_bench
 from services.classifier.cascade import Cascade
 from shared.contracts.request import AgentRequest
 
@@ -76,11 +77,13 @@ async def _worker_throughput(nats_url: str, db_url: str, total: int, concurrency
     js = nc.jetstream()
     loop = asyncio.get_running_loop()
     sem = asyncio.Semaphore(concurrency)
+    # Distinct messages: the encoder's LRU cache must not answer for Layer 2.
+    texts = WORKER_QUERIES + texts_for_bench(total + concurrency)
 
     async def one(i: int) -> None:
         async with sem:
             req = AgentRequest(request_id=uuid.uuid4().hex, session_id=f"b{i % 64}",
-                               agent_id="bench", query=WORKER_QUERIES[i % len(WORKER_QUERIES)])
+                               agent_id="bench", query=texts[i])
             fut = loop.create_future()
             done[req.request_id] = fut
             await js.publish(CLASSIFY_SUBJECT, encode(Envelope(request=req, accepted_at=0.0)))
@@ -89,7 +92,7 @@ async def _worker_throughput(nats_url: str, db_url: str, total: int, concurrency
     async with TestApp(app):
         await asyncio.gather(*(one(i) for i in range(concurrency)))  # warm-up
         started = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(total)))
+        await asyncio.gather(*(one(concurrency + i) for i in range(total)))
         elapsed = time.perf_counter() - started
     await nc.drain()
     return round(total / elapsed, 1)
@@ -102,8 +105,8 @@ def run(total: int = 2000, concurrency: int = 64) -> dict[str, Any]:
 
     result: dict[str, Any] = {"rules_per_s": rules_per_s()}
     result.update(embedding_latency())
-    # The opt-in encoders (INTENTROUTE_ENCODER_PRECISION=int8 / int8-block), same texts.
-    for precision in ("int8", "int8-block"):
+    # The other encoder precisions a head can be trained with, same texts.
+    for precision in sorted({"fp32", "int8", "int8-block"} - {result["precision"]}):
         other = embedding_latency(precision=precision)
         key = precision.replace("-", "_")
         result[f"embedding_{key}_ms_p50"] = other["embedding_ms_p50"]

@@ -38,7 +38,7 @@ _FALLBACK_TEXTS = [
 ]
 
 
-def _texts(n: int, corpus: str = "project") -> list[str]:
+def texts_for_bench(n: int, corpus: str = "project") -> list[str]:
     """n distinct query-like texts (no cache hits).
 
     corpus "project": the classifier's own training lines (mean ~17 tokens);
@@ -77,12 +77,15 @@ def _head() -> Any:
     return train_head([t for t, _ in rows], [lab for _, lab in rows], shared_fast_encoder())
 
 
-def _classifier(encoder: str = "fast", precision: str = "fp32") -> Any:
+def _classifier(encoder: str = "fast", precision: str | None = None) -> Any:
+    """Layer 2 as the worker runs it: the shipped head, at the encoder precision the
+    head was trained with unless `precision` says otherwise."""
     from services.classifier.embedding import Layer2Classifier
     from shared.embeddings import pin_threads
 
     pin_threads(1)
     head = _head()
+    precision = precision or head.precision or "fp32"
     if encoder == "reference":
         from shared.embeddings import SentenceTransformerEncoder
 
@@ -99,10 +102,10 @@ def _classifier(encoder: str = "fast", precision: str = "fp32") -> Any:
 
 
 def embedding_latency(n: int = 300, *, encoder: str = "fast", warmup: int = 20,
-                      corpus: str = "project", precision: str = "fp32") -> dict:
+                      corpus: str = "project", precision: str | None = None) -> dict:
     """Single-message Layer 2 latency (encoder + head), wall-clock and CPU ms."""
     clf = _classifier(encoder, precision)
-    texts = _texts(n + warmup, corpus)
+    texts = texts_for_bench(n + warmup, corpus)
     for t in texts[:warmup]:
         clf.classify(t)
     wall, cpu = [], []
@@ -118,7 +121,7 @@ def embedding_latency(n: int = 300, *, encoder: str = "fast", warmup: int = 20,
         "n": n,
         "encoder": encoder,
         "corpus": corpus,
-        "precision": precision if encoder == "fast" else "fp32",
+        "precision": getattr(clf.encoder, "precision", "fp32"),
         "backend": getattr(clf.encoder, "backend", "sentence-transformers"),
     }
 
@@ -129,7 +132,7 @@ def micro_batch_throughput(concurrency: int = 64, n: int = 2000, *,
     from services.classifier.embedding import MicroBatcher
 
     clf = _classifier("fast")
-    texts = _texts(n)
+    texts = texts_for_bench(n)
 
     async def run() -> dict:
         batcher = MicroBatcher(clf, max_batch=max_batch, max_wait_ms=max_wait_ms)

@@ -171,8 +171,12 @@ class EmbeddingHead:
         metrics: dict[str, Any] | None = None,
         meta: dict[str, Any] | None = None,
         lexical: dict[str, Any] | None = None,
+        precision: str | None = None,
     ) -> None:
         self.labels = list(labels)
+        # Encoder precision the training vectors came from (fp32 / int8 / int8-block);
+        # None: the process default. Serving with the same keeps train and serve alike.
+        self.precision = precision
         self.lexical = LexicalFeatures(lexical) if lexical else None
         self._blocks_t: tuple[np.ndarray, np.ndarray] | None = None
         self.coef = np.ascontiguousarray(coef, dtype=np.float32)
@@ -229,7 +233,7 @@ class EmbeddingHead:
 
         if self.encoder_dir is not None:
             return FastEncoder(self.encoder_dir, threads=threads)
-        return shared_fast_encoder(self.encoder, threads=threads)
+        return shared_fast_encoder(self.encoder, threads=threads, precision=self.precision)
 
     # -- persistence: coefficients as .npy, everything else JSON ----------------------
     def save(self, directory: Path) -> Path:
@@ -254,6 +258,7 @@ class EmbeddingHead:
             "fine_tuned_encoder": self.encoder_dir is not None,
             "dim": self.dim,
             "lexical": self.lexical.settings if self.lexical is not None else None,
+            "encoder_precision": self.precision,
             "meta": self.meta,
         }
         (d / "head.json").write_text(json.dumps(head, indent=2, ensure_ascii=False))
@@ -279,6 +284,7 @@ class EmbeddingHead:
             metrics=metrics,
             meta=head.get("meta", {}),
             lexical=head.get("lexical"),
+            precision=head.get("encoder_precision"),
         )
 
 
@@ -461,6 +467,7 @@ def train_head(
         metrics=metrics,
         meta={"data_hash": metrics["data_hash"], "trained_at": time.time()},
         lexical=lexical,
+        precision=getattr(encoder, "precision", None) if encoder_dir is None else None,
     )
 
 
@@ -626,11 +633,7 @@ class HeadRegistry:
     def _encoder_for(self, head: EmbeddingHead) -> Encoder:
         if head.has_own_encoder:
             return head.make_encoder(threads=max(1, os.cpu_count() or 1))
-        if self._encoder is None:
-            from shared.fast_encoder import shared_fast_encoder
-
-            self._encoder = shared_fast_encoder(head.encoder)
-        return self._encoder
+        return self._encoder if self._encoder is not None else head.make_encoder()
 
     def add(self, head: EmbeddingHead) -> str:
         """Store `head` as the next version (not promoted)."""
@@ -750,11 +753,9 @@ class Layer2Classifier:
     def _encoder_for(self, head: EmbeddingHead) -> Encoder:
         if head.has_own_encoder:
             return head.make_encoder()
-        if self._base_encoder is None:
-            from shared.fast_encoder import shared_fast_encoder
-
-            self._base_encoder = shared_fast_encoder(head.encoder)
-        return self._base_encoder
+        # A given encoder serves every head; otherwise each head gets the shared encoder
+        # of its own model and precision (a hot-reloaded head may change precision).
+        return self._base_encoder if self._base_encoder is not None else head.make_encoder()
 
     @property
     def head(self) -> EmbeddingHead:
