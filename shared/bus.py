@@ -110,10 +110,19 @@ class Bus:
     async def publish_durable(
         self, subject: str, payload: bytes, *, stream: str, msg_id: str
     ) -> None:
-        """JetStream publish, returns once stored; the msg id makes a resend a no-op."""
-        await self.js.publish(
-            subject, payload, stream=stream, headers=self._headers({"Nats-Msg-Id": msg_id})
+        """JetStream publish, returns once stored; the msg id makes a resend a no-op.
+
+        The stream is checked on the ack rather than sent as an expected-stream
+        header: one header fewer for the server to read on every hand-off."""
+        ack = await self.js.publish(
+            subject, payload, headers=self._headers({"Nats-Msg-Id": msg_id})
         )
+        if ack.stream != stream:
+            raise WrongStream(f"{subject} was stored in {ack.stream!r}, not {stream!r}")
+
+
+class WrongStream(RuntimeError):
+    """A subject is captured by another stream than the one the contract names."""
 
 
 async def publish_stage(bus: Bus, subject: str, payload: bytes, *, msg_id: str) -> None:
@@ -127,6 +136,10 @@ class AnswerStream:
     Text chunks go out as core publishes on one connection (ordered, stored by the
     AGENT_RESPONSES stream); the final chunk is a JetStream publish whose ack
     confirms the whole answer is stored, and whose msg id keeps it unique.
+
+    The latest text piece is held back until the next one comes, so the last piece
+    rides on the final chunk: one message fewer per answer (an answer made in one
+    piece is a single chunk) for a one-piece delay in the stream.
     """
 
     def __init__(self, bus: Bus, request_id: str, *, start_seq: int = 0) -> None:
@@ -135,17 +148,25 @@ class AnswerStream:
         self.subject = response_subject(request_id)
         self.seq = start_seq
         self.text_parts: list[str] = []
+        self._held = ""
 
     async def _send(self, chunk: ResponseChunk) -> None:
         await self._bus.publish(self.subject, encode(chunk))
         self.seq += 1
 
+    async def _flush(self) -> None:
+        if self._held:
+            held, self._held = self._held, ""
+            await self._send(ResponseChunk(request_id=self.request_id, seq=self.seq, text=held))
+
     async def text(self, text: str) -> None:
         if text:
             self.text_parts.append(text)
-            await self._send(ResponseChunk(request_id=self.request_id, seq=self.seq, text=text))
+            await self._flush()
+            self._held = text
 
     async def status(self, text: str) -> None:
+        await self._flush()
         await self._send(
             ResponseChunk(
                 request_id=self.request_id, seq=self.seq, text=text, kind=ChunkKind.STATUS
@@ -154,6 +175,7 @@ class AnswerStream:
 
     async def reset(self) -> None:
         self.text_parts.clear()
+        self._held = ""
         await self._send(
             ResponseChunk(request_id=self.request_id, seq=self.seq, kind=ChunkKind.RESET)
         )
@@ -170,6 +192,10 @@ class AnswerStream:
         retried: bool = False,
         error: ErrorInfo | None = None,
     ) -> None:
+        if kind == ChunkKind.FINAL and error is None and not text:
+            text, self._held = self._held, ""
+        else:
+            await self._flush()
         chunk = ResponseChunk(
             request_id=self.request_id,
             seq=self.seq,

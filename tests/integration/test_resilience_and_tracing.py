@@ -104,7 +104,8 @@ async def test_grpc_ask_agent_stream_and_bad_input(nc, nats_url, database_url,
             await stub.AskAgent(agent_pb2.AgentRequest(query="x", session_id="g1",
                                                        agent_id="grpc", query_type="SQL"))
     assert streamed[-1].is_final and streamed[-1].query_type == "RETRIEVAL"
-    assert "".join(r.text for r in streamed[:-1])
+    # The answer's last piece rides on the final response.
+    assert "".join(r.text for r in streamed) and streamed[-1].text
     assert unary.is_final and unary.query_type == "PLATFORM" and "quota_used=80%" in unary.text
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "UNKNOWN_QUERY_TYPE" in (err.value.details() or "")

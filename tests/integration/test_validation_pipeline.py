@@ -70,10 +70,10 @@ async def test_invalid_then_valid_is_retried_once_with_the_trace(
     assert len(fake_ollama.requests) == 2 and servicer.calls == 2
     retry_prompt = fake_ollama.requests[1]["messages"][0]["content"]
     assert "<parser_feedback>" in retry_prompt and "encodeSHA256" in retry_prompt
-    # RC-07: nothing of the code reached the caller before validation.
-    texts = [c for c in chunks if c.kind == ChunkKind.TEXT]
-    assert len(texts) == 1 and "encodeSHA256" in texts[0].text
-    assert chunks[0].kind == ChunkKind.STATUS
+    # RC-07: nothing of the code reached the caller before validation; the validated
+    # answer (one piece) comes with the final chunk.
+    assert [c.kind for c in chunks[:-1]] == [ChunkKind.STATUS] * (len(chunks) - 1)
+    assert "encodeSHA256" in final.text
 
 
 async def test_invalid_twice_is_delivered_unresolved_after_exactly_one_retry(
