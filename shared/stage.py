@@ -19,10 +19,11 @@ import msgspec
 
 from shared.bus import AnswerStream, Bus
 from shared.codec import decode_envelope, encode
-from shared.consumer import Delivery
+from shared.consumer import Delivery, StageSpec
 from shared.contracts.pipeline import Envelope
 from shared.contracts.response import UNADDRESSABLE_SUBJECT, ChunkKind, ErrorInfo, ResponseChunk
 from shared.contracts.routing import topic_snippet
+from shared.settings import CommonSettings
 from shared.store.stores import (
     HistoryRow,
     RequestLogRow,
@@ -33,6 +34,15 @@ from shared.store.stores import (
 )
 
 log = logging.getLogger("intentroute.stage")
+
+
+def stage_spec(
+    common: CommonSettings, *, stream: str, subject: str, durable: str, max_inflight: int
+) -> StageSpec:
+    """A stage's delivery settings: its own stream, subject, durable and batch, plus the
+    redelivery bounds (`ack_wait`, `max_deliver`) every stage takes from CommonSettings."""
+    return StageSpec(stream=stream, subject=subject, durable=durable, max_inflight=max_inflight,
+                     ack_wait=common.ack_wait, max_deliver=common.max_deliver)
 
 
 class PermanentError(Exception):

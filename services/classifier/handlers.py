@@ -8,7 +8,7 @@ from services.classifier.cascade import Cascade
 from services.classifier.settings import ClassifierSettings
 from shared.bus import AnswerStream, Bus, publish_stage
 from shared.codec import encode
-from shared.consumer import Delivery, Stage, StageSpec
+from shared.consumer import Delivery, Stage
 from shared.contracts import pipeline
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, RETRIEVE_SUBJECT, Envelope, generate_subject
 from shared.contracts.response import ChunkKind
@@ -20,7 +20,7 @@ from shared.contracts.routing import (
     RoutingDecision,
 )
 from shared.runtime import Closable
-from shared.stage import decode_or_report, history_row, request_log_row, stage_guard
+from shared.stage import decode_or_report, history_row, request_log_row, stage_guard, stage_spec
 from shared.store.stores import Store
 
 
@@ -91,13 +91,12 @@ def build_stage(settings: ClassifierSettings) -> Stage[ClassifierDeps]:
             await publish_stage(bus, subject, encode(env), msg_id=f"{req.request_id}:classified")
 
     return Stage(
-        StageSpec(
+        stage_spec(
+            settings.common,
             stream=pipeline.STREAM,
             subject=CLASSIFY_SUBJECT,
             durable="classifier",
             max_inflight=settings.batch_size,
-            ack_wait=settings.common.ack_wait,
-            max_deliver=settings.common.max_deliver,
         ),
         on_classify,
     )

@@ -9,10 +9,11 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.validation import InputError, parse_request, salvage_field
 from shared.bus import AnswerStream, Bus, publish_stage
 from shared.codec import encode
-from shared.consumer import Delivery, Stage, StageSpec
+from shared.consumer import Delivery, Stage
 from shared.contracts import request as request_contract
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, Envelope
 from shared.contracts.response import UNADDRESSABLE_SUBJECT, ChunkKind, ErrorInfo, ResponseChunk
+from shared.stage import stage_spec
 from shared.store.stores import RequestLogRow, Store
 
 log = logging.getLogger("intentroute.gateway")
@@ -67,13 +68,12 @@ async def on_request(msg: Delivery, deps: GatewayDeps) -> None:
 
 def build_stage(settings: GatewaySettings) -> Stage[GatewayDeps]:
     return Stage(
-        StageSpec(
+        stage_spec(
+            settings.common,
             stream=request_contract.STREAM,
             subject=request_contract.SUBJECT,
             durable="gateway",
             max_inflight=settings.batch_size,
-            ack_wait=settings.common.ack_wait,
-            max_deliver=settings.common.max_deliver,
         ),
         on_request,
     )

@@ -14,11 +14,11 @@ from services.generator.prompts import render_prompt
 from services.generator.settings import GeneratorSettings
 from shared.bus import AnswerStream, Bus, last_seq, publish_stage
 from shared.codec import encode
-from shared.consumer import Delivery, Stage, StageSpec
+from shared.consumer import Delivery, Stage
 from shared.contracts import pipeline
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Envelope, generate_subject
 from shared.contracts.routing import QueryType
-from shared.stage import PermanentError, decode_or_report, finish_turn, stage_guard
+from shared.stage import PermanentError, decode_or_report, finish_turn, stage_guard, stage_spec
 from shared.store.stores import Store
 
 log = logging.getLogger("intentroute.generator")
@@ -84,13 +84,12 @@ def build_stage(settings: GeneratorSettings) -> Stage[GeneratorDeps]:
             await _generate(settings, deps, msg, env)
 
     return Stage(
-        StageSpec(
+        stage_spec(
+            settings.common,
             stream=pipeline.STREAM,
             subject=generate_subject(settings.slot),
             durable=f"generator-{slot}",
             max_inflight=settings.concurrency,
-            ack_wait=settings.common.ack_wait,
-            max_deliver=settings.common.max_deliver,
         ),
         on_generate,
     )

@@ -9,11 +9,11 @@ from services.retriever.logic import RelevancePolicy, retrieve
 from services.retriever.settings import RetrieverSettings
 from shared.bus import Bus, publish_stage
 from shared.codec import encode
-from shared.consumer import Delivery, Stage, StageSpec
+from shared.consumer import Delivery, Stage
 from shared.contracts import pipeline
 from shared.contracts.pipeline import RETRIEVE_SUBJECT, generate_subject
 from shared.contracts.routing import RETRIEVING_TYPES
-from shared.stage import PermanentError, decode_or_report, stage_guard
+from shared.stage import PermanentError, decode_or_report, stage_guard, stage_spec
 from shared.store.stores import Store
 
 
@@ -70,13 +70,12 @@ def build_stage(settings: RetrieverSettings) -> Stage[RetrieverDeps]:
             )
 
     return Stage(
-        StageSpec(
+        stage_spec(
+            settings.common,
             stream=pipeline.STREAM,
             subject=RETRIEVE_SUBJECT,
             durable="retriever",
             max_inflight=settings.batch_size,
-            ack_wait=settings.common.ack_wait,
-            max_deliver=settings.common.max_deliver,
         ),
         on_retrieve,
     )

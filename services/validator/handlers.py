@@ -12,12 +12,12 @@ import msgspec
 from services.validator.settings import ValidatorSettings
 from shared.bus import AnswerStream, Bus, publish_stage
 from shared.codec import encode
-from shared.consumer import Delivery, Stage, StageSpec
+from shared.consumer import Delivery, Stage
 from shared.contracts import pipeline
 from shared.contracts.pipeline import VALIDATE_SUBJECT, generate_subject
 from shared.contracts.response import ValidationStatus
 from shared.contracts.routing import ModelSlot
-from shared.stage import PermanentError, decode_or_report, finish_turn, stage_guard
+from shared.stage import PermanentError, decode_or_report, finish_turn, stage_guard, stage_spec
 from shared.store.stores import Store
 
 log = logging.getLogger("intentroute.validator")
@@ -120,13 +120,12 @@ def build_stage(settings: ValidatorSettings) -> Stage[ValidatorDeps]:
                             avap_code=code, answered_by=env.answered_by, retried=retried)
 
     return Stage(
-        StageSpec(
+        stage_spec(
+            settings.common,
             stream=pipeline.STREAM,
             subject=VALIDATE_SUBJECT,
             durable="validator",
             max_inflight=settings.batch_size,
-            ack_wait=settings.common.ack_wait,
-            max_deliver=settings.common.max_deliver,
         ),
         on_validate,
     )
