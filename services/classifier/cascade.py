@@ -111,6 +111,14 @@ def decision(
     )
 
 
+def _asks_about_account(request: AgentRequest, query_type: QueryType, *, sure: bool) -> bool:
+    """RC-02 for data the platform injected: unless the message is surely about AVAP
+    docs or code, a request carrying account figures is a PLATFORM request."""
+    return has_account_context(request.extra_context) and not (
+        sure and query_type in (QueryType.RETRIEVAL, QueryType.CODE_GENERATION)
+    )
+
+
 def _alternatives(pred: Prediction) -> list[Alternative]:
     return [Alternative(QueryType(label), round(float(p), 4)) for label, p in pred.alternatives
             if label in QueryType.__members__][:3]
@@ -169,6 +177,8 @@ class Cascade:
             return decision(QueryType.CONVERSATIONAL, Layer.RULES, 1.0)
         if is_deictic(query):
             referent = resolve_reference(query, await past(), request.editor_context)
+            if referent is not None and _asks_about_account(request, referent, sure=True):
+                referent = QueryType.PLATFORM  # "¿y ahora qué hago?" next to account figures
             if referent is not None:
                 return decision(referent, Layer.RULES, 1.0, resolved_reference=True)
         if self.layer2 is None:
@@ -182,11 +192,7 @@ class Cascade:
             return decision(best, Layer.EMBEDDING, pred.confidence,
                             clarity=Clarity.MULTI_INTENT, alternatives=multi)
         confident = pred.confidence >= self.config.threshold
-        # RC-02 for data the platform injected: unless the message is confidently about
-        # AVAP docs or code, a request carrying account figures is a PLATFORM request.
-        if has_account_context(request.extra_context) and not (
-            confident and best in (QueryType.RETRIEVAL, QueryType.CODE_GENERATION)
-        ):
+        if _asks_about_account(request, best, sure=confident):
             return decision(QueryType.PLATFORM, Layer.RULES, 1.0, alternatives=alternatives)
         if confident:
             return decision(best, Layer.EMBEDDING, pred.confidence, alternatives=alternatives)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from services.classifier.rules import COMMAND_NAME
 from shared.contracts.routing import HistoryEntry, QueryType
 
 # Pronouns and pointers that need a referent, English and Spanish.
@@ -18,6 +19,7 @@ _POINTERS = re.compile(
     r"\b(ahí|ahi|allí|alli|allá|tan (alto|alta|caro|cara|bajo|lento))\b|"
     r"\b(esto|eso|aquello|lo anterior|lo de antes|lo mismo|el anterior|la anterior|"
     r"hazlo|explícalo|explicalo|arréglalo|arreglalo)\b|"
+    r"\b(añ[aá]dele|a[nñ]adele|agr[eé]gale|qu[ií]tale|ponle|c[aá]mbiale|hazle|m[eé]tele)\b|"
     r"\b(este|esta|ese|esa)\s*[?.!]*\s*$",
     re.IGNORECASE,
 )
@@ -28,7 +30,7 @@ _RESHAPE = re.compile(
     r"more detail|elaborate|as a list|as bullet|bullet points|numbered|in a table|"
     r"as a table|checklist|step by step|"
     r"más corto|mas corto|más breve|acorta|abrevia|en menos palabras|resume|resumen|"
-    r"resúmelo|simplifica|otra vez|de nuevo|tradu[cz]\w*|en inglés|en español|"
+    r"resum[ei]\w*|resúmelo|simplifica|otra vez|de nuevo|tradu[cz]\w*|en inglés|en español|"
     r"más simple|mas simple|con más detalle|reformula|reescribe|como lista|en una lista|"
     r"en una tabla|en forma de|pasos numerados|lista de comprobación|punto por punto)\b",
     re.IGNORECASE,
@@ -46,13 +48,24 @@ _PRIOR = re.compile(
 _SOCIAL = re.compile(
     r"^\W*(thanks|thank you|thx|cheers|gracias|muchas gracias|perfect|perfecto|great|"
     r"genial|awesome|vale|ok|okay|cool|nice|hola|hi|hello|hey|buenas|buenos días|bye|"
-    r"goodbye|adiós|adios|hasta luego|see you|good morning)\b",
+    r"goodbye|adiós|adios|hasta luego|see you|good morning|lol|haha\w*|jaja\w*|xd)\b",
+    re.IGNORECASE,
+)
+# Thanks and sign-offs later in the message ("Great, thank you so much!").
+_THANKS = re.compile(
+    r"\b(thank you|thanks|gracias|that'?s all for|that'?s (exactly )?what i needed|"
+    r"eso es todo|justo lo que necesitaba)\b",
     re.IGNORECASE,
 )
 _TECH = re.compile(
     r"\b(avap|addvar|addparam|addresult|startloop|endloop|ormdirect|requestget|requestpost|"
     r"endpoint|script|code|código|codigo|command|comando|loop|bucle|write|escribe|quota|"
     r"cuota|invoice|factura|usage|plan)\b",
+    re.IGNORECASE,
+)
+# Code as the object of a reshape verb.
+_CODE_OBJECT = re.compile(
+    r"\b(snippet|code|c[oó]digo|script|endpoint|function|funci[oó]n|fragmento|bucle|loop)\b",
     re.IGNORECASE,
 )
 # Follow-ups that open with a connector: "and how do I test that?", "¿y el bucle?"
@@ -74,7 +87,10 @@ _STOP = frozenset(
 
 def is_social(query: str) -> bool:
     """Thanks, greetings, sign-offs with nothing else to do."""
-    return bool(_SOCIAL.search(query)) and len(query.split()) <= 8 and not _TECH.search(query)
+    if len(query.split()) > 12 or _TECH.search(query) or COMMAND_NAME.search(query):
+        return False
+    # A question after the thanks ("thanks! and what does getRegex return?") is not social.
+    return bool(_SOCIAL.search(query)) or ("?" not in query and bool(_THANKS.search(query)))
 
 
 def is_deictic(query: str) -> bool:
@@ -96,11 +112,12 @@ def is_reshape_request(query: str) -> bool:
     if not _RESHAPE.search(query):
         return False
     words = len(query.split())
-    if words <= 8 and (_PRIOR.search(query) or _POINTERS.search(query) or not _TECH.search(query)):
-        return True
-    # Longer messages must name the answer itself ("what you said about quotas"):
-    # "rewrite my endpoint so it ..." asks for new code, not a rephrasing.
-    return words <= 25 and bool(_PRIOR.search(query))
+    if _PRIOR.search(query):
+        return words <= 25
+    # "shorten this AVAP snippet" reshapes code, not the answer.
+    if _CODE_OBJECT.search(query):
+        return False
+    return words <= 8 and bool(_POINTERS.search(query) or not _TECH.search(query))
 
 
 def editor_has_code(editor_context: str) -> bool:

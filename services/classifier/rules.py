@@ -54,7 +54,8 @@ _SIGNAL_RULES: tuple[tuple[tuple[str, ...], str], ...] = (
      r"\b(invoice|charged|billing)\b[^.?!\n]{0,40}\b(month|account|card|plan)\b"),
 )
 _SIGNALS = tuple((triggers, re.compile(p, re.IGNORECASE)) for triggers, p in _SIGNAL_RULES)
-_OWN_TRIGGERS = ("my", "our", "mi", "nuestr", "recibo", "receipt", "tarjeta", "card",
+_OWN_TRIGGERS = ("my", "our", "mi", "nuestr", "recibo", "receipt", "tarjeta", "card", "tengo",
+                 "i have", "have i",
                  "suspend", "cancel", "block", "bloque", "tarifa", "plan")
 # Every trigger, for one C-level pass (`map` over a bound method, no Python loop):
 # most messages stop there.
@@ -69,6 +70,8 @@ _OWN_ACCOUNT = re.compile(
     r"suscripcion|consumo|tarifa|saldo)\b|"
     r"\b(recibo|receipt)\b.{0,40}\b(pago|payment|cobro|charge)\b|"
     r"\b(tarjeta|card)\b.{0,30}\b(rechaz|declin)|"
+    r"\b(tengo|do i have|have i got)\b.{0,25}\b(facturas?|invoices?|pagos?|payments?)\b.{0,15}"
+    r"\b(pendientes?|sin pagar|unpaid|outstanding|due|overdue)\b|"
     r"\b(suspend\w*|cancel\w*|block\w*|bloque\w*)\b.{0,20}\b(my|mi|la|the) "
     r"(account|cuenta)\b|"
     r"\bqu[eé] (tarifa|plan)\b.{0,25}\b(tengo|tenemos|contratad)",
@@ -144,8 +147,43 @@ _CODE_REQUEST = re.compile(
 )
 
 
+# Pasted code: a call such as `getRegex(code, [A-Z]{3}, m)` or `addResult(x)`.
+_CODE_CALL = re.compile(r"\b[a-z]+[A-Z][A-Za-z]*\s*\([^()\n]{0,120}\)|\b\w+\(\s*\)")
+# Asking for that code to change, wherever the verb sits ("... arréglalo", "this won't
+# compile, can you correct it?"). Explanation verbs stay out: "why does X(...) fail?"
+# is left to the later layers.
+_CHANGE_VERB = re.compile(
+    r"\b(fix|correct|repair|refactor|rewrite|debug|patch|won'?t compile|doesn'?t compile|"
+    r"arr[eé]gla(lo|la|me)?|corr[ií]ge(lo|la|me)?|refactoriza(lo|la)?|reescr[ií]be(lo|la)?|"
+    r"depura(lo|la)?|no compila)\b",
+    re.IGNORECASE,
+)
+# An AVAP command named in the message ("refactor these three RequestGet calls").
+COMMAND_NAME = re.compile(r"\b[a-z]+[A-Z][A-Za-z]+\b|\bRequest(Get|Post)\b")
+_CHANGE_FIRST = re.compile(
+    r"^\W*(please\s+|can you\s+|could you\s+|puedes\s+|podr[ií]as\s+|por favor\s+)?"
+    r"(fix|refactor|rewrite|debug|optimi[sz]e|arregla|corrige|refactoriza|reescribe|"
+    r"depura|optimiza)\b",
+    re.IGNORECASE,
+)
+
+
+# "shorten this AVAP snippet": reshaping code is changing code.
+_RESHAPE_CODE = re.compile(
+    r"^\W*(please\s+|can you\s+|puedes\s+)?(shorten|simplify|optimi[sz]e|clean up|acorta|"
+    r"simplifica|optimiza|limpia)\s+(this|that|the|my|mi|este|ese|el)?\s*(avap\s+)?"
+    r"(snippet|code|c[oó]digo|script|fragmento|endpoint|bucle|loop)\b",
+    re.IGNORECASE,
+)
+
+
 def is_code_request(query: str) -> bool:
-    return bool(_CODE_REQUEST.search(query))
+    """An imperative asking for code, or pasted code / a named command to be changed."""
+    if _CODE_REQUEST.search(query) or _RESHAPE_CODE.search(query):
+        return True
+    if "(" in query and _CODE_CALL.search(query) and _CHANGE_VERB.search(query):
+        return True
+    return bool(_CHANGE_FIRST.search(query) and COMMAND_NAME.search(query))
 
 
 def rules_decide(query: str, extra_context: str = "") -> QueryType | None:

@@ -170,3 +170,43 @@ async def test_declared_type_skips_every_layer() -> None:
     d = await c.decide(req("hmm", query_type="PLATFORM"), [])
     assert (d.type, d.layer) == (P, Layer.DECLARED)
     assert c.layer2.seen == [] and llm.calls == []  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "query", ["¿puedes resumir lo anterior?", "rewrite your last answer in bullet points"])
+async def test_reshaping_the_answer_is_conversational_whatever_the_history(query: str) -> None:
+    d = await cascade().decide(req(query), [HistoryEntry(R, "how does startLoop work")])
+    assert (d.type, d.resolved_reference) == (V, True)
+
+
+async def test_enclitic_spanish_follow_up_points_at_the_code() -> None:
+    history = [HistoryEntry(C, "write an endpoint"), HistoryEntry(V, "make it shorter")]
+    d = await cascade().decide(req("añádele manejo de errores"), history)
+    assert (d.type, d.resolved_reference) == (C, True)
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["lol that's exactly what I needed", "Great, thank you so much! That's all for today."],
+)
+async def test_thanks_and_sign_offs_ignore_a_history_of_another_type(query: str) -> None:
+    d = await cascade().decide(req(query), [HistoryEntry(P, "my invoice"), HistoryEntry(C, "loop")])
+    assert (d.type, d.resolved_reference) == (V, False)
+
+
+async def test_thanks_followed_by_a_question_is_not_social() -> None:
+    layer2 = FakeLayer2(TABLE)
+    d = await Cascade(layer2=layer2).decide(  # type: ignore[arg-type]
+        req("thanks! and what does addVar return?"), [HistoryEntry(V, "hello")])
+    assert d.type == R and layer2.seen  # decided by Layer 2, not by the social rule
+
+
+async def test_follow_up_with_injected_account_figures_is_platform() -> None:
+    history = [HistoryEntry(V, "hola")]
+    figures = "plan=pro usage_pct=91 calls_month=48000"
+    d = await cascade().decide(req("¿y ahora qué hago?", extra_context=figures), history)
+    assert d.type == P
+    code = [HistoryEntry(C, "write an endpoint")]
+    still_code = await cascade().decide(req("and how do I test that?", extra_context=figures),
+                                        code)
+    assert still_code.type == C

@@ -71,3 +71,45 @@ async def test_cascade_order_declared_then_rules_then_default() -> None:
     default = await cascade.decide(AgentRequest(**base, query="what is startLoop"), [])
     assert (default.type, default.layer, default.model_slot) == (
         QueryType.RETRIEVAL, Layer.DEFAULT, ModelSlot.MAIN)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "this won't compile, can you correct it? addVar(total, 0) addResult(totl)",
+        "mi bucle startLoop(i, 0, 10) nunca termina, corrígelo",
+        "refactor these RequestPost calls into one helper",
+        "optimiza las llamadas a ormDirect de este endpoint",
+    ],
+)
+def test_pasted_code_or_a_named_command_to_change_is_code(query: str) -> None:
+    assert rules_decide(query) == QueryType.CODE_GENERATION
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "why does addVar(x, 1) fail when x is a list?",  # explain, not change
+        "what does getRegex(text, pattern, out) return when nothing matches?",
+        "rewrite your last answer in bullet points",  # no code object: conversational
+        "fix the typo in your previous answer",
+    ],
+)
+def test_questions_about_code_and_rewrites_of_answers_are_not_code_requests(query: str) -> None:
+    assert rules_decide(query) is None
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "Shorten this AVAP snippet, it's way too verbose.",
+        "simplifica este código, por favor",
+    ],
+)
+def test_reshaping_code_is_changing_code(query: str) -> None:
+    assert rules_decide(query) == QueryType.CODE_GENERATION
+
+
+def test_outstanding_invoice_question_is_platform() -> None:
+    assert rules_decide("por cierto, ¿tengo alguna factura pendiente?") == QueryType.PLATFORM
+    assert rules_decide("do I have to pay extra for RequestGet calls?") is None
