@@ -61,6 +61,7 @@ def finetune_encoder(
     max_length: int = 64,
     warmup: float = 0.06,
     weight_decay: float = 0.01,
+    label_smoothing: float = 0.0,
     threads: int | None = None,
     seed: int = 0,
     max_seconds: float | None = None,
@@ -143,7 +144,8 @@ def finetune_encoder(
             idx = perm[i : i + batch_size]
             v = embed([texts[j] for j in idx])
             logits = scale * v @ F.normalize(weight, dim=-1).T
-            loss = F.cross_entropy(logits, torch.from_numpy(y[idx]))
+            loss = F.cross_entropy(logits, torch.from_numpy(y[idx]),
+                                   label_smoothing=label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -174,6 +176,10 @@ def finetune_encoder(
     for name in _COPY_DIRS:
         if (src / name).exists():
             shutil.copytree(src / name, out / name, dirs_exist_ok=True)
+    # The cosine classifier the encoder was trained against (labels + unit weights):
+    # a head may use it beside its own coefficients.
+    np.save(out / "cosine_head.npy", F.normalize(weight.detach(), dim=-1).numpy())
+    (out / "cosine_head_labels.txt").write_text("\n".join(classes) + "\n", encoding="utf-8")
     report = {
         "base_model": base_model,
         "epochs": epochs,
