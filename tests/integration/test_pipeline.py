@@ -196,12 +196,13 @@ async def test_classify_history_keeps_session_order_and_readers_get_six(
     env = base_env(nats_url, database_url, kb_index)
     async with running(env):
         for i in range(8):
-            await ask_all(nc, make_request(f"question number {i} about addVar",
+            # an unambiguous docs question: the types below must not hinge on a borderline call
+            await ask_all(nc, make_request(f"what does addVar return in example {i}?",
                                            session_id="hist", agent_id="agent-a"))
         await ask_all(nc, make_request("other agent same session id",
                                        session_id="hist", agent_id="agent-b"))
     history = await store.last_history("agent-a", "hist")
-    assert [h.topic for h in history] == [f"question number {i} about addVar" for i in range(2, 8)]
+    assert [h.topic for h in history] == [f"what does addVar return in example {i}?" for i in range(2, 8)]
     assert all(h.type == QueryType.RETRIEVAL for h in history)
     other = await store.last_history("agent-b", "hist")
     assert [h.topic for h in other] == ["other agent same session id"]
