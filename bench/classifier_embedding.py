@@ -38,21 +38,30 @@ _FALLBACK_TEXTS = [
 ]
 
 
-def texts_for_bench(n: int, corpus: str = "project") -> list[str]:
+def texts_for_bench(n: int, corpus: str = "heldout") -> list[str]:
     """n distinct query-like texts (no cache hits).
 
-    corpus "project": the classifier's own training lines (mean ~17 tokens);
-    "clinc": CLINC150 test lines from /work/shared/data (mean ~10 tokens).
+    corpus "heldout": the queries of the routing evaluation sets (tests/data), which the
+    head never saw; "project": the classifier's own training lines (mean ~17 tokens;
+    in-sample, so an early-exit head is sure of nearly all); "clinc": CLINC150 test
+    lines from ../shared/data (mean ~10 tokens, other domains).
     """
     base: list[str] = []
     clinc = REPO.parent / "shared" / "data" / "clinc150" / "data_full.json"
-    if corpus == "clinc" and clinc.exists():
+    if corpus == "heldout":
+        trained = {json.loads(line)["text"] for line in
+                   TRAIN.read_text(encoding="utf-8").splitlines() if line.strip()
+                   } if TRAIN.exists() else set()
+        for path in sorted((REPO / "tests" / "data").glob("routing_eval*.jsonl")):
+            base += [q for line in path.read_text(encoding="utf-8").splitlines()
+                     if line.strip() and (q := json.loads(line)["query"]) not in trained]
+    elif corpus == "clinc" and clinc.exists():
         base = [t for t, _ in json.loads(clinc.read_text())["test"]]
     elif TRAIN.exists():
         for line in TRAIN.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 base.append(json.loads(line)["text"])
-    base = base or _FALLBACK_TEXTS
+    base = list(dict.fromkeys(base)) or _FALLBACK_TEXTS  # repeats would hit the cache
     out: list[str] = []
     i = 0
     while len(out) < n:
@@ -77,14 +86,18 @@ def _head() -> Any:
     return train_head([t for t, _ in rows], [lab for _, lab in rows], shared_fast_encoder())
 
 
-def _classifier(encoder: str = "fast", precision: str | None = None) -> Any:
+def _classifier(encoder: str = "fast", precision: str | None = None,
+                early_exit: bool = True) -> Any:
     """Layer 2 as the worker runs it: the shipped head, at the encoder precision the
-    head was trained with unless `precision` says otherwise."""
+    head was trained with unless `precision` says otherwise (`early_exit=False`: the
+    full encoder for every message)."""
     from services.classifier.embedding import Layer2Classifier
     from shared.embeddings import pin_threads
 
     pin_threads(1)
     head = _head()
+    if not early_exit:
+        head.early = None
     precision = precision or head.precision or "fp32"
     if encoder == "reference":
         from shared.embeddings import SentenceTransformerEncoder
@@ -92,32 +105,39 @@ def _classifier(encoder: str = "fast", precision: str | None = None) -> Any:
         return Layer2Classifier(head, SentenceTransformerEncoder())
     from shared.fast_encoder import FastEncoder
 
+    # No LRU cache on either encoder: every text is encoded.
+    early = (FastEncoder(head.encoder, threads=1, cache_size=0, precision=precision,
+                         layers=head.early.layers) if head.early is not None else None)
     if head.has_own_encoder:
         assert head.encoder_dir is not None
         return Layer2Classifier(head, FastEncoder(head.encoder_dir, cache_size=0,
-                                                  precision=precision))
+                                                  precision=precision), early_encoder=early)
     return Layer2Classifier(
-        head, FastEncoder(head.encoder, threads=1, cache_size=0, precision=precision)
+        head, FastEncoder(head.encoder, threads=1, cache_size=0, precision=precision),
+        early_encoder=early,
     )
 
 
 def embedding_latency(n: int = 300, *, encoder: str = "fast", warmup: int = 20,
-                      corpus: str = "project", precision: str | None = None) -> dict:
+                      corpus: str = "heldout", precision: str | None = None,
+                      early_exit: bool = True) -> dict:
     """Single-message Layer 2 latency (encoder + head), wall-clock and CPU ms."""
-    clf = _classifier(encoder, precision)
+    clf = _classifier(encoder, precision, early_exit)
     texts = texts_for_bench(n + warmup, corpus)
     for t in texts[:warmup]:
         clf.classify(t)
-    wall, cpu = [], []
+    wall, cpu, early = [], [], 0
     for t in texts[warmup:]:
         c0, w0 = time.thread_time(), time.perf_counter()
-        clf.classify(t)
+        early += clf.classify(t).early_exit
         wall.append((time.perf_counter() - w0) * 1000)
         cpu.append((time.thread_time() - c0) * 1000)
     return {
         "embedding_ms_p50": round(float(np.percentile(wall, 50)), 3),
         "embedding_ms_p99": round(float(np.percentile(wall, 99)), 3),
         "embedding_cpu_ms_p50": round(float(np.percentile(cpu, 50)), 3),
+        # Share decided by the head's early exit (its shallow encoder) alone.
+        "early_exit_share": round(early / len(wall), 4),
         "n": n,
         "encoder": encoder,
         "corpus": corpus,
@@ -172,7 +192,8 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--reference", action="store_true", help="also time the ST encoder")
     ap.add_argument("--throughput", type=int, default=2000)
-    ap.add_argument("--corpus", choices=("project", "clinc"), default="project")
+    ap.add_argument("--corpus", choices=("heldout", "project", "clinc"),
+                    default="heldout")
     ap.add_argument("--int8", action="store_true", help="also time the int8 fast encoder")
     args = ap.parse_args()
     print(json.dumps(embedding_latency(args.n, corpus=args.corpus), indent=1))

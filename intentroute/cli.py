@@ -448,8 +448,14 @@ def train_classifier(
     heads_dir: Annotated[Path | None, typer.Option(help="Head registry")] = None,
     holdout: Annotated[float, typer.Option(help="Held-out share for shadow evaluation")] = 0.2,
     seed: Annotated[int, typer.Option()] = 0,
+    early_exit_layers: Annotated[int | None, typer.Option(
+        help="Also train an early-exit head on the encoder's first N layers "
+             "(default: as the current head; 0: none)")] = None,
 ) -> None:
-    """Train a new head, shadow-evaluate it against the current one, promote if not worse."""
+    """Train a new head, shadow-evaluate it against the current one, promote if not worse.
+
+    The candidate uses the current head's encoder precision and early exit unless told.
+    """
     import msgspec
 
     from services.classifier.embedding import HeadRegistry
@@ -459,7 +465,12 @@ def train_classifier(
 
     root = heads_dir or Path(ClassifierSettings.from_env().heads_dir)
     registry = HeadRegistry(root)
-    result = train_and_promote(data, registry, shared_fast_encoder(), holdout=holdout, seed=seed)
+    current = registry.current()
+    if early_exit_layers is None and current is not None and current.early is not None:
+        early_exit_layers = current.early.layers
+    encoder = shared_fast_encoder(precision=current.precision if current else None)
+    result = train_and_promote(data, registry, encoder, holdout=holdout, seed=seed,
+                               early_exit_layers=early_exit_layers or None)
     typer.echo(msgspec.json.encode(result).decode())
 
 

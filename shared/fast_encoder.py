@@ -101,12 +101,21 @@ def _check_mean_pooling(model_dir: Path) -> None:
             raise ValueError(f"{model_dir}: FastEncoder only implements mean pooling")
 
 
-def export_onnx(model_dir: Path, out: Path) -> Path:
-    """Export `model_dir` (HF/sentence-transformers BERT-like dir) to ONNX, atomically."""
-    import torch
+def _load_auto_model(model_dir: Path, layers: int | None, **kw: Any) -> Any:
+    """The transformer, keeping only its first `layers` layers when set."""
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager").eval()
+    if layers:
+        kw["num_hidden_layers"] = layers
+    return AutoModel.from_pretrained(str(model_dir), **kw).eval()
+
+
+def export_onnx(model_dir: Path, out: Path, layers: int | None = None) -> Path:
+    """Export `model_dir` (HF/sentence-transformers BERT-like dir) to ONNX, atomically;
+    `layers` keeps only the first layers (an early-exit encoder)."""
+    import torch
+
+    model = _load_auto_model(model_dir, layers, attn_implementation="eager")
 
     class _Hidden(torch.nn.Module):
         def __init__(self, m: Any) -> None:
@@ -316,6 +325,9 @@ class FastEncoder:
     backend: "auto" (ONNX Runtime if installed, else torch), "onnx" or "torch".
     model: the packaged default name or a directory (e.g. a fine-tuned encoder saved
     by `services.classifier.finetune`).
+    layers: keep only the first `layers` transformer layers (None: all). The mean-pooled
+    output of MiniLM's third layer, with a head trained on it, is the early exit of
+    Layer 2: half the cost of the full encoder (see `EmbeddingHead.early`).
     precision: "fp32" (default; cosine with the reference >= 0.9999), "int8-block"
     (ONNX only: the fused graph's MatMuls with blockwise 8-bit weights, see
     `blockwise_int8_onnx`; cosine ~0.9998 mean / ~0.999 worst line) or "int8"
@@ -335,6 +347,7 @@ class FastEncoder:
         max_length: int | None = None,
         precision: str = "fp32",
         max_chunk: int = 8,
+        layers: int | None = None,
     ) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -356,6 +369,9 @@ class FastEncoder:
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}")
         self.precision = precision
+        if layers is not None and layers < 1:
+            raise ValueError("layers must be >= 1")
+        self.layers = layers
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
@@ -383,7 +399,7 @@ class FastEncoder:
         import onnxruntime as ort
 
         cache_dir = explicit_cache or _default_cache_dir()
-        key = _model_key(self.model_dir)
+        key = _model_key(self.model_dir) + (f"-L{self.layers}" if self.layers else "")
         if explicit_cache is None and self.model_dir.resolve().is_relative_to(
             Path(tempfile.gettempdir()).resolve()
         ):
@@ -394,7 +410,7 @@ class FastEncoder:
         if not fused.exists():
             if not raw.exists():
                 log.info("exporting %s to %s", self.model_dir, raw)
-                export_onnx(self.model_dir, raw)
+                export_onnx(self.model_dir, raw, self.layers)
             try:
                 cfg = json.loads((self.model_dir / "config.json").read_text())
                 optimize_onnx(raw, fused, num_heads=int(cfg["num_attention_heads"]),
@@ -407,7 +423,7 @@ class FastEncoder:
             q = cache_dir / f"{self.model_dir.name}-{key}-int8s{'' if vnni else '-u8'}.onnx"
             if not q.exists():
                 if not raw.exists():
-                    export_onnx(self.model_dir, raw)
+                    export_onnx(self.model_dir, raw, self.layers)
                 smoothed = cache_dir / f"{self.model_dir.name}-{key}-smooth.onnx"
                 log.info("building the int8 graph %s", q)
                 batches = [e.ids for e in self._tok.encode_batch(calibration_texts())]
@@ -440,9 +456,8 @@ class FastEncoder:
 
     def _init_torch(self) -> None:
         import torch
-        from transformers import AutoModel
 
-        model = AutoModel.from_pretrained(str(self.model_dir)).eval()
+        model = _load_auto_model(self.model_dir, self.layers)
         self._torch_model = model
 
         def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -512,7 +527,7 @@ class FastEncoder:
 
 PRECISION_ENV = "INTENTROUTE_ENCODER_PRECISION"
 
-_shared: dict[tuple[str, str, int, str], FastEncoder] = {}
+_shared: dict[tuple[str, str, int, str, int | None], FastEncoder] = {}
 _shared_lock = threading.Lock()
 
 
@@ -522,18 +537,19 @@ def shared_fast_encoder(
     backend: str = "auto",
     threads: int = 1,
     precision: str | None = None,
+    layers: int | None = None,
 ) -> FastEncoder:
-    """One FastEncoder per (model, backend, threads, precision) per process.
+    """One FastEncoder per (model, backend, threads, precision, layers) per process.
 
     precision defaults to $INTENTROUTE_ENCODER_PRECISION or "fp32".
     """
     precision = precision or os.environ.get(PRECISION_ENV, "fp32")
-    key = (str(model), backend, threads, precision)
+    key = (str(model), backend, threads, precision, layers)
     with _shared_lock:
         enc = _shared.get(key)
         if enc is None:
             enc = _shared[key] = FastEncoder(
-                model, backend=backend, threads=threads, precision=precision
+                model, backend=backend, threads=threads, precision=precision, layers=layers
             )
         return enc
 

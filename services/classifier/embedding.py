@@ -42,6 +42,7 @@ log = logging.getLogger("intentroute.classifier.embedding")
 
 HEAD_FORMAT = 1
 DEFAULT_THRESHOLD = 0.85  # ADR-018: > 0.85 clear
+EARLY_DIR = "early"  # the early-exit head's subdirectory in a head directory
 CONFIRM_THRESHOLD = 0.65  # ADR-018: 0.65-0.85 needs confirmation, < 0.65 clarification
 _VERSION_PREFIX = "v"
 # Hashed char n-grams beside the sentence vector. On the routing training data (5-fold
@@ -172,8 +173,15 @@ class EmbeddingHead:
         meta: dict[str, Any] | None = None,
         lexical: dict[str, Any] | None = None,
         precision: str | None = None,
+        layers: int | None = None,
+        early: EmbeddingHead | None = None,
     ) -> None:
         self.labels = list(labels)
+        # The encoder's first `layers` layers only (None: all of them).
+        self.layers = layers
+        # Early exit: a head on a shallower encoder that decides alone when it is sure;
+        # only the messages it is unsure of pay for this head's full encoder.
+        self.early = early
         # Encoder precision the training vectors came from (fp32 / int8 / int8-block);
         # None: the process default. Serving with the same keeps train and serve alike.
         self.precision = precision
@@ -227,13 +235,21 @@ class EmbeddingHead:
     ) -> np.ndarray:
         return softmax(self.logits(vectors, texts).astype(np.float64))
 
+    def with_layers(self, layers: int) -> EmbeddingHead:
+        """An empty head of the same encoder and precision cut to `layers` (its encoder)."""
+        return EmbeddingHead(self.labels, np.zeros((len(self.labels), 1)),
+                             np.zeros(len(self.labels)), encoder=self.encoder,
+                             encoder_dir=self.encoder_dir, precision=self.precision,
+                             layers=layers)
+
     def make_encoder(self, *, threads: int = 1) -> Encoder:
         """The encoder this head expects (fast path; fine-tuned weights if any)."""
         from shared.fast_encoder import FastEncoder, shared_fast_encoder
 
         if self.encoder_dir is not None:
-            return FastEncoder(self.encoder_dir, threads=threads)
-        return shared_fast_encoder(self.encoder, threads=threads, precision=self.precision)
+            return FastEncoder(self.encoder_dir, threads=threads, layers=self.layers)
+        return shared_fast_encoder(self.encoder, threads=threads, precision=self.precision,
+                                   layers=self.layers)
 
     # -- persistence: coefficients as .npy, everything else JSON ----------------------
     def save(self, directory: Path) -> Path:
@@ -259,8 +275,11 @@ class EmbeddingHead:
             "dim": self.dim,
             "lexical": self.lexical.settings if self.lexical is not None else None,
             "encoder_precision": self.precision,
+            "encoder_layers": self.layers,
             "meta": self.meta,
         }
+        if self.early is not None:
+            self.early.save(d / EARLY_DIR)
         (d / "head.json").write_text(json.dumps(head, indent=2, ensure_ascii=False))
         (d / "metrics.json").write_text(json.dumps(self.metrics, indent=2, ensure_ascii=False))
         return d
@@ -285,6 +304,8 @@ class EmbeddingHead:
             meta=head.get("meta", {}),
             lexical=head.get("lexical"),
             precision=head.get("encoder_precision"),
+            layers=head.get("encoder_layers"),
+            early=cls.load(d / EARLY_DIR) if (d / EARLY_DIR / "head.json").exists() else None,
         )
 
 
@@ -327,6 +348,7 @@ def train_head(
     vectors: np.ndarray | None = None,
     progress: Callable[[str], None] | None = None,
     lexical: dict[str, Any] | None = DEFAULT_LEXICAL,
+    early_exit_layers: int | None = None,
 ) -> EmbeddingHead:
     """Fit a calibrated logistic-regression head on sentence vectors (and, unless
     `lexical` is None, the texts' char n-gram block).
@@ -338,6 +360,8 @@ def train_head(
     * the final coefficients are fitted on all lines.
     * with fine-tuning, `calibration_holdout` of each label's lines is kept out of the
       fine-tune; the temperature (and the cv_* metrics) come from those lines.
+    * `early_exit_layers` also trains `head.early`, the same recipe on the encoder's
+      first layers (frozen encoder only).
     * `finetune_epochs > 0` first fine-tunes the encoder (services.classifier.finetune)
       and trains the head on the fine-tuned vectors; the head then carries the
       encoder (saved next to its coefficients).
@@ -456,7 +480,7 @@ def train_head(
         finetune_seconds=round(finetune_seconds, 2),
         train_seconds=round(time.perf_counter() - started, 2),
     )
-    return EmbeddingHead(
+    head = EmbeddingHead(
         classes,
         coef,
         intercept,
@@ -469,6 +493,20 @@ def train_head(
         lexical=lexical,
         precision=getattr(encoder, "precision", None) if encoder_dir is None else None,
     )
+    if early_exit_layers:
+        if encoder_dir is not None:
+            raise ValueError("early exit needs the frozen encoder (no fine-tune)")
+        say(f"early-exit head on the encoder's first {early_exit_layers} layers")
+        head.early = train_head(
+            texts, labels, head.with_layers(early_exit_layers).make_encoder(), seed=seed,
+            c=c, calibration_folds=calibration_folds, max_iter=max_iter, progress=say,
+            lexical=lexical)
+        head.early.layers = early_exit_layers
+        head.metrics["early_exit"] = {
+            k: head.early.metrics.get(k)
+            for k in ("cv_accuracy", "cv_macro_f1", "cv_decided_at_0_85",
+                      "cv_accuracy_when_decided", "temperature")}
+    return head
 
 
 # ---------------------------------------------------------------------------------
@@ -481,6 +519,8 @@ class Prediction(msgspec.Struct, frozen=True):
     # Every other label, best first: (label, probability).
     alternatives: list[tuple[str, float]]
     head_version: str | None = None
+    # Decided by the head's early exit (the shallow encoder) alone.
+    early_exit: bool = False
 
 
 def decides(prediction: Prediction, threshold: float = DEFAULT_THRESHOLD) -> bool:
@@ -518,10 +558,40 @@ def _predictions(
     return out
 
 
+def head_predictions(
+    head: EmbeddingHead,
+    encoder: Encoder,
+    texts: Sequence[str],
+    version: str | None = None,
+    *,
+    early_encoder: Encoder | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> list[Prediction]:
+    """Predictions of `head`; with an early-exit head (and its encoder) the early head
+    answers the texts it is sure of (confidence >= threshold) and the full encoder and
+    head see only the rest."""
+    texts = list(texts)
+    batch = max(32, len(texts))  # the encoder chunks inside
+    if head.early is None or early_encoder is None:
+        return _predictions(head, encoder.encode(texts, batch_size=batch), texts, version)
+    out = _predictions(head.early, early_encoder.encode(texts, batch_size=batch), texts,
+                       version)
+    unsure = [i for i, p in enumerate(out) if p.confidence < threshold]
+    out = [p if p.confidence < threshold else msgspec.structs.replace(p, early_exit=True)
+           for p in out]
+    if unsure:
+        rest = [texts[i] for i in unsure]
+        full = _predictions(head, encoder.encode(rest, batch_size=batch), rest, version)
+        for i, p in zip(unsure, full, strict=True):
+            out[i] = p
+    return out
+
+
 def evaluate_head(
     head: EmbeddingHead, encoder: Encoder, texts: Sequence[str], labels: Sequence[str]
 ) -> dict[str, float]:
-    preds = _predictions(head, encoder.encode(list(texts), batch_size=64), texts, None)
+    early = head.early.make_encoder() if head.early is not None else None
+    preds = head_predictions(head, encoder, texts, early_encoder=early)
     guess = [p.label for p in preds]
     acc = float(np.mean([g == t for g, t in zip(guess, labels, strict=True)]))
     return {"accuracy": acc, "macro_f1": macro_f1(labels, guess), "n": len(labels)}
@@ -722,7 +792,8 @@ class Layer2Classifier:
     """Encoder + head. Give it a head, or a registry (hot-reloadable), or both.
 
     When the head carries a fine-tuned encoder that encoder is used; otherwise the
-    given encoder (default: the shared FastEncoder for the head's base model).
+    given encoder (default: the shared FastEncoder for the head's base model). A head
+    with an early exit also gets `early_encoder` (default: its shallow FastEncoder).
     """
 
     def __init__(
@@ -732,17 +803,20 @@ class Layer2Classifier:
         *,
         registry: HeadRegistry | None = None,
         threshold: float = DEFAULT_THRESHOLD,
+        early_encoder: Encoder | None = None,
     ) -> None:
         self.registry = registry
         self.threshold = threshold
         self._base_encoder = encoder
+        self._early_encoder = early_encoder
         self.version: str | None = None
         if head is None and registry is not None:
             head = registry.current()
             self.version = registry.loaded_version
         if head is None:
             raise ValueError("Layer2Classifier needs a head (none given, registry empty)")
-        self._state = (head, self._encoder_for(head), self.version)
+        self._state = (head, self._encoder_for(head), self._early_encoder_for(head),
+                       self.version)
 
     @classmethod
     def from_registry(
@@ -756,6 +830,13 @@ class Layer2Classifier:
         # A given encoder serves every head; otherwise each head gets the shared encoder
         # of its own model and precision (a hot-reloaded head may change precision).
         return self._base_encoder if self._base_encoder is not None else head.make_encoder()
+
+    def _early_encoder_for(self, head: EmbeddingHead) -> Encoder | None:
+        if head.early is None:
+            return None
+        if self._early_encoder is not None:
+            return self._early_encoder
+        return head.early.make_encoder()
 
     @property
     def head(self) -> EmbeddingHead:
@@ -776,9 +857,9 @@ class Layer2Classifier:
         head = self.registry.current()
         if head is None:
             return False
-        encoder = self._encoder_for(head)
+        encoder, early = self._encoder_for(head), self._early_encoder_for(head)
         self.version = self.registry.loaded_version
-        self._state = (head, encoder, self.version)  # one atomic swap
+        self._state = (head, encoder, early, self.version)  # one atomic swap
         return True
 
     def classify(self, text: str) -> Prediction:
@@ -787,9 +868,9 @@ class Layer2Classifier:
     def classify_batch(self, texts: Sequence[str]) -> list[Prediction]:
         if not texts:
             return []
-        head, encoder, version = self._state
-        vectors = encoder.encode(list(texts), batch_size=max(32, len(texts)))  # chunked inside
-        return _predictions(head, vectors, texts, version)
+        head, encoder, early, version = self._state
+        return head_predictions(head, encoder, texts, version, early_encoder=early,
+                                threshold=self.threshold)
 
     def decides(self, prediction: Prediction, threshold: float | None = None) -> bool:
         return decides(prediction, self.threshold if threshold is None else threshold)

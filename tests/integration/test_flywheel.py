@@ -76,3 +76,33 @@ async def test_history_export_trains_and_promotes_a_head(store, database_url, tm
     assert live.maybe_reload() is True and live.version != version
     assert live.classify("what does addVar do").label == "RETRIEVAL"
 
+
+
+def test_train_classifier_cli_keeps_the_current_heads_early_exit(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from intentroute.cli import app
+
+    data = tmp_path / "lines.jsonl"
+    data.write_text("\n".join(json.dumps({"text": t.format(w), "label": label})
+                              for label, templates in LINES.items()
+                              for t in templates for w in FILL[label]))
+    heads = tmp_path / "heads"
+    args = ["train-classifier", "--data", str(data), "--heads-dir", str(heads)]
+
+    def train(*extra: str) -> tuple[dict, HeadRegistry]:
+        result = CliRunner().invoke(app, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output.strip().splitlines()[-1]), HeadRegistry(heads)
+
+    out, registry = train("--early-exit-layers", "3")
+    head = registry.current()
+    assert out["promoted"] and head is not None and head.early is not None
+    assert head.early.layers == 3
+    out, registry = train()  # no option: the candidate is built like the current head
+    head = registry.current()
+    assert out["promoted"] and out["version"] == "v0002"
+    assert head is not None and head.early is not None and head.early.layers == 3
+    out, registry = train("--early-exit-layers", "0")
+    head = registry.current()
+    assert out["promoted"] and head is not None and head.early is None

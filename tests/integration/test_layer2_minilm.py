@@ -212,3 +212,24 @@ def test_smoothing_before_int8_leaves_the_fp32_graph_unchanged(tmp_path: Path) -
     before, after = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
                      .run(None, feed)[0] for p in (raw, smoothed))
     np.testing.assert_allclose(after, before, rtol=1e-3, atol=1e-3)
+
+
+def test_early_exit_on_the_first_three_layers(fast: FastEncoder, tmp_path: Path) -> None:
+    shallow = FastEncoder(layers=3, cache_size=0, onnx_cache_dir=tmp_path)
+    assert "-L3" in shallow.onnx_path.name and shallow.dim == fast.dim
+    texts = SAMPLE[:8]
+    cos = (fast.encode(texts) * shallow.encode(texts)).sum(axis=1)
+    assert cos.max() < 0.99  # a different, shallower representation ...
+    same = FastEncoder(layers=3, backend="torch", cache_size=0)
+    assert (same.encode(texts) * shallow.encode(texts)).sum(axis=1).min() > 0.9999  # ... cut alike
+
+    train = [t for lab in TRAIN for t in TRAIN[lab]]
+    labels = [lab for lab in TRAIN for _ in TRAIN[lab]]
+    head = train_head(train, labels, fast, seed=0, early_exit_layers=3)
+    assert head.early is not None and head.early.layers == 3
+    assert head.metrics["early_exit"]["cv_accuracy"] >= 0.8
+    again = EmbeddingHead.load(head.save(tmp_path / "head"))
+    clf = Layer2Classifier(again, fast)  # the early encoder comes from the head
+    preds = clf.classify_batch([t for t, _ in HELD_OUT])
+    assert [p.label for p in preds] == [lab for _, lab in HELD_OUT]
+    assert any(p.early_exit for p in preds)

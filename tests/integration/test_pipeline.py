@@ -202,7 +202,8 @@ async def test_classify_history_keeps_session_order_and_readers_get_six(
         await ask_all(nc, make_request("other agent same session id",
                                        session_id="hist", agent_id="agent-b"))
     history = await store.last_history("agent-a", "hist")
-    assert [h.topic for h in history] == [f"what does addVar return in example {i}?" for i in range(2, 8)]
+    assert [h.topic for h in history] == [
+        f"what does addVar return in example {i}?" for i in range(2, 8)]
     assert all(h.type == QueryType.RETRIEVAL for h in history)
     other = await store.last_history("agent-b", "hist")
     assert [h.topic for h in other] == ["other agent same session id"]

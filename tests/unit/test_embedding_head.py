@@ -309,3 +309,58 @@ def test_lexical_block_reads_the_text_and_survives_save_and_load(
     again = EmbeddingHead.load(head.save(tmp_path / "lex"))
     assert again.lexical is not None and again.lexical.settings == lex
     np.testing.assert_array_equal(again.predict_proba(x, asked), probs)
+
+
+class ShallowEncoder(FakeEncoder):
+    """The early exit's encoder: it only knows the CONVERSATIONAL and PLATFORM words
+    (others hash to nothing), so its head is sure of those and unsure of the rest."""
+
+    model_name = "fake-bow-shallow"
+    KNOWN = set(TOPICS["CONVERSATIONAL"] + TOPICS["PLATFORM"])
+
+    def _vec(self, text: str) -> np.ndarray:
+        return super()._vec(" ".join(w for w in text.split() if w in self.KNOWN))
+
+
+@pytest.fixture(scope="module")
+def early_head(head: EmbeddingHead, tmp_path_factory: pytest.TempPathFactory) -> EmbeddingHead:
+    texts, labels = synthetic(seed=3)
+    shallow = train_head(texts, labels, ShallowEncoder(), seed=0, lexical=None)
+    shallow.layers = 3
+    full = EmbeddingHead.load(head.save(tmp_path_factory.mktemp("early") / "full"))
+    full.early = shallow
+    return full
+
+
+def test_early_exit_decides_the_sure_texts_and_defers_the_rest(
+    early_head: EmbeddingHead, head: EmbeddingHead
+) -> None:
+    full_enc, shallow_enc = FakeEncoder(), ShallowEncoder()
+    clf = Layer2Classifier(early_head, full_enc, early_encoder=shallow_enc)
+    texts = ["hello thanks bye", "write function code", "invoice usage quota", "x y"]
+    preds = clf.classify_batch(texts)
+    assert [p.early_exit for p in preds] == [True, False, True, False]
+    assert shallow_enc.batches == [4] and full_enc.batches == [2]  # only the unsure two
+    assert preds[0].label == "CONVERSATIONAL" and preds[2].label == "PLATFORM"
+    assert preds[1].label == "CODE_GENERATION" and preds[1].confidence > 0.85
+    # The unsure ones carry the full head's answer, not the shallow head's guess.
+    alone = Layer2Classifier(head, FakeEncoder())
+    assert [p.probabilities for p in alone.classify_batch([texts[1], texts[3]])] == [
+        preds[1].probabilities, preds[3].probabilities]
+    # A threshold above every confidence sends everything to the full encoder.
+    strict = Layer2Classifier(early_head, FakeEncoder(), early_encoder=ShallowEncoder(),
+                              threshold=1.01)
+    assert not any(p.early_exit for p in strict.classify_batch(texts))
+
+
+def test_early_exit_head_survives_save_and_load(early_head: EmbeddingHead,
+                                                tmp_path: Path) -> None:
+    saved = early_head.save(tmp_path / "h")
+    assert (saved / "early" / "head.json").exists()
+    again = EmbeddingHead.load(saved)
+    assert again.early is not None and again.early.layers == 3 and again.layers is None
+    assert json.loads((saved / "early" / "head.json").read_text())["encoder_layers"] == 3
+    x = ShallowEncoder().encode(["hello thanks", "billing invoice"])
+    np.testing.assert_array_equal(again.early.predict_proba(x),
+                                  early_head.early.predict_proba(x))  # type: ignore[union-attr]
+    assert EmbeddingHead.load(saved / "early").early is None
