@@ -78,8 +78,13 @@ async def test_history_export_trains_and_promotes_a_head(store, database_url, tm
 
 
 
-def test_train_classifier_cli_keeps_the_current_heads_early_exit(tmp_path) -> None:
+def test_train_classifier_cli_keeps_the_current_heads_early_exit(tmp_path, monkeypatch) -> None:
     from typer.testing import CliRunner
+
+    from shared.fast_encoder import ONNX_CACHE_ENV
+
+    # A cold ONNX cache: the export's progress output goes to stderr, not into the JSON.
+    monkeypatch.setenv(ONNX_CACHE_ENV, str(tmp_path / "onnx"))
 
     from intentroute.cli import app
 
@@ -93,7 +98,7 @@ def test_train_classifier_cli_keeps_the_current_heads_early_exit(tmp_path) -> No
     def train(*extra: str) -> tuple[dict, HeadRegistry]:
         result = CliRunner().invoke(app, [*args, *extra])
         assert result.exit_code == 0, result.output
-        return json.loads(result.output.strip().splitlines()[-1]), HeadRegistry(heads)
+        return json.loads(result.stdout.strip().splitlines()[-1]), HeadRegistry(heads)
 
     out, registry = train("--early-exit-layers", "3")
     head = registry.current()
