@@ -450,7 +450,8 @@ def train_classifier(
     seed: Annotated[int, typer.Option()] = 0,
     early_exit_layers: Annotated[int | None, typer.Option(
         help="Also train an early-exit head on the encoder's first N layers "
-             "(default: as the current head; 0: none)")] = None,
+             "(0: the embedding module alone; -1: no early exit; default: as the "
+             "current head)")] = None,
 ) -> None:
     """Train a new head, shadow-evaluate it against the current one, promote if not worse.
 
@@ -470,7 +471,8 @@ def train_classifier(
         early_exit_layers = current.early.layers
     encoder = shared_fast_encoder(precision=current.precision if current else None)
     result = train_and_promote(data, registry, encoder, holdout=holdout, seed=seed,
-                               early_exit_layers=early_exit_layers or None)
+                               early_exit_layers=None if early_exit_layers is None
+                               or early_exit_layers < 0 else early_exit_layers)
     typer.echo(msgspec.json.encode(result).decode())
 
 

@@ -361,7 +361,7 @@ def train_head(
     * with fine-tuning, `calibration_holdout` of each label's lines is kept out of the
       fine-tune; the temperature (and the cv_* metrics) come from those lines.
     * `early_exit_layers` also trains `head.early`, the same recipe on the encoder's
-      first layers (frozen encoder only).
+      first layers (0: its embedding module alone; frozen encoder only).
     * `finetune_epochs > 0` first fine-tunes the encoder (services.classifier.finetune)
       and trains the head on the fine-tuned vectors; the head then carries the
       encoder (saved next to its coefficients).
@@ -493,7 +493,7 @@ def train_head(
         lexical=lexical,
         precision=getattr(encoder, "precision", None) if encoder_dir is None else None,
     )
-    if early_exit_layers:
+    if early_exit_layers is not None:
         if encoder_dir is not None:
             raise ValueError("early exit needs the frozen encoder (no fine-tune)")
         say(f"early-exit head on the encoder's first {early_exit_layers} layers")

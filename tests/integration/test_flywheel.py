@@ -108,6 +108,10 @@ def test_train_classifier_cli_keeps_the_current_heads_early_exit(tmp_path, monke
     head = registry.current()
     assert out["promoted"] and out["version"] == "v0002"
     assert head is not None and head.early is not None and head.early.layers == 3
-    out, registry = train("--early-exit-layers", "0")
+    out, registry = train("--early-exit-layers", "0")  # the embedding module alone
+    head = registry.current()
+    assert out["promoted"] and head is not None and head.early is not None
+    assert head.early.layers == 0 and head.early.make_encoder().backend == "embeddings"
+    out, registry = train("--early-exit-layers", "-1")
     head = registry.current()
     assert out["promoted"] and head is not None and head.early is None

@@ -233,3 +233,27 @@ def test_early_exit_on_the_first_three_layers(fast: FastEncoder, tmp_path: Path)
     preds = clf.classify_batch([t for t, _ in HELD_OUT])
     assert [p.label for p in preds] == [lab for _, lab in HELD_OUT]
     assert any(p.early_exit for p in preds)
+
+
+def test_layer_zero_is_the_embedding_module(fast: FastEncoder, tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModel
+
+    lookup = FastEncoder(layers=0, cache_size=0)
+    assert lookup.backend == "embeddings" and lookup.dim == fast.dim
+    model = AutoModel.from_pretrained(str(lookup.model_dir)).eval()
+    texts = SAMPLE  # one long text is truncated like the full encoder's input
+    for text, row in zip(texts, lookup.encode(texts), strict=True):
+        ids = torch.tensor([lookup._tok.encode(text).ids])
+        with torch.inference_mode():
+            pooled = model.embeddings(input_ids=ids)[0].mean(dim=0).numpy()
+        assert float(row @ (pooled / np.linalg.norm(pooled))) > 0.99999
+
+    train = [t for lab in TRAIN for t in TRAIN[lab]]
+    labels = [lab for lab in TRAIN for _ in TRAIN[lab]]
+    head = train_head(train, labels, fast, seed=0, early_exit_layers=0)
+    assert head.early is not None and head.early.layers == 0
+    again = EmbeddingHead.load(head.save(tmp_path / "head"))
+    assert again.early is not None and again.early.layers == 0
+    preds = Layer2Classifier(again, fast).classify_batch([t for t, _ in HELD_OUT])
+    assert [p.label for p in preds] == [lab for _, lab in HELD_OUT]
