@@ -368,11 +368,11 @@ class FastEncoder:
     backend: "auto" (ONNX Runtime if installed, else torch), "onnx" or "torch".
     model: the packaged default name or a directory (e.g. a fine-tuned encoder saved
     by `services.classifier.finetune`).
-    layers: keep only the first `layers` transformer layers (None: all). The mean-pooled
-    output of MiniLM's third layer, with a head trained on it, is the early exit of
-    Layer 2 (see `EmbeddingHead.early`). `layers=0` is the embedding module alone
-    (word + position + token-type tables, LayerNorm): a table lookup in numpy, no
-    transformer, ~0.05 ms per message; precision does not apply to it.
+    layers: keep only the first `layers` transformer layers (None: all); a head trained
+    on such a shallow encoder is the early exit of Layer 2 (`EmbeddingHead.early`).
+    `layers=0` is the embedding module alone (word + position + token-type tables,
+    LayerNorm): a table lookup in numpy, no transformer, ~0.05 ms per message;
+    precision does not apply to it.
     precision: "fp32" (default; cosine with the reference >= 0.9999), "int8-block"
     (ONNX only: the fused graph's MatMuls with blockwise 8-bit weights, see
     `blockwise_int8_onnx`; cosine ~0.9998 mean / ~0.999 worst line) or "int8"
