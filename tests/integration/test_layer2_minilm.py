@@ -241,6 +241,8 @@ def test_layer_zero_is_the_embedding_module(fast: FastEncoder, tmp_path: Path) -
 
     lookup = FastEncoder(layers=0, cache_size=0)
     assert lookup.backend == "embeddings" and lookup.dim == fast.dim
+    with pytest.raises(ValueError, match="layers"):
+        FastEncoder(layers=-1)
     model = AutoModel.from_pretrained(str(lookup.model_dir)).eval()
     texts = SAMPLE  # one long text is truncated like the full encoder's input
     for text, row in zip(texts, lookup.encode(texts), strict=True):
