@@ -38,6 +38,7 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -109,24 +110,22 @@ def load_embedding_module(model_dir: Path) -> dict[str, Any]:
     """The transformer's embedding module (its "layer 0") as numpy arrays: word,
     position and token-type tables, LayerNorm weight/bias/eps and the position offset
     (RoBERTa-style models count positions from padding_idx + 1)."""
+    def wanted(keys: Iterable[str]) -> dict[str, str]:  # part -> the file's key for it
+        return {part: key for key in keys for part in _EMBEDDING_PARTS
+                if key.endswith(f"embeddings.{part}")}
+
     w = _weights_file(model_dir)
-    found: dict[str, np.ndarray] = {}
+    found: dict[str, np.ndarray]
     if w.suffix == ".safetensors":
         from safetensors import safe_open
 
         with safe_open(str(w), framework="np") as f:  # reads only these tensors
-            for key in f.keys():
-                for part in _EMBEDDING_PARTS:
-                    if key.endswith(f"embeddings.{part}"):
-                        found[part] = f.get_tensor(key)
+            found = {part: f.get_tensor(key) for part, key in wanted(f.keys()).items()}
     else:
         import torch
 
         state = torch.load(str(w), map_location="cpu", weights_only=True)
-        for key, t in state.items():
-            for part in _EMBEDDING_PARTS:
-                if key.endswith(f"embeddings.{part}"):
-                    found[part] = t.float().numpy()
+        found = {part: state[key].float().numpy() for part, key in wanted(state).items()}
     missing = [p for p in _EMBEDDING_PARTS if p not in found]
     if missing:
         raise ValueError(f"{model_dir}: no embedding module weights {missing}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from services.classifier.rules import COMMAND_NAME
+from services.classifier.rules import CODE_NOUNS, COMMAND_NAME
 from shared.contracts.routing import HistoryEntry, QueryType
 
 # Pronouns and pointers that need a referent, English and Spanish.
@@ -64,10 +64,7 @@ _TECH = re.compile(
     re.IGNORECASE,
 )
 # Code as the object of a reshape verb.
-_CODE_OBJECT = re.compile(
-    r"\b(snippet|code|c[oó]digo|script|endpoint|function|funci[oó]n|fragmento|bucle|loop)\b",
-    re.IGNORECASE,
-)
+_CODE_OBJECT = re.compile(rf"\b({CODE_NOUNS}|function|funci[oó]n)\b", re.IGNORECASE)
 # Follow-ups that open with a connector: "and how do I test that?", "¿y el bucle?"
 _CONTINUATION = re.compile(
     r"^\s*¿?\s*(and|also|what about|how about|y|e|¿y|entonces|and then)\b", re.IGNORECASE

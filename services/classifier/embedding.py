@@ -492,6 +492,7 @@ def train_head(
         meta={"data_hash": metrics["data_hash"], "trained_at": time.time()},
         lexical=lexical,
         precision=getattr(encoder, "precision", None) if encoder_dir is None else None,
+        layers=getattr(encoder, "layers", None) if encoder_dir is None else None,
     )
     if early_exit_layers is not None:
         if encoder_dir is not None:
@@ -501,7 +502,6 @@ def train_head(
             texts, labels, head.with_layers(early_exit_layers).make_encoder(), seed=seed,
             c=c, calibration_folds=calibration_folds, max_iter=max_iter, progress=say,
             lexical=lexical)
-        head.early.layers = early_exit_layers
         head.metrics["early_exit"] = {
             k: head.early.metrics.get(k)
             for k in ("cv_accuracy", "cv_macro_f1", "cv_decided_at_0_85",

@@ -168,11 +168,13 @@ _CHANGE_FIRST = re.compile(
 )
 
 
+# Nouns that name code (also deixis: code as the object of a reshape verb).
+CODE_NOUNS = r"snippet|code|c[oó]digo|script|fragmento|endpoint|bucle|loop"
 # "shorten this AVAP snippet": reshaping code is changing code.
 _RESHAPE_CODE = re.compile(
     r"^\W*(please\s+|can you\s+|puedes\s+)?(shorten|simplify|optimi[sz]e|clean up|acorta|"
     r"simplifica|optimiza|limpia)\s+(this|that|the|my|mi|este|ese|el)?\s*(avap\s+)?"
-    r"(snippet|code|c[oó]digo|script|fragmento|endpoint|bucle|loop)\b",
+    rf"({CODE_NOUNS})\b",
     re.IGNORECASE,
 )
 
