@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import msgspec
 
@@ -46,6 +47,13 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     response_ttl: float = 3600.0
     otlp_endpoint: str = ""
     log_level: str = "INFO"
+    # Where the embedded stack keeps its state: servers' data, credentials, index, heads.
+    state_dir: Path = Path(".intentroute")
+    # Sentence encoder: precision of per-query encoders ("fp32", "int8", "int8-block"),
+    # of ingestion, and where exported ONNX graphs are cached.
+    encoder_precision: str = "fp32"
+    ingest_precision: str = "fp32"
+    onnx_cache_dir: Path = Path.home() / ".cache" / "intentroute" / "onnx"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CommonSettings:
@@ -57,4 +65,16 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
             response_ttl=env_float("RESPONSE_TTL", 3600.0, environ),
             otlp_endpoint=env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "", environ),
             log_level=env_str("LOG_LEVEL", "INFO", environ),
+            state_dir=Path(env_str("INTENTROUTE_HOME", ".intentroute", environ)),
+            encoder_precision=env_str("INTENTROUTE_ENCODER_PRECISION", "fp32", environ),
+            ingest_precision=env_str("INTENTROUTE_INGEST_PRECISION", "fp32", environ),
+            onnx_cache_dir=_onnx_cache_dir(environ),
         )
+
+
+def _onnx_cache_dir(environ: Mapping[str, str] | None) -> Path:
+    explicit = env_str("INTENTROUTE_ONNX_CACHE", "", environ)
+    if explicit:
+        return Path(explicit)
+    base = env_str("XDG_CACHE_HOME", "", environ) or str(Path.home() / ".cache")
+    return Path(base) / "intentroute" / "onnx"

@@ -1,0 +1,3 @@
+from intentroute.cli import app
+
+app()

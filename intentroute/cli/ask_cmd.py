@@ -1,0 +1,120 @@
+"""Talking to a running stack as a caller: `ask`; and `parse`, the parser as a linter."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from nats.aio.client import Client
+
+from intentroute.cli.apps import app, urls
+
+
+@app.command()
+def ask(
+    query: Annotated[str, typer.Argument(help="The question")],
+    session: Annotated[str, typer.Option(help="Session id")] = "cli",
+    agent: Annotated[str, typer.Option(help="Agent (caller) id")] = "cli",
+    extra_context: Annotated[str, typer.Option(help="Platform data for PLATFORM")] = "",
+    editor: Annotated[Path | None, typer.Option(help="File whose text is editor_context")] = None,
+    query_type: Annotated[str, typer.Option(help="Caller-declared type")] = "",
+    json_lines: Annotated[bool, typer.Option("--json", help="One JSON line per chunk")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer")] = 120.0,
+) -> None:
+    """Publish a question on NATS and print the answer as it streams."""
+    nats_url, _ = urls()
+    if not nats_url:
+        typer.echo("no NATS_URL and no running `intentroute up`", err=True)
+        raise typer.Exit(2)
+
+    async def run() -> int:
+        import nats
+
+        nc = await nats.connect(nats_url)
+        try:
+            return await ask_and_print(
+                nc, agent=agent, session=session, query=query, json_lines=json_lines,
+                extra_context=extra_context, query_type=query_type or None, timeout=timeout,
+                editor_context=editor.read_text(encoding="utf-8") if editor else "",
+            )
+        finally:
+            await nc.drain()
+
+    raise typer.Exit(asyncio.run(run()))
+
+
+async def ask_and_print(
+    nc: Client,
+    *,
+    agent: str,
+    session: str,
+    query: str,
+    json_lines: bool,
+    extra_context: str = "",
+    editor_context: str = "",
+    query_type: str | None = None,
+    timeout: float = 120.0,
+) -> int:
+    """Ask one question and print its chunks as they stream; 1 if it ended in an error."""
+    import msgspec
+
+    from shared.client import ask as ask_stream
+    from shared.contracts.request import AgentRequest
+    from shared.contracts.response import ChunkKind
+
+    req = AgentRequest(
+        request_id=uuid.uuid4().hex, session_id=session, agent_id=agent, query=query,
+        query_type=query_type, extra_context=extra_context, editor_context=editor_context,
+    )
+    code = 0
+    async for chunk in ask_stream(nc, req, timeout=timeout):
+        if json_lines:
+            typer.echo(msgspec.json.encode(chunk).decode())
+            continue
+        if chunk.kind == ChunkKind.STATUS:
+            typer.secho(f"[{chunk.text}]", dim=True, err=True)
+        elif chunk.kind == ChunkKind.RESET:
+            typer.secho("\n[answer restarted]", dim=True, err=True)
+        elif chunk.text:
+            typer.echo(chunk.text, nl=False)
+        if chunk.is_final:
+            typer.echo("")
+            if chunk.error:
+                typer.secho(f"error {chunk.error.code}: {chunk.error.message}", fg="red",
+                            err=True)
+                code = 1
+            dec = chunk.decision
+            info = f"type={chunk.query_type}"
+            if dec:
+                info += f" layer={dec.layer} confidence={dec.confidence:.2f} slot={dec.model_slot}"
+            if chunk.answered_by:
+                info += f" by={chunk.answered_by}"
+            if chunk.avap_code or chunk.validation_status:
+                info += f" validation={chunk.validation_status or 'VALID'}"
+            typer.secho(f"[{info}]", dim=True, err=True)
+    return code
+
+
+@app.command()
+def parse(
+    file: Annotated[Path, typer.Argument(help="AVAP source file")],
+    strict: Annotated[bool, typer.Option(help="Spec mode instead of the lenient dialect")] = False,
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Validate one AVAP file with the reference parser (a linter for people too)."""
+    import msgspec
+
+    from services.parser.avap import validate
+
+    result = validate(file.read_text(encoding="utf-8"), strict=strict)
+    if json_out:
+        typer.echo(msgspec.json.encode(result).decode())
+    else:
+        for line in result.trace:
+            hint = f" (did you mean {line.suggestion}?)" if line.suggestion else ""
+            typer.echo(f"{file}:{line.line}:{line.column}: {line.code} {line.message}{hint}")
+        typer.echo("valid" if result.valid else "invalid", err=True)
+    raise typer.Exit(0 if result.valid else 1)

@@ -1,0 +1,99 @@
+"""`bench ...` (speed, bench/) and `eval ...` (quality, the services' offline tools).
+
+Each prints one JSON object with --json, a readable listing of the same figures without."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from intentroute.cli.apps import bench_app, emit, eval_app
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout")]
+
+
+@bench_app.command("pipeline")
+def bench_pipeline(
+    json_out: JsonFlag = False,
+    requests: Annotated[int, typer.Option(help="Sequential requests for latency")] = 400,
+    load: Annotated[int, typer.Option(help="Requests for the throughput run")] = 3000,
+    models: Annotated[
+        bool, typer.Option(help="Layer-2 classifier and hybrid retrieval instead of rules/BM25")
+    ] = False,
+) -> None:
+    """End-to-end latency and throughput with the echo generator, all workers here."""
+    from bench.pipeline import run
+
+    emit(run(requests=requests, load=load, models=models), json_out)
+
+
+@bench_app.command("classifier")
+def bench_classifier(
+    json_out: JsonFlag = False,
+    total: Annotated[int, typer.Option(help="Requests through the worker")] = 2000,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight")] = 64,
+) -> None:
+    """Layer 1 decisions/s, Layer 2 p50, worker decisions/s at 64 in flight."""
+    from bench.classifier import run
+
+    emit(run(total=total, concurrency=concurrency), json_out)
+
+
+@bench_app.command("validator")
+def bench_validator(json_out: JsonFlag = False) -> None:
+    """Parser p50 on a 50-line program and the OPEN-breaker path."""
+    from bench.validator import run
+
+    emit(run(), json_out)
+
+
+@eval_app.command("routing")
+def eval_routing(
+    file: Annotated[Path, typer.Argument(help="JSONL: query, expected, history, ...")],
+    json_out: JsonFlag = False,
+    predictions: Annotated[Path | None, typer.Option(help="Write one line per input")] = None,
+    threshold: Annotated[float, typer.Option(help="Layer 2 decision threshold")] = 0.85,
+) -> None:
+    """Each line through the real cascade (rules, embedding head, LLM when configured)."""
+    from services.classifier.routing_eval import run_eval_routing
+    from services.classifier.settings import ClassifierSettings
+
+    settings = ClassifierSettings.from_env()
+    report = run_eval_routing(
+        file, heads_dir=Path(settings.heads_dir), threshold=threshold,
+        ollama_host=settings.ollama_host, llm_model=settings.llm_model,
+        predictions_out=predictions,
+    )
+    emit(report, json_out)
+
+
+@eval_app.command("intents")
+def eval_intents(
+    train: Annotated[Path, typer.Option(help="CSV text,category or JSONL text,label")],
+    test: Annotated[Path, typer.Option(help="Same formats; `oos` lines count as out-of-scope")],
+    json_out: JsonFlag = False,
+    threshold: Annotated[float, typer.Option(help="Clarity threshold = OOS decision")] = 0.85,
+    finetune_epochs: Annotated[int, typer.Option(help="Fine-tune the encoder first")] = 0,
+) -> None:
+    """Train the Layer-2 classifier on any intent dataset and score it."""
+    from services.classifier.evaluation import eval_intents as run_eval
+
+    emit(run_eval(train, test, threshold=threshold, finetune_epochs=finetune_epochs), json_out)
+
+
+@eval_app.command("retrieval")
+def eval_retrieval(
+    corpus: Annotated[Path, typer.Option(help="BEIR corpus.jsonl")],
+    queries: Annotated[Path, typer.Option(help="BEIR queries.jsonl")],
+    qrels: Annotated[Path, typer.Option(help="qrels TSV with header")],
+    method: Annotated[str, typer.Option(help="bm25 | dense | hybrid | all")] = "all",
+    json_out: JsonFlag = False,
+    index_dir: Annotated[Path | None, typer.Option(help="Reuse/keep the index here")] = None,
+) -> None:
+    """nDCG@10, Recall@10, MRR@10 per method, ingest speed and hybrid query latency."""
+    from bench.retrieval import evaluate
+
+    methods = ["bm25", "dense", "hybrid"] if method == "all" else [method]
+    emit(evaluate(corpus, queries, qrels, methods, index_dir=index_dir), json_out)

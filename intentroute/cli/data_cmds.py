@@ -1,0 +1,107 @@
+"""Data in and out: `ingest`, `export-history`, `train-classifier`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from intentroute.cli.apps import app, require_db, settings
+
+
+@app.command()
+def ingest(
+    path: Annotated[Path, typer.Argument(help="Markdown/text file or folder, or corpus.jsonl")],
+    index_dir: Annotated[Path | None, typer.Option(help="Index directory")] = None,
+) -> None:
+    """Ingest documents into the embedded index, or into Elasticsearch when ES_URL is set
+    (idempotent)."""
+    ingest_into(path, index_dir or settings().index_dir)
+
+
+def ingest_into(path: Path, index_dir: Path) -> None:
+    import msgspec
+
+    from services.retriever.index import ingest as run_ingest
+    from services.retriever.settings import RetrieverSettings
+    from shared.embeddings import pin_threads
+    from shared.fast_encoder import batch_fast_encoder
+
+    retriever = RetrieverSettings.from_env()
+    pin_threads(2)
+    # Same vectors as sentence-transformers (cosine >= 0.9999), ~2x the chunks/s.
+    encoder = batch_fast_encoder(retriever.embedding_model)
+    if retriever.es_url:
+        # The retriever reads Elasticsearch when ES_URL is set: fill that index instead.
+        asyncio.run(_ingest_es(path, retriever.es_url, retriever.es_index, encoder))
+        return
+    # Length-sorted batches; the encoder runs them in chunks of <= 8 (fastest here).
+    report = run_ingest(path, index_dir, encoder, progress=True, batch_size=16)
+    typer.echo(json.dumps({"index_dir": str(index_dir), **msgspec.to_builtins(report)}),
+               err=True)
+
+
+async def _ingest_es(path: Path, es_url: str, es_index: str, encoder: object) -> None:
+    import msgspec
+
+    from services.retriever.es_backend import ElasticsearchBackend
+
+    backend = ElasticsearchBackend.from_url(es_url, encoder, index=es_index)  # type: ignore[arg-type]
+    try:
+        report = await backend.ingest(path, progress=True, batch_size=16)
+        typer.echo(json.dumps({"es_url": es_url, **msgspec.to_builtins(report)}), err=True)
+    finally:
+        await backend.close()
+
+
+@app.command("export-history")
+def export_history(
+    out: Annotated[Path, typer.Option(help="JSONL file to write")] = Path("history.jsonl"),
+    include_fallback: Annotated[
+        bool, typer.Option(help="Also export guesses made without a confident layer")
+    ] = False,
+    min_confidence: Annotated[float, typer.Option(help="Skip decisions below this")] = 0.0,
+) -> None:
+    """classify_history -> labelled lines (topic, type, layer, confidence) for training."""
+    from shared.store.export import export_history as run_export
+
+    count = asyncio.run(run_export(require_db(), out, include_fallback=include_fallback,
+                                   min_confidence=min_confidence))
+    typer.echo(json.dumps({"written": count, "file": str(out)}))
+
+
+@app.command("train-classifier")
+def train_classifier(
+    data: Annotated[list[Path], typer.Option(help="Labelled JSONL/CSV files (repeatable)")],
+    heads_dir: Annotated[Path | None, typer.Option(help="Head registry")] = None,
+    holdout: Annotated[float, typer.Option(help="Held-out share for shadow evaluation")] = 0.2,
+    seed: Annotated[int, typer.Option()] = 0,
+    early_exit_layers: Annotated[int | None, typer.Option(
+        help="Also train an early-exit head on the encoder's first N layers "
+             "(0: the embedding module alone; -1: no early exit; default: as the "
+             "current head)")] = None,
+) -> None:
+    """Train a new head, shadow-evaluate it against the current one, promote if not worse.
+
+    The candidate uses the current head's encoder precision and early exit unless told.
+    """
+    import msgspec
+
+    from services.classifier.embedding import HeadRegistry
+    from services.classifier.settings import ClassifierSettings
+    from services.classifier.training import train_and_promote
+    from shared.fast_encoder import shared_fast_encoder
+
+    root = heads_dir or Path(ClassifierSettings.from_env().heads_dir)
+    registry = HeadRegistry(root)
+    current = registry.current()
+    if early_exit_layers is None and current is not None and current.early is not None:
+        early_exit_layers = current.early.layers
+    encoder = shared_fast_encoder(precision=current.precision if current else None)
+    result = train_and_promote(data, registry, encoder, holdout=holdout, seed=seed,
+                               early_exit_layers=None if early_exit_layers is None
+                               or early_exit_layers < 0 else early_exit_layers)
+    typer.echo(msgspec.json.encode(result).decode())

@@ -1,0 +1,33 @@
+"""The CLI's settings: where the stack runs and where its state lives."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+
+from shared.settings import CommonSettings, env_str
+
+
+class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
+    common: CommonSettings
+    # Set by the environment only; "" means "start an embedded server" (`up`) or
+    # "use the running `intentroute up`" (other commands).
+    nats_url: str = ""
+    database_url: str = ""
+    index_dir: Path = Path(".intentroute/index")
+
+    @property
+    def state_dir(self) -> Path:
+        return self.common.state_dir
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CliSettings:
+        common = CommonSettings.from_env(environ)
+        return cls(
+            common=common,
+            nats_url=env_str("NATS_URL", "", environ),
+            database_url=env_str("DATABASE_URL", "", environ),
+            index_dir=Path(env_str("INDEX_DIR", str(common.state_dir / "index"), environ)),
+        )
