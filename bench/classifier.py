@@ -61,8 +61,8 @@ async def _worker_throughput(nats_url: str, db_url: str, total: int, concurrency
     from services.classifier.app import create_app
     from services.classifier.settings import ClassifierSettings
     from shared.bus import ensure_streams
-    from shared.codec import decode_envelope, encode
-    from shared.contracts.pipeline import CLASSIFY_SUBJECT, Envelope
+    from shared.codec import decode_routed, encode
+    from shared.contracts.pipeline import CLASSIFY_SUBJECT, Admitted
 
     env = {**os.environ, "NATS_URL": nats_url, "DATABASE_URL": db_url, "LOG_LEVEL": "WARNING",
            "CLASSIFIER_BATCH": str(concurrency)}
@@ -72,7 +72,7 @@ async def _worker_throughput(nats_url: str, db_url: str, total: int, concurrency
     done: dict[str, asyncio.Future[None]] = {}
 
     async def on_out(msg: Any) -> None:
-        rid = decode_envelope(msg.data).request.request_id
+        rid = decode_routed(msg.data).request.request_id
         fut = done.pop(rid, None)
         if fut and not fut.done():
             fut.set_result(None)
@@ -91,7 +91,7 @@ async def _worker_throughput(nats_url: str, db_url: str, total: int, concurrency
                                agent_id="bench", query=texts[i])
             fut = loop.create_future()
             done[req.request_id] = fut
-            await js.publish(CLASSIFY_SUBJECT, encode(Envelope(request=req, accepted_at=0.0)))
+            await js.publish(CLASSIFY_SUBJECT, encode(Admitted(request=req, accepted_at=0.0)))
             await asyncio.wait_for(fut, 60)
 
     async with TestApp(app):

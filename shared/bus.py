@@ -24,6 +24,7 @@ from shared.codec import decode_chunk, encode
 from shared.contracts import pipeline, request, response
 from shared.contracts.response import ChunkKind, ErrorInfo, ResponseChunk, response_subject
 from shared.contracts.routing import RoutingDecision
+from shared.ports import Publisher
 from shared.settings import CommonSettings
 
 log = logging.getLogger("intentroute.bus")
@@ -65,12 +66,6 @@ async def ensure_streams(js: JetStreamContext, response_ttl: float) -> None:
             await js.add_stream(config=cfg)
         except BadRequestError:
             await js.update_stream(config=cfg)
-
-
-async def connect_and_declare(broker: NatsBroker, settings: CommonSettings) -> None:
-    """Connect the broker and declare streams before its subscribers start."""
-    await broker.connect()
-    await ensure_streams(broker.config.connection_state.stream, settings.response_ttl)
 
 
 def make_broker(settings: CommonSettings) -> NatsBroker:
@@ -120,12 +115,20 @@ class Bus:
         if ack.stream != stream:
             raise WrongStream(f"{subject} was stored in {ack.stream!r}, not {stream!r}")
 
+    async def last_seq(self, subject: str, stream: str) -> int:
+        """Next free seq on a response subject (used when a redelivered stage resumes)."""
+        try:
+            msg = await self.js.get_last_msg(stream, subject)
+        except NotFoundError:
+            return 0
+        return decode_chunk(msg.data or b"").seq + 1
+
 
 class WrongStream(RuntimeError):
     """A subject is captured by another stream than the one the contract names."""
 
 
-async def publish_stage(bus: Bus, subject: str, payload: bytes, *, msg_id: str) -> None:
+async def publish_stage(bus: Publisher, subject: str, payload: bytes, *, msg_id: str) -> None:
     """Durable hand-off to the next stage; the msg id makes a re-publish after a crash a no-op."""
     await bus.publish_durable(subject, payload, stream=pipeline.STREAM, msg_id=msg_id)
 
@@ -142,7 +145,7 @@ class AnswerStream:
     piece is a single chunk) for a one-piece delay in the stream.
     """
 
-    def __init__(self, bus: Bus, request_id: str, *, start_seq: int = 0) -> None:
+    def __init__(self, bus: Publisher, request_id: str, *, start_seq: int = 0) -> None:
         self._bus = bus
         self.request_id = request_id
         self.subject = response_subject(request_id)
@@ -219,17 +222,9 @@ class AnswerStream:
     async def error(
         self, code: str, message: str, *, decision: RoutingDecision | None = None
     ) -> None:
+        """The final chunk of an answer that failed: `code` is an `ErrorCode`."""
         await self.final(decision=decision, error=ErrorInfo(code=code, message=message))
 
     @property
     def answer(self) -> str:
         return "".join(self.text_parts)
-
-
-async def last_seq(bus: Bus, request_id: str) -> int:
-    """Next free seq on a response subject (used when a redelivered stage resumes)."""
-    try:
-        msg = await bus.js.get_last_msg(response.STREAM, response_subject(request_id))
-    except NotFoundError:
-        return 0
-    return decode_chunk(msg.data or b"").seq + 1

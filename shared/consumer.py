@@ -17,8 +17,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -28,6 +26,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Tracer
+
+from shared.ports import Delivery
 
 log = logging.getLogger("intentroute.consumer")
 
@@ -41,7 +41,7 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
     The consumer is durable and pull-based with explicit acks: a message is acked
     after its handler returns, nacked with a delay by the handler on a retryable
     error, and after `max_deliver` deliveries the stage answers with an error
-    instead of trying again (shared.stage.stage_guard)."""
+    instead of trying again (shared.stage.run_stage)."""
 
     stream: str
     subject: str
@@ -63,8 +63,8 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
-class Delivery:
-    """One JetStream message as a stage handler sees it."""
+class JsDelivery:
+    """A JetStream message as the `Delivery` a stage handler sees."""
 
     __slots__ = ("msg",)
 
@@ -77,38 +77,20 @@ class Delivery:
 
     @property
     def deliveries(self) -> int:
-        """How many times JetStream has delivered this message (1 on the first try)."""
         return int(self.msg.metadata.num_delivered or 1)
 
     @property
     def settled(self) -> bool:
-        return self.msg.is_acked
+        return bool(self.msg.is_acked)
 
     async def nack(self, delay: float | None = None) -> None:
-        """Give the message back for redelivery (a retryable error)."""
         await self.msg.nak(delay=delay)
 
     async def in_progress(self) -> None:
-        """Reset the redelivery timer: the handler is alive, just slow."""
         await self.msg.in_progress()
 
 
-D = TypeVar("D")
 Handler = Callable[[Delivery], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class Stage(Generic[D]):
-    """A stage a worker serves: its delivery settings and its handler."""
-
-    spec: StageSpec
-    handle: Callable[[Delivery, D], Awaitable[None]]
-
-    def bind(self, deps: D) -> Handler:
-        async def handler(msg: Delivery) -> None:
-            await self.handle(msg, deps)
-
-        return handler
 
 
 async def ensure_consumer(js: JetStreamContext, spec: StageSpec) -> None:
@@ -215,7 +197,7 @@ class StageConsumer:
                         headers.get("Description", ""))
 
     async def _run(self, msg: Msg) -> None:
-        delivery = Delivery(msg)
+        delivery = JsDelivery(msg)
         try:
             if self._tracer is None:
                 await self._handler(delivery)
@@ -234,7 +216,7 @@ class StageConsumer:
             self._inflight -= 1
             await self._pull()
 
-    async def _traced(self, delivery: Delivery) -> None:
+    async def _traced(self, delivery: JsDelivery) -> None:
         assert self._tracer is not None
         parent = propagate.extract(delivery.msg.headers or {})
         token = otel_context.attach(parent)

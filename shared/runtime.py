@@ -1,70 +1,123 @@
-"""Composition root shared by the workers: connection + stages + lifespan, same shape everywhere."""
+"""Composition root shared by the workers: the same lifecycle for every stage.
+
+FastStream runs the application: its broker owns the connection (connect, reconnect,
+drain). The stage consumers (`shared.consumer.StageConsumer`, the lean pull consumer on
+the hot path) are a component of that application, driven by its hooks:
+
+* after start-up (the broker is connected): declare the streams, build the tracer, bus,
+  store and the worker's own clients and models once, then start one consumer per stage;
+* on shutdown (before the broker drains): the consumers stop pulling and finish what
+  they hold, while the connection can still publish their answers;
+* after shutdown: whatever was opened is closed, in reverse order.
+"""
 
 from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from faststream import FastStream
+from faststream.nats import NatsBroker
 from opentelemetry.trace import TracerProvider
 
-from shared.bus import Bus, connect_and_declare, make_broker
-from shared.consumer import Stage, StageConsumer
+from shared.bus import Bus, ensure_streams, make_broker
+from shared.consumer import StageConsumer
 from shared.settings import CommonSettings
-from shared.telemetry import tracer_for
+from shared.stage import Stage, StageDeps
+from shared.store.stores import Store
+from shared.telemetry import build_tracer_provider, tracer_for
+
+D = TypeVar("D", bound=StageDeps)
+
+MakeDeps = Callable[[StageDeps], Awaitable[D]]
 
 
-class Closable(Protocol):
-    async def close(self) -> None: ...
+class Worker(Generic[D]):
+    """One worker process's stages, their dependencies and their consumers."""
 
+    def __init__(
+        self,
+        broker: NatsBroker,
+        *,
+        service: str,
+        common: CommonSettings,
+        stages: Sequence[Stage[Any, D]],
+        make_deps: MakeDeps[D],
+        tracer_provider: TracerProvider | None,
+    ) -> None:
+        self.broker = broker
+        self.service = service
+        self.common = common
+        self.stages = stages
+        self._make_deps = make_deps
+        self._provider = tracer_provider
+        self.deps: D | None = None
+        self.consumers: list[StageConsumer] = []
 
-D = TypeVar("D", bound=Closable)
+    async def start(self) -> None:
+        nc = await self.broker.connect()
+        await ensure_streams(nc.jetstream(), self.common.response_ttl)
+        bus = Bus(nc, tracing=self._provider is not None)
+        tracer = tracer_for(f"intentroute.{self.service}", self._provider)
+        store = await Store.connect(self.common.database_url, tracer=tracer)
+        base = StageDeps(bus=bus, store=store, tracer=tracer)
+        base.exits.push_async_callback(store.close)
+        try:
+            self.deps = await self._make_deps(base)
+        except BaseException:
+            await base.close()
+            raise
+        consumer_tracer = (
+            tracer_for("intentroute.bus", self._provider) if self._provider else None
+        )
+        self.consumers = [
+            StageConsumer(nc, stage.spec, stage.bind(self.deps), tracer=consumer_tracer)
+            for stage in self.stages
+        ]
+        for consumer in self.consumers:
+            await consumer.start()
+        # Models, clients and imports are built: keep them out of every collection,
+        # and collect young objects less often (each message allocates many).
+        gc.freeze()
+        gc.set_threshold(20_000, 50, 100)
+
+    async def stop(self) -> None:
+        """Stop pulling; in-flight handlers finish while the connection is still up."""
+        for consumer in self.consumers:
+            await consumer.stop()
+
+    async def close(self) -> None:
+        if self.deps is not None:
+            await self.deps.close()
+            self.deps = None
 
 
 def build_app(
     *,
+    service: str,
     common: CommonSettings,
-    stages: list[Stage[D]],
-    make_deps: Callable[[Bus], Awaitable[D]],
+    stages: Sequence[Stage[Any, D]],
+    make_deps: MakeDeps[D],
     tracer_provider: TracerProvider | None = None,
-    on_ready: Callable[[D], Awaitable[None]] | None = None,
 ) -> FastStream:
-    """The worker's app: its lifespan connects, declares the streams, builds the
-    worker's clients and models once, then starts one consumer per stage; on the way
-    out the consumers stop pulling and finish what they hold before deps close."""
+    """The worker's FastStream application; `make_deps` turns the common dependencies
+    (bus, store, tracer, exit stack) into the ones its stages need."""
     logging.basicConfig(
         level=common.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    provider = tracer_provider or build_tracer_provider(
+        f"intentroute-{service}", common.otlp_endpoint
+    )
     broker = make_broker(common)
-    app = FastStream(broker, logger=logging.getLogger("intentroute.app"))
-    tracer = tracer_for("intentroute.bus", tracer_provider) if tracer_provider else None
+    worker = Worker(broker, service=service, common=common, stages=stages,
+                    make_deps=make_deps, tracer_provider=provider)
+    return FastStream(
+        broker,
+        logger=logging.getLogger("intentroute.app"),
+        after_startup=[worker.start],
+        on_shutdown=[worker.stop],
+        after_shutdown=[worker.close],
+    )
 
-    @asynccontextmanager
-    async def lifespan() -> AsyncIterator[None]:
-        await connect_and_declare(broker, common)
-        bus = Bus(broker.config.connection_state.connection, tracing=tracer is not None)
-        deps = await make_deps(bus)
-        consumers = [
-            StageConsumer(bus.nc, stage.spec, stage.bind(deps), tracer=tracer)
-            for stage in stages
-        ]
-        try:
-            for consumer in consumers:
-                await consumer.start()
-            if on_ready is not None:
-                await on_ready(deps)
-            # Models, clients and imports are built: keep them out of every collection,
-            # and collect young objects less often (each message allocates many).
-            gc.freeze()
-            gc.set_threshold(20_000, 50, 100)
-            yield
-        finally:
-            for consumer in consumers:
-                await consumer.stop()
-            await deps.close()
-
-    app.lifespan_context = lambda *_, **__: lifespan()
-    return app

@@ -1,48 +1,89 @@
-"""What every stage does around its handler: decode once, sort errors, never loop.
+"""The one shape every stage has: decode, guard redeliveries, time, call the logic, hand off.
 
-Errors are either permanent (`PermanentError`: the request can never succeed; the
-caller gets a final error chunk and the message is acknowledged) or retryable
-(anything else: nack with backoff so another delivery, possibly on another
-replica, tries again). On the last allowed delivery a retryable error becomes an
-error answer too, so a poison message ends as a reply, never as a loop.
+A stage is its delivery settings (`StageSpec`), a decoder for its envelope and a logic
+function. `run_stage` does the rest, the same way for every stage:
+
+* an envelope that does not decode is reported (the stage's `on_undecodable`) and
+  acknowledged, never retried;
+* `<stage>.at` records when the stage started (ms after the gateway accepted it);
+* the logic returns a `Handoff` (the next subject and envelope) or None when it answered
+  the caller itself; a hand-off records the stage's time and is published durably with a
+  msg id that makes a re-publish after a crash a no-op;
+* errors are either permanent (`PermanentError`: the caller gets a final error chunk and
+  the message is acknowledged) or retryable (anything else: nack with backoff so another
+  delivery, possibly on another replica, tries again). On the last allowed delivery a
+  retryable error becomes an error answer too, so a poison message ends as a reply,
+  never as a loop.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
-import msgspec
+from opentelemetry.trace import Tracer
 
-from shared.bus import AnswerStream, Bus
-from shared.codec import decode_envelope, encode
-from shared.consumer import Delivery, StageSpec
-from shared.contracts.pipeline import Envelope
-from shared.contracts.response import UNADDRESSABLE_SUBJECT, ChunkKind, ErrorInfo, ResponseChunk
-from shared.contracts.routing import topic_snippet
-from shared.settings import CommonSettings
-from shared.store.stores import (
-    HistoryRow,
-    RequestLogRow,
-    Row,
-    Store,
-    StoreUnavailable,
-    TurnRow,
+from shared.bus import AnswerStream, publish_stage
+from shared.codec import encode
+from shared.consumer import Handler, StageSpec
+from shared.contracts.pipeline import Admitted, Routed
+from shared.contracts.request import AgentRequest
+from shared.contracts.response import (
+    UNADDRESSABLE_SUBJECT,
+    ChunkKind,
+    ErrorCode,
+    ErrorInfo,
+    ResponseChunk,
 )
+from shared.contracts.routing import RoutingDecision, topic_snippet
+from shared.ports import Delivery, Publisher, TurnStore
+from shared.settings import CommonSettings
+from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
+from shared.store.stores import StoreUnavailable
 
 log = logging.getLogger("intentroute.stage")
 
 
-def stage_spec(
-    common: CommonSettings, *, stream: str, subject: str, durable: str, max_inflight: int
-) -> StageSpec:
-    """A stage's delivery settings: its own stream, subject, durable and batch, plus the
-    redelivery bounds (`ack_wait`, `max_deliver`) every stage takes from CommonSettings."""
-    return StageSpec(stream=stream, subject=subject, durable=durable, max_inflight=max_inflight,
-                     ack_wait=common.ack_wait, max_deliver=common.max_deliver)
+class Enveloped(Protocol):
+    """What every envelope carries: the request, when it was accepted, stage timings."""
+
+    @property
+    def request(self) -> AgentRequest: ...
+
+    @property
+    def accepted_at(self) -> float: ...
+
+    @property
+    def timings(self) -> dict[str, float]: ...
+
+
+E = TypeVar("E", Admitted, Routed)
+
+
+@dataclass(kw_only=True)
+class StageDeps:
+    """What every stage's logic gets: the bus, the store, the tracer, and the exit stack
+    that closes whatever the worker opened for it. A stage that needs more subclasses it."""
+
+    bus: Publisher
+    store: TurnStore
+    tracer: Tracer
+    exits: AsyncExitStack = field(default_factory=AsyncExitStack)
+
+    def parts(self) -> dict[str, Any]:
+        """The base fields, to build a subclass from: `MyDeps(**base.parts(), extra=...)`."""
+        return {"bus": self.bus, "store": self.store, "tracer": self.tracer,
+                "exits": self.exits}
+
+    async def close(self) -> None:
+        await self.exits.aclose()
+
+
+D = TypeVar("D", bound=StageDeps)
 
 
 class PermanentError(Exception):
@@ -54,28 +95,127 @@ class PermanentError(Exception):
         self.message = message
 
 
-async def decode_or_report(bus: Bus, msg: Delivery, stage: str) -> Envelope | None:
-    """Decode the envelope; an undecodable one is reported and acknowledged."""
+@dataclass(frozen=True)
+class Handoff:
+    """The next stage's subject and envelope. `step` names the hand-off in its msg id
+    (`<request_id>:<step>`); `timing` is the key the stage's time is recorded under."""
+
+    subject: str
+    envelope: Admitted | Routed
+    step: str
+    timing: str = ""
+
+
+@dataclass
+class Call:
+    """One delivery being handled: the message and when the stage started on it."""
+
+    delivery: Delivery
+    stage: str
+    started: float = field(default_factory=time.perf_counter)
+
+    def elapsed_ms(self) -> float:
+        return round((time.perf_counter() - self.started) * 1000, 3)
+
+    def mark(self, env: Enveloped, key: str = "") -> None:
+        """Record how long this stage has worked on `env` so far."""
+        env.timings[key or self.stage] = self.elapsed_ms()
+
+
+Logic = Callable[[E, Call, D], Awaitable[Handoff | None]]
+Undecodable = Callable[[D, bytes, Exception], Awaitable[None]]
+
+
+async def report_undecodable(deps: StageDeps, raw: bytes, exc: Exception) -> None:
+    """An envelope no stage can read has no caller to answer: it is reported on the
+    unaddressable subject and acknowledged."""
+    log.error("undecodable envelope dropped to %s: %s", UNADDRESSABLE_SUBJECT, exc)
+    chunk = ResponseChunk(
+        request_id="",
+        seq=0,
+        kind=ChunkKind.FINAL,
+        is_final=True,
+        error=ErrorInfo(ErrorCode.BAD_ENVELOPE, f"envelope does not decode: {exc}"),
+    )
+    await deps.bus.publish(UNADDRESSABLE_SUBJECT, encode(chunk))
+
+
+@dataclass(frozen=True)
+class Stage(Generic[E, D]):
+    """A stage a worker serves: its name, delivery settings, envelope decoder and logic."""
+
+    name: str
+    spec: StageSpec
+    decode: Callable[[bytes], E]
+    logic: Logic[E, D]
+    on_undecodable: Undecodable[D] = report_undecodable
+    # Record `<name>.at` (time from acceptance to this stage) and the stage's own time.
+    timed: bool = True
+
+    async def handle(self, msg: Delivery, deps: D) -> None:
+        await run_stage(self, msg, deps)
+
+    def bind(self, deps: D) -> Handler:
+        async def handler(msg: Delivery) -> None:
+            await run_stage(self, msg, deps)
+
+        return handler
+
+
+def stage_spec(
+    common: CommonSettings, *, stream: str, subject: str, durable: str, max_inflight: int
+) -> StageSpec:
+    """A stage's delivery settings: its own stream, subject, durable and batch, plus the
+    redelivery bounds (`ack_wait`, `max_deliver`) every stage takes from CommonSettings."""
+    return StageSpec(stream=stream, subject=subject, durable=durable, max_inflight=max_inflight,
+                     ack_wait=common.ack_wait, max_deliver=common.max_deliver)
+
+
+async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
     try:
-        return decode_envelope(msg.data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        log.error("[%s] undecodable envelope dropped to %s: %s", stage, UNADDRESSABLE_SUBJECT, exc)
-        chunk = ResponseChunk(
-            request_id="",
-            seq=0,
-            kind=ChunkKind.FINAL,
-            is_final=True,
-            error=ErrorInfo("BAD_ENVELOPE", f"{stage}: envelope does not decode: {exc}"),
-        )
-        await bus.publish(UNADDRESSABLE_SUBJECT, encode(chunk))
-        return None
+        env = stage.decode(msg.data)
+    except Exception as exc:  # decoding is pure: whatever it raises, the input is bad
+        await stage.on_undecodable(deps, msg.data, exc)
+        return
+    call = Call(msg, stage.name)
+    if stage.timed:
+        # Time from acceptance to this stage's start: queueing + transit, per stage.
+        env.timings[f"{stage.name}.at"] = round((time.time() - env.accepted_at) * 1000, 3)
+    try:
+        handoff = await stage.logic(env, call, deps)
+        if handoff is not None:
+            if stage.timed:
+                call.mark(handoff.envelope, handoff.timing)
+            await publish_stage(
+                deps.bus, handoff.subject, encode(handoff.envelope),
+                msg_id=f"{env.request.request_id}:{handoff.step}",
+            )
+    except PermanentError as exc:
+        log.warning("[%s] %s permanent error %s: %s", stage.name, env.request.request_id,
+                    exc.code, exc.message)
+        await answer_error(deps.bus, deps.store, env, exc.code, exc.message)
+    except Exception as exc:
+        attempt = msg.deliveries
+        if attempt >= stage.spec.max_deliver:
+            log.error("[%s] %s failed on delivery %d/%d, answering with an error: %r",
+                      stage.name, env.request.request_id, attempt, stage.spec.max_deliver, exc)
+            await answer_error(
+                deps.bus, deps.store, env, ErrorCode.STAGE_FAILED,
+                f"{stage.name} failed after {attempt} attempts: {exc}",
+            )
+            return
+        log.warning("[%s] %s retryable error on delivery %d: %r",
+                    stage.name, env.request.request_id, attempt, exc)
+        await msg.nack(delay=min(0.2 * attempt, 2.0))
 
 
-def history_row(env: Envelope) -> HistoryRow:
+def decision_of(env: Admitted | Routed) -> RoutingDecision | None:
+    return env.decision if isinstance(env, Routed) else None
+
+
+def history_row(env: Routed) -> HistoryRow:
     """The turn's classify_history entry: type plus a <=60-character topic (RC-06)."""
-    req = env.request
-    dec = env.decision
-    assert dec is not None
+    req, dec = env.request, env.decision
     return HistoryRow(
         agent_id=req.agent_id,
         session_id=req.session_id,
@@ -87,11 +227,11 @@ def history_row(env: Envelope) -> HistoryRow:
     )
 
 
-def request_log_row(env: Envelope, outcome: str, **fields: Any) -> RequestLogRow:
+def request_log_row(env: Admitted | Routed, outcome: str, **fields: Any) -> RequestLogRow:
     """The request-log row of `env`: ids, routing decision and stage timings, plus
     whatever the finishing stage knows (`answered_by`, `validation_status`, ...)."""
     req = env.request
-    dec = env.decision
+    dec = decision_of(env)
     return RequestLogRow(
         request_id=req.request_id,
         agent_id=req.agent_id,
@@ -107,23 +247,20 @@ def request_log_row(env: Envelope, outcome: str, **fields: Any) -> RequestLogRow
 
 
 async def answer_error(
-    bus: Bus,
-    store: Store | None,
-    env: Envelope,
+    bus: Publisher,
+    store: TurnStore,
+    env: Admitted | Routed,
     code: str,
     message: str,
-    *,
-    start_seq: int = 0,
 ) -> None:
     """Final error chunk to the caller plus the turn's history and request-log rows."""
     req = env.request
+    start_seq = env.seq if isinstance(env, Routed) else 0
     await AnswerStream(bus, req.request_id, start_seq=start_seq).error(
-        code, message, decision=env.decision
+        code, message, decision=decision_of(env)
     )
-    if store is None:
-        return
     rows: list[Row] = [request_log_row(env, f"error:{code}")]
-    if env.decision is not None:
+    if isinstance(env, Routed):
         rows.append(history_row(env))
     try:
         await store.write(*rows)
@@ -132,42 +269,9 @@ async def answer_error(
         log.error("[%s] error rows not stored: %s", req.request_id, exc)
 
 
-@asynccontextmanager
-async def stage_guard(
-    bus: Bus,
-    msg: Delivery,
-    env: Envelope,
-    *,
-    stage: str,
-    max_deliver: int,
-    store: Store | None,
-) -> AsyncIterator[None]:
-    # Time from acceptance to this stage's start: queueing + transit, per stage.
-    env.timings[f"{stage}.at"] = round((time.time() - env.accepted_at) * 1000, 3)
-    try:
-        yield
-    except PermanentError as exc:
-        log.warning("[%s] %s permanent error %s: %s", stage, env.request.request_id,
-                    exc.code, exc.message)
-        await answer_error(bus, store, env, exc.code, exc.message)
-    except Exception as exc:
-        attempt = msg.deliveries
-        if attempt >= max_deliver:
-            log.error("[%s] %s failed on delivery %d/%d, answering with an error: %r",
-                      stage, env.request.request_id, attempt, max_deliver, exc)
-            await answer_error(
-                bus, store, env, "STAGE_FAILED",
-                f"{stage} failed after {attempt} attempts: {exc}",
-            )
-            return
-        log.warning("[%s] %s retryable error on delivery %d: %r",
-                    stage, env.request.request_id, attempt, exc)
-        await msg.nack(delay=min(0.2 * attempt, 2.0))
-
-
 async def finish_turn(
-    store: Store,
-    env: Envelope,
+    store: TurnStore,
+    env: Routed,
     *,
     answer: str,
     answered_by: str,
@@ -177,9 +281,7 @@ async def finish_turn(
     """Store the turn, its classify_history entry and its request-log row in one
     write before the final chunk goes out, so the next turn of the session already
     sees this answer and this turn's type."""
-    req = env.request
-    dec = env.decision
-    assert dec is not None
+    req, dec = env.request, env.decision
     await store.write(
         history_row(env),
         TurnRow(

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 from services.classifier.cascade import Cascade
 from services.classifier.settings import ClassifierSettings
-from shared.bus import AnswerStream, Bus, publish_stage
-from shared.codec import encode
-from shared.consumer import Delivery, Stage
+from shared.bus import AnswerStream
+from shared.codec import decode_admitted
 from shared.contracts import pipeline
-from shared.contracts.pipeline import CLASSIFY_SUBJECT, RETRIEVE_SUBJECT, Envelope, generate_subject
+from shared.contracts.pipeline import (
+    CLASSIFY_SUBJECT,
+    RETRIEVE_SUBJECT,
+    Admitted,
+    Routed,
+    generate_subject,
+)
 from shared.contracts.response import ChunkKind
 from shared.contracts.routing import (
     RETRIEVING_TYPES,
@@ -19,24 +24,20 @@ from shared.contracts.routing import (
     QueryType,
     RoutingDecision,
 )
-from shared.runtime import Closable
-from shared.stage import decode_or_report, history_row, request_log_row, stage_guard, stage_spec
-from shared.store.stores import Store
+from shared.stage import (
+    Call,
+    Handoff,
+    Stage,
+    StageDeps,
+    history_row,
+    request_log_row,
+    stage_spec,
+)
 
 
-class ClassifierDeps:
-    def __init__(
-        self, bus: Bus, store: Store, cascade: Cascade, layer2: Closable | None = None
-    ) -> None:
-        self.bus = bus
-        self.store = store
-        self.cascade = cascade
-        self.layer2 = layer2
-
-    async def close(self) -> None:
-        if self.layer2 is not None:
-            await self.layer2.close()
-        await self.store.close()
+@dataclass(kw_only=True)
+class ClassifierDeps(StageDeps):
+    cascade: Cascade
 
 
 _WHAT = {
@@ -59,56 +60,48 @@ def clarification_text(decision: RoutingDecision) -> str:
     return f"I am not sure what you need. Do you want {listed}?"
 
 
-def build_stage(settings: ClassifierSettings) -> Stage[ClassifierDeps]:
-    async def on_classify(msg: Delivery, deps: ClassifierDeps) -> None:
-        bus = deps.bus
-        env = await decode_or_report(bus, msg, "classify")
-        if env is None:
-            return
-        async with stage_guard(bus, msg, env, stage="classify",
-                               max_deliver=settings.common.max_deliver, store=deps.store):
-            started = time.perf_counter()
-            req = env.request
+def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]:
+    async def on_classify(env: Admitted, call: Call, deps: ClassifierDeps) -> Handoff | None:
+        req = env.request
 
-            async def history() -> list[HistoryEntry]:
-                # RC-06: the classifier reads at most the last 6 entries, and only when a
-                # deictic message or Layer 3 needs them.
-                return await deps.store.last_history(req.agent_id, req.session_id)
+        async def history() -> list[HistoryEntry]:
+            # RC-06: the classifier reads at most the last 6 entries, and only when a
+            # deictic message or Layer 3 needs them.
+            return await deps.store.last_history(req.agent_id, req.session_id)
 
-            decision = await deps.cascade.decide(req, history)
-            env.decision = decision
-            if decision.clarity != Clarity.CLEAR and settings.policy_for(req.agent_id) == "ask":
-                await _ask_back(bus, deps.store, env, decision, started)
-                return
-            env.timings["classify"] = round((time.perf_counter() - started) * 1000, 3)
-            # RC-04: only RETRIEVAL and CODE_GENERATION go through the retriever.
-            if decision.type in RETRIEVING_TYPES:
-                subject = RETRIEVE_SUBJECT
-            else:
-                subject = generate_subject(decision.model_slot)
-            # This turn's classify_history row travels in the envelope's decision and is
-            # written with the turn by the stage that ends it (shared.stage.finish_turn).
-            await publish_stage(bus, subject, encode(env), msg_id=f"{req.request_id}:classified")
+        routed = Routed.from_admitted(env, await deps.cascade.decide(req, history))
+        decision = routed.decision
+        if decision.clarity != Clarity.CLEAR and settings.policy_for(req.agent_id) == "ask":
+            call.mark(routed)
+            await ask_back(deps, routed)
+            return None
+        # RC-04: only RETRIEVAL and CODE_GENERATION go through the retriever.
+        if decision.type in RETRIEVING_TYPES:
+            subject = RETRIEVE_SUBJECT
+        else:
+            subject = generate_subject(decision.model_slot)
+        # This turn's classify_history row travels in the envelope's decision and is
+        # written with the turn by the stage that ends it (shared.stage.finish_turn).
+        return Handoff(subject, routed, "classified")
 
     return Stage(
-        stage_spec(
+        name="classify",
+        spec=stage_spec(
             settings.common,
             stream=pipeline.STREAM,
             subject=CLASSIFY_SUBJECT,
             durable="classifier",
             max_inflight=settings.batch_size,
         ),
-        on_classify,
+        decode=decode_admitted,
+        logic=on_classify,
     )
 
 
-async def _ask_back(
-    bus: Bus, store: Store, env: Envelope, decision: RoutingDecision, started: float
-) -> None:
+async def ask_back(deps: StageDeps, env: Routed) -> None:
     """Clarity policy `ask`: a clarification chunk with the options; nothing generated."""
-    req = env.request
-    env.timings["classify"] = round((time.perf_counter() - started) * 1000, 3)
-    await store.write(history_row(env), request_log_row(env, "clarification"))
-    await AnswerStream(bus, req.request_id, start_seq=env.seq).final(
-        decision=decision, text=clarification_text(decision), kind=ChunkKind.CLARIFICATION
+    await deps.store.write(history_row(env), request_log_row(env, "clarification"))
+    await AnswerStream(deps.bus, env.request.request_id, start_seq=env.seq).final(
+        decision=env.decision, text=clarification_text(env.decision),
+        kind=ChunkKind.CLARIFICATION,
     )

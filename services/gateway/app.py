@@ -1,4 +1,4 @@
-"""Gateway worker: settings -> stage -> lifespan (store, gRPC listener)."""
+"""Gateway worker: settings -> stage -> deps (gRPC listener)."""
 
 from __future__ import annotations
 
@@ -6,23 +6,11 @@ from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
 from services.gateway.grpc_server import start_grpc
-from services.gateway.handlers import GatewayDeps, build_stage
+from services.gateway.handlers import build_stage
 from services.gateway.settings import GatewaySettings
 from shared.bus import Bus
 from shared.runtime import build_app
-from shared.store.stores import Store
-from shared.telemetry import build_tracer_provider, tracer_for
-
-
-class _GatewayRuntime(GatewayDeps):
-    def __init__(self, bus: Bus, store: Store, grpc_server: object | None) -> None:
-        super().__init__(bus, store)
-        self.grpc_server = grpc_server
-
-    async def close(self) -> None:
-        if self.grpc_server is not None:
-            await self.grpc_server.stop(grace=2.0)  # type: ignore[attr-defined]
-        await super().close()
+from shared.stage import StageDeps
 
 
 def create_app(
@@ -31,24 +19,14 @@ def create_app(
     tracer_provider: TracerProvider | None = None,
 ) -> FastStream:
     settings = settings or GatewaySettings.from_env()
-    provider = tracer_provider or build_tracer_provider(
-        "intentroute-gateway", settings.common.otlp_endpoint
-    )
 
-    async def make_deps(bus: Bus) -> GatewayDeps:
-        store = await Store.connect(
-            settings.common.database_url, tracer=tracer_for("intentroute.gateway", provider)
-        )
-        grpc_server = None
+    async def make_deps(base: StageDeps) -> StageDeps:
         if settings.grpc_listen:
-            grpc_server = await start_grpc(
-                bus.nc, settings.grpc_listen, answer_timeout=settings.answer_timeout
-            )
-        return _GatewayRuntime(bus, store, grpc_server)
+            assert isinstance(base.bus, Bus)
+            server = await start_grpc(base.bus.nc, settings.grpc_listen,
+                                      answer_timeout=settings.answer_timeout)
+            base.exits.push_async_callback(server.stop, 2.0)
+        return base
 
-    return build_app(
-        common=settings.common,
-        stages=[build_stage(settings)],
-        make_deps=make_deps,
-        tracer_provider=provider,
-    )
+    return build_app(service="gateway", common=settings.common, stages=[build_stage(settings)],
+                     make_deps=make_deps, tracer_provider=tracer_provider)

@@ -7,34 +7,40 @@ import time
 
 from services.gateway.settings import GatewaySettings
 from services.gateway.validation import InputError, parse_request, salvage_field
-from shared.bus import AnswerStream, Bus, publish_stage
+from shared.bus import AnswerStream
 from shared.codec import encode
-from shared.consumer import Delivery, Stage
 from shared.contracts import request as request_contract
-from shared.contracts.pipeline import CLASSIFY_SUBJECT, Envelope
+from shared.contracts.pipeline import CLASSIFY_SUBJECT, Admitted
 from shared.contracts.response import UNADDRESSABLE_SUBJECT, ChunkKind, ErrorInfo, ResponseChunk
-from shared.stage import stage_spec
-from shared.store.stores import RequestLogRow, Store
+from shared.stage import Call, Handoff, Stage, StageDeps, stage_spec
+from shared.store.rows import RequestLogRow
 
 log = logging.getLogger("intentroute.gateway")
 
 
-class GatewayDeps:
-    def __init__(self, bus: Bus, store: Store) -> None:
-        self.bus = bus
-        self.store = store
+def admit(raw: bytes) -> Admitted:
+    """The gateway's decoder: a checked request, or `BadRequest` with the error."""
+    parsed = parse_request(raw)
+    if isinstance(parsed, InputError):
+        raise BadRequest(parsed)
+    return Admitted(request=parsed, accepted_at=time.time())
 
-    async def close(self) -> None:
-        await self.store.close()
+
+class BadRequest(ValueError):
+    def __init__(self, error: InputError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
-async def reject_input(bus: Bus, store: Store, error: InputError, raw: bytes) -> None:
+async def reject_input(deps: StageDeps, raw: bytes, exc: Exception) -> None:
     """Bad input ends as a final error chunk, never as a silent drop."""
+    error = exc.error if isinstance(exc, BadRequest) else InputError(
+        "MALFORMED_JSON", f"request does not decode: {exc}")
     log.warning("[gateway] rejected request %r: %s %s", error.request_id, error.code,
                 error.message)
     if error.request_id:
-        await AnswerStream(bus, error.request_id).error(error.code, error.message)
-        await store.write(
+        await AnswerStream(deps.bus, error.request_id).error(error.code, error.message)
+        await deps.store.write(
             RequestLogRow(
                 request_id=error.request_id,
                 agent_id=salvage_field(raw, "agent_id"),
@@ -52,28 +58,25 @@ async def reject_input(bus: Bus, store: Store, error: InputError, raw: bytes) ->
         text=raw[:512].decode("utf-8", errors="replace"),
         error=ErrorInfo(error.code, error.message),
     )
-    await bus.publish(UNADDRESSABLE_SUBJECT, encode(chunk))
+    await deps.bus.publish(UNADDRESSABLE_SUBJECT, encode(chunk))
 
 
-async def on_request(msg: Delivery, deps: GatewayDeps) -> None:
-    parsed = parse_request(msg.data)
-    if isinstance(parsed, InputError):
-        await reject_input(deps.bus, deps.store, parsed, msg.data)
-        return
-    env = Envelope(request=parsed, accepted_at=time.time())
-    await publish_stage(
-        deps.bus, CLASSIFY_SUBJECT, encode(env), msg_id=f"{parsed.request_id}:accepted"
-    )
+async def on_request(env: Admitted, call: Call, deps: StageDeps) -> Handoff:
+    return Handoff(CLASSIFY_SUBJECT, env, "accepted")
 
 
-def build_stage(settings: GatewaySettings) -> Stage[GatewayDeps]:
+def build_stage(settings: GatewaySettings) -> Stage[Admitted, StageDeps]:
     return Stage(
-        stage_spec(
+        name="gateway",
+        spec=stage_spec(
             settings.common,
             stream=request_contract.STREAM,
             subject=request_contract.SUBJECT,
             durable="gateway",
             max_inflight=settings.batch_size,
         ),
-        on_request,
+        decode=admit,
+        logic=on_request,
+        on_undecodable=reject_input,
+        timed=False,
     )

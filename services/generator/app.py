@@ -1,4 +1,4 @@
-"""Generator worker for one model slot: settings -> stage -> lifespan."""
+"""Generator worker for one model slot: settings -> stage -> deps (model backend)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from opentelemetry.trace import TracerProvider
 from services.generator.backends import ChatBackend, EchoBackend, OllamaBackend
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.settings import GeneratorSettings
-from shared.bus import Bus
 from shared.runtime import build_app
-from shared.store.stores import Store
-from shared.telemetry import build_tracer_provider, tracer_for
+from shared.stage import StageDeps
 
 
 def choose_backend(settings: GeneratorSettings) -> ChatBackend | None:
@@ -29,20 +27,12 @@ def create_app(
     tracer_provider: TracerProvider | None = None,
 ) -> FastStream:
     settings = settings or GeneratorSettings.from_env()
-    provider = tracer_provider or build_tracer_provider(
-        f"intentroute-generator-{settings.slot.value}", settings.common.otlp_endpoint
-    )
-    tracer = tracer_for("intentroute.generator", provider)
 
-    async def make_deps(bus: Bus) -> GeneratorDeps:
-        store = await Store.connect(settings.common.database_url, tracer=tracer)
+    async def make_deps(base: StageDeps) -> GeneratorDeps:
         backend = choose_backend(settings)
         model = settings.model or ("echo" if isinstance(backend, EchoBackend) else "")
-        return GeneratorDeps(bus, store, backend, model, tracer)
+        return GeneratorDeps(**base.parts(), backend=backend, model=model)
 
-    return build_app(
-        common=settings.common,
-        stages=[build_stage(settings)],
-        make_deps=make_deps,
-        tracer_provider=provider,
-    )
+    return build_app(service=f"generator-{settings.slot.value}", common=settings.common,
+                     stages=[build_stage(settings)], make_deps=make_deps,
+                     tracer_provider=tracer_provider)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from shared.contracts.pipeline import Envelope, Passage
+from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import QueryType
 
 LABEL = "[extractive answer: no language model answered; built from "
@@ -62,8 +62,7 @@ def _summary(text: str, query: str, max_sentences: int) -> str:
     return " ".join(sentences[i] for i in keep)
 
 
-def extractive_answer(env: Envelope, *, previous_answer: str = "") -> str:
-    assert env.decision is not None
+def extractive_answer(env: Routed, *, previous_answer: str = "") -> str:
     req = env.request
     kind = env.decision.type
     if kind == QueryType.PLATFORM:

@@ -8,7 +8,7 @@ from string import Template
 
 import msgspec
 
-from shared.contracts.pipeline import Envelope, Passage
+from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import QueryType
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
@@ -35,9 +35,8 @@ def format_passages(passages: list[Passage]) -> str:
     return "\n\n".join(f"[{i}] {p.title}\n{p.text}" for i, p in enumerate(passages, 1))
 
 
-def render_prompt(env: Envelope, *, previous_answer: str = "") -> list[ChatMessage]:
+def render_prompt(env: Routed, *, previous_answer: str = "") -> list[ChatMessage]:
     """System + user messages for the envelope's query type."""
-    assert env.decision is not None, "generation needs a routing decision"
     req = env.request
     editor = (
         _template("editor").substitute(editor_context=req.editor_context)

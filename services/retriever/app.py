@@ -1,4 +1,4 @@
-"""Retriever worker: settings -> stage -> lifespan (index, encoder)."""
+"""Retriever worker: settings -> stage -> deps (index, encoder, relevance judge)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from opentelemetry.trace import TracerProvider
 from services.retriever.adapters import EmbeddedRetrieval, Retrieval
 from services.retriever.handlers import RetrieverDeps, build_stage
 from services.retriever.settings import RetrieverSettings
-from shared.bus import Bus
 from shared.runtime import build_app
-from shared.store.stores import Store
-from shared.telemetry import build_tracer_provider, tracer_for
+from shared.stage import StageDeps
 
 
 def build_retrieval(settings: RetrieverSettings) -> Retrieval:
@@ -37,23 +35,17 @@ def create_app(
     tracer_provider: TracerProvider | None = None,
 ) -> FastStream:
     settings = settings or RetrieverSettings.from_env()
-    provider = tracer_provider or build_tracer_provider(
-        "intentroute-retriever", settings.common.otlp_endpoint
-    )
-    tracer = tracer_for("intentroute.retriever", provider)
 
-    async def make_deps(bus: Bus) -> RetrieverDeps:
-        store = await Store.connect(settings.common.database_url, tracer=tracer)
+    async def make_deps(base: StageDeps) -> RetrieverDeps:
+        backend = retrieval or build_retrieval(settings)
+        base.exits.push_async_callback(backend.close)
         judge = None
         if settings.relevance_mode == "llm" and settings.ollama_host and settings.relevance_model:
             from services.retriever.adapters import OllamaRelevanceJudge
 
             judge = OllamaRelevanceJudge(settings.ollama_host, settings.relevance_model)
-        return RetrieverDeps(bus, store, retrieval or build_retrieval(settings), judge=judge)
+        return RetrieverDeps(**base.parts(), retrieval=backend, judge=judge)
 
-    return build_app(
-        common=settings.common,
-        stages=[build_stage(settings)],
-        make_deps=make_deps,
-        tracer_provider=provider,
-    )
+    return build_app(service="retriever", common=settings.common,
+                     stages=[build_stage(settings)], make_deps=make_deps,
+                     tracer_provider=tracer_provider)

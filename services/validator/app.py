@@ -1,48 +1,40 @@
-"""Validator worker: settings -> stage -> lifespan (parser client, breaker)."""
+"""Validator worker: settings -> stage -> deps (parser client behind its breaker)."""
 
 from __future__ import annotations
 
 from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
-from services.validator.handlers import CodeChecker, Unvalidated, ValidatorDeps, build_stage
+from services.validator.breaker import CircuitBreaker
+from services.validator.handlers import ValidatorDeps, build_stage
+from services.validator.parser_client import GrpcParserClient, GuardedParser
 from services.validator.settings import ValidatorSettings
-from shared.bus import Bus
 from shared.runtime import build_app
-from shared.store.stores import Store
-from shared.telemetry import build_tracer_provider, tracer_for
+from shared.stage import StageDeps
 
 
-def build_checker(settings: ValidatorSettings) -> CodeChecker:
-    # AVAP_PARSER_TIMEOUT=0 disables validation: no parser call at all (ADR-0009).
-    if not settings.parser_url or settings.parser_timeout <= 0:
-        return Unvalidated()
-    from services.validator.checker import ParserChecker
-
-    return ParserChecker.from_settings(settings)
+def build_checker(settings: ValidatorSettings) -> GuardedParser:
+    """The parser behind the breaker and the timeout. AVAP_PARSER_TIMEOUT=0 or no
+    AVAP_PARSER_URL disables validation: no parser call at all (ADR-0009)."""
+    client = None
+    if settings.parser_url and settings.parser_timeout > 0:
+        client = GrpcParserClient(settings.parser_url, timeout=settings.parser_timeout)
+    return GuardedParser(client, CircuitBreaker(settings.cb_threshold, settings.cb_cooldown),
+                         timeout=settings.parser_timeout, strict=settings.strict)
 
 
 def create_app(
     settings: ValidatorSettings | None = None,
     *,
-    checker: CodeChecker | None = None,
     tracer_provider: TracerProvider | None = None,
 ) -> FastStream:
     settings = settings or ValidatorSettings.from_env()
-    provider = tracer_provider or build_tracer_provider(
-        "intentroute-validator", settings.common.otlp_endpoint
-    )
-    tracer = tracer_for("intentroute.validator", provider)
 
-    async def make_deps(bus: Bus) -> ValidatorDeps:
-        from services.validator.extract import extract_avap_code
+    async def make_deps(base: StageDeps) -> ValidatorDeps:
+        guarded = build_checker(settings)
+        base.exits.push_async_callback(guarded.close)
+        return ValidatorDeps(**base.parts(), checker=guarded)
 
-        store = await Store.connect(settings.common.database_url, tracer=tracer)
-        return ValidatorDeps(bus, store, checker or build_checker(settings), extract_avap_code)
-
-    return build_app(
-        common=settings.common,
-        stages=[build_stage(settings)],
-        make_deps=make_deps,
-        tracer_provider=provider,
-    )
+    return build_app(service="validator", common=settings.common,
+                     stages=[build_stage(settings)], make_deps=make_deps,
+                     tracer_provider=tracer_provider)

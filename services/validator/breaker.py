@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -50,15 +49,6 @@ class CircuitBreaker:
         self._failures = 0  # consecutive, while CLOSED
         self._opened_at = 0.0
         self._probe_in_flight = False
-
-    @classmethod
-    def from_env(cls, *, clock: Callable[[], float] = time.monotonic) -> CircuitBreaker:
-        """PARSER_CB_THRESHOLD (default 3) and PARSER_CB_COOLDOWN seconds (default 30)."""
-        return cls(
-            int(os.environ.get("PARSER_CB_THRESHOLD", DEFAULT_THRESHOLD)),
-            float(os.environ.get("PARSER_CB_COOLDOWN", DEFAULT_COOLDOWN)),
-            clock=clock,
-        )
 
     @property
     def state(self) -> BreakerState:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.contracts.parser import TraceLine, is_error
+from shared.contracts.parser import TraceCode, TraceLine, is_error
 
 # Enough to fix a typical answer; more lines mostly repeat one cascade and cost tokens.
 MAX_LINES = 10
@@ -16,7 +16,7 @@ _FOOTER = "Correct these errors. Do not repeat the same constructs."
 def _line(t: TraceLine) -> str:
     text = f"Line {t.line}: {t.message}"
     if t.suggestion:
-        if t.code == "UNKNOWN_COMMAND":
+        if t.code == TraceCode.UNKNOWN_COMMAND:
             text += f" — did you mean '{t.suggestion}'?"
         else:
             text += f" — use {t.suggestion}"

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import os
 from typing import Protocol
 
 import grpc
 import msgspec
 
 from services.validator.breaker import CircuitBreaker
+from services.validator.feedback import render_parser_feedback
 from shared.contracts.parser import TraceLine
 from shared.grpc import avap_parser_pb2, avap_parser_pb2_grpc
 
@@ -121,10 +121,17 @@ class CheckStatus(enum.StrEnum):
 
 
 class CheckResult(msgspec.Struct, frozen=True):
+    """The validator's verdict on one program."""
+
     status: CheckStatus
     trace: tuple[TraceLine, ...] = ()
     # Why the result is UNAVAILABLE: "disabled" | "circuit_open" | "timeout" | the error.
     reason: str = ""
+
+    @property
+    def feedback(self) -> str:
+        """The `<parser_feedback>` section for the one trace-guided retry (RC-08)."""
+        return render_parser_feedback(self.trace) if self.invalid else ""
 
     @property
     def valid(self) -> bool:
@@ -157,15 +164,6 @@ class GuardedParser:
         # which the knowledge base documents as an extension; both modes flag hallucinated
         # commands and foreign syntax.
         self.strict = strict
-
-    @classmethod
-    def from_env(cls) -> GuardedParser:
-        """AVAP_PARSER_URL (empty = disabled), AVAP_PARSER_TIMEOUT (0 = disabled) and the
-        breaker's PARSER_CB_THRESHOLD / PARSER_CB_COOLDOWN."""
-        timeout = float(os.environ.get("AVAP_PARSER_TIMEOUT", DEFAULT_TIMEOUT))
-        url = os.environ.get("AVAP_PARSER_URL", "").strip()
-        client = GrpcParserClient(url, timeout=timeout) if url and timeout > 0 else None
-        return cls(client, CircuitBreaker.from_env(), timeout=timeout)
 
     @property
     def enabled(self) -> bool:

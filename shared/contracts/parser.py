@@ -6,7 +6,25 @@ in these structs; neither imports the other's modules.
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
+
+
+class TraceCode(enum.StrEnum):
+    """Stable identifiers of parser diagnostics (`TraceLine.code`)."""
+
+    UNKNOWN_COMMAND = "UNKNOWN_COMMAND"
+    ARG_COUNT = "ARG_COUNT"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    UNCLOSED_BLOCK = "UNCLOSED_BLOCK"
+    UNEXPECTED_BLOCK_END = "UNEXPECTED_BLOCK_END"
+    UNBALANCED_BRACKETS = "UNBALANCED_BRACKETS"
+    UNTERMINATED_STRING = "UNTERMINATED_STRING"
+    FOREIGN_SYNTAX = "FOREIGN_SYNTAX"
+    INVALID_ASSIGNMENT = "INVALID_ASSIGNMENT"
+    SYNTAX_ERROR = "SYNTAX_ERROR"
+    TOLERATED_UNKNOWN_COMMAND = "TOLERATED_UNKNOWN_COMMAND"
 
 
 class TraceLine(msgspec.Struct, frozen=True):
@@ -20,7 +38,7 @@ class TraceLine(msgspec.Struct, frozen=True):
 
 
 # Diagnostics that are reported but do not make a program invalid (see services.parser.avap).
-WARNING_CODES: frozenset[str] = frozenset({"TOLERATED_UNKNOWN_COMMAND"})
+WARNING_CODES: frozenset[str] = frozenset({TraceCode.TOLERATED_UNKNOWN_COMMAND})
 
 
 def is_error(trace_line: TraceLine) -> bool:

@@ -1,11 +1,13 @@
-"""The envelope handed from stage to stage over JetStream."""
+"""What travels between stages over JetStream: `Admitted` before the classifier has
+decided, `Routed` after. A stage that needs a routing decision decodes a `Routed`, whose
+decision is required, so no stage checks for a missing one."""
 
 from __future__ import annotations
 
 import msgspec
 
 from shared.contracts.request import AgentRequest
-from shared.contracts.routing import HistoryEntry, ModelSlot, RoutingDecision
+from shared.contracts.routing import ModelSlot, RoutingDecision
 
 STREAM = "INTENTROUTE_PIPELINE"
 SUBJECT_PREFIX = "intentroute.stage"
@@ -27,12 +29,22 @@ class Passage(msgspec.Struct, frozen=True):
     source: str = ""
 
 
-class Envelope(msgspec.Struct, kw_only=True):
+class Admitted(msgspec.Struct, kw_only=True):
+    """A request the gateway accepted, on its way to the classifier."""
+
     request: AgentRequest
     # Epoch seconds when the gateway accepted the request (request-log latency).
     accepted_at: float
-    decision: RoutingDecision | None = None
-    history: list[HistoryEntry] = []
+    # Per-stage latency in milliseconds, stage name -> ms.
+    timings: dict[str, float] = {}
+
+
+class Routed(msgspec.Struct, kw_only=True):
+    """A classified request: everything after the classifier reads and extends this."""
+
+    request: AgentRequest
+    accepted_at: float
+    decision: RoutingDecision
     passages: list[Passage] = []
     retrieval_query: str = ""
     retrieval_retried: bool = False
@@ -44,5 +56,11 @@ class Envelope(msgspec.Struct, kw_only=True):
     attempt: int = 0
     # Next free seq on the response subject (a stage that sent status chunks moves it).
     seq: int = 0
-    # Per-stage latency in milliseconds, stage name -> ms.
     timings: dict[str, float] = {}
+
+    @classmethod
+    def from_admitted(cls, admitted: Admitted, decision: RoutingDecision) -> Routed:
+        return cls(request=admitted.request, accepted_at=admitted.accepted_at,
+                   decision=decision, timings=admitted.timings)
+
+

@@ -27,9 +27,28 @@ class ChunkKind(enum.StrEnum):
 
 
 class ValidationStatus(enum.StrEnum):
+    """How a CODE_GENERATION answer left the validator (ADR-0009)."""
+
     VALID = ""
     INVALID_UNRESOLVED = "INVALID_UNRESOLVED"
     PARSER_UNAVAILABLE = "PARSER_UNAVAILABLE"
+
+
+class ErrorCode(enum.StrEnum):
+    """`error.code` of a final error chunk."""
+
+    # Bad input, answered by the gateway.
+    MALFORMED_JSON = "MALFORMED_JSON"
+    MISSING_FIELD = "MISSING_FIELD"
+    INVALID_FIELD = "INVALID_FIELD"
+    OVERSIZED_FIELD = "OVERSIZED_FIELD"
+    UNKNOWN_QUERY_TYPE = "UNKNOWN_QUERY_TYPE"
+    # A stage could not read the envelope it was handed.
+    BAD_ENVELOPE = "BAD_ENVELOPE"
+    # A stage kept failing: answered after its last allowed delivery.
+    STAGE_FAILED = "STAGE_FAILED"
+    # RC-04: a PLATFORM / CONVERSATIONAL request reached the retriever.
+    RC04_VIOLATION = "RC04_VIOLATION"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True):

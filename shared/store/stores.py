@@ -14,54 +14,16 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import asyncpg
-import msgspec
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
 from shared.store import asyncpg_dsn
+from shared.store.rows import HistoryRow, Row, TurnRow
 
 log = logging.getLogger("intentroute.store")
 
 
-class HistoryRow(msgspec.Struct, frozen=True):
-    agent_id: str
-    session_id: str
-    request_id: str
-    type: str
-    topic: str
-    layer: str
-    confidence: float
-
-
-class TurnRow(msgspec.Struct, frozen=True):
-    """One finished turn: the user's query and the assistant's answer."""
-
-    agent_id: str
-    session_id: str
-    request_id: str
-    query: str
-    answer: str
-    query_type: str
-
-
-class RequestLogRow(msgspec.Struct, frozen=True, kw_only=True):
-    request_id: str
-    agent_id: str
-    session_id: str
-    outcome: str
-    query_type: str = ""
-    layer: str = ""
-    confidence: float | None = None
-    model_slot: str = ""
-    answered_by: str = ""
-    stage_ms: dict[str, float] = {}
-    total_ms: float | None = None
-    validation_status: str = ""
-    retried: bool = False
-
-
-Row = HistoryRow | TurnRow | RequestLogRow
 
 # One statement writes a whole batch: one round trip and one implicit transaction,
 # where BEGIN + an executemany per table + COMMIT took six. Arrays keep their order
@@ -190,9 +152,19 @@ class GroupCommitWriter:
             batch = [first]
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            await self._flush(batch)
-            for _ in batch:
-                self._queue.task_done()
+            try:
+                await self._flush(batch)
+            except Exception as exc:
+                # Whatever failed (a driver bug, a row the code cannot encode), the
+                # callers of this batch get an error and the writer goes on: a dead
+                # writer would leave every later write waiting forever.
+                log.exception("store write failed unexpectedly")
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(StoreUnavailable(f"write failed: {exc!r}"))
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
 
     async def _flush(self, batch: list[tuple[tuple[Row, ...], asyncio.Future[None]]]) -> None:
         error: BaseException | None = None

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from services.validator.app import build_checker
 from services.validator.breaker import BreakerState, CircuitBreaker
 from services.validator.parser_client import (
     CheckStatus,
@@ -15,6 +16,7 @@ from services.validator.parser_client import (
     ParserRejected,
     ParserUnavailable,
 )
+from services.validator.settings import ValidatorSettings
 from shared.contracts.parser import TraceLine
 
 
@@ -149,10 +151,10 @@ def test_state_changes_are_logged(clock: FakeClock, caplog: pytest.LogCaptureFix
     ]
 
 
-def test_from_env(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> None:
-    monkeypatch.setenv("PARSER_CB_THRESHOLD", "5")
-    monkeypatch.setenv("PARSER_CB_COOLDOWN", "12.5")
-    breaker = CircuitBreaker.from_env(clock=clock)
+def test_breaker_settings_come_from_the_environment() -> None:
+    settings = ValidatorSettings.from_env({"PARSER_CB_THRESHOLD": "5",
+                                           "PARSER_CB_COOLDOWN": "12.5"})
+    breaker = build_checker(settings).breaker
     assert (breaker.threshold, breaker.cooldown) == (5, 12.5)
 
 
@@ -309,10 +311,8 @@ async def test_rejected_request_is_unavailable_but_not_an_outage(clock: FakeCloc
     assert breaker.state is BreakerState.CLOSED
 
 
-def test_guarded_parser_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AVAP_PARSER_URL", "grpc://127.0.0.1:1")
-    monkeypatch.setenv("AVAP_PARSER_TIMEOUT", "0")
-    assert not GuardedParser.from_env().enabled
-    monkeypatch.setenv("AVAP_PARSER_TIMEOUT", "1.5")
-    guarded = GuardedParser.from_env()
+def test_guarded_parser_from_settings() -> None:
+    disabled = {"AVAP_PARSER_URL": "grpc://127.0.0.1:1", "AVAP_PARSER_TIMEOUT": "0"}
+    assert not build_checker(ValidatorSettings.from_env(disabled)).enabled
+    guarded = build_checker(ValidatorSettings.from_env({**disabled, "AVAP_PARSER_TIMEOUT": "1.5"}))
     assert guarded.enabled and guarded.timeout == 1.5

@@ -9,17 +9,17 @@ import pytest
 
 from services.generator.extractive import LABEL, extractive_answer
 from services.generator.prompts import render_prompt
-from shared.contracts.pipeline import Envelope, Passage
+from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import Layer, QueryType, RoutingDecision, slot_for
 
 SNAPSHOTS = Path(__file__).resolve().parent.parent / "snapshots"
 
 
-def envelope(qt: QueryType, **req: str) -> Envelope:
+def envelope(qt: QueryType, **req: str) -> Routed:
     fields = {"request_id": "r", "session_id": "s", "agent_id": "a", "query": "How do I loop?"}
     fields.update(req)
-    return Envelope(
+    return Routed(
         request=AgentRequest(**fields),
         accepted_at=0.0,
         decision=RoutingDecision(type=qt, layer=Layer.RULES, confidence=1.0,

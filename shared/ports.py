@@ -1,0 +1,67 @@
+"""The small interfaces a stage's logic depends on; adapters implement them, tests pass
+hand-written fakes."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry
+from shared.store.rows import Row
+
+
+class Publisher(Protocol):
+    """The publishing side of a worker's bus connection."""
+
+    async def publish(self, subject: str, payload: bytes) -> None:
+        """Core publish: ordered on this connection, stored if a stream covers it."""
+
+    async def publish_durable(
+        self, subject: str, payload: bytes, *, stream: str, msg_id: str
+    ) -> None:
+        """JetStream publish that returns once stored; `msg_id` makes a resend a no-op."""
+
+    async def last_seq(self, subject: str, stream: str) -> int:
+        """The next free `seq` on a response subject (0 if nothing is stored there)."""
+
+
+class HistoryReader(Protocol):
+    async def last_history(
+        self, agent_id: str, session_id: str, n: int = HISTORY_WINDOW
+    ) -> list[HistoryEntry]:
+        """At most the last `n` classify_history entries of a session, oldest first."""
+
+
+class TurnStore(HistoryReader, Protocol):
+    """What the stages read from and write to Postgres."""
+
+    async def previous_answer(self, agent_id: str, session_id: str) -> str | None:
+        """The session's last assistant answer."""
+
+    async def last_turns(
+        self, agent_id: str, session_id: str, n: int = 4
+    ) -> list[tuple[str, str]]:
+        """The session's last `n` messages as (role, content), oldest first."""
+
+    async def write(self, *rows: Row) -> None:
+        """Returns once every row is committed; raises StoreUnavailable otherwise."""
+
+
+class Delivery(Protocol):
+    """One JetStream message as a stage handler sees it."""
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def deliveries(self) -> int:
+        """How many times JetStream has delivered it (1 on the first try)."""
+
+    @property
+    def settled(self) -> bool:
+        """Acked or nacked already (by the handler)."""
+
+    async def nack(self, delay: float | None = None) -> None:
+        """Give the message back for redelivery (a retryable error)."""
+
+    async def in_progress(self) -> None:
+        """Reset the redelivery timer: the handler is alive, just slow."""

@@ -1,0 +1,116 @@
+"""Contract tier, generator: a `Routed` envelope in, an answer streamed (or code handed to
+the validator) out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from opentelemetry.trace import NoOpTracer
+
+from services.generator.backends import BackendUnavailable, ChatBackend
+from services.generator.handlers import GeneratorDeps, build_stage
+from services.generator.prompts import ChatMessage
+from services.generator.settings import GeneratorSettings
+from shared.client import assemble
+from shared.codec import decode_routed, encode
+from shared.contracts.pipeline import Passage, Routed
+from shared.contracts.routing import ModelSlot, QueryType
+from shared.store.rows import RequestLogRow, TurnRow
+from tests.contract.fakes import (
+    COMMON,
+    FakeDelivery,
+    FakeStore,
+    RecordingBus,
+    request,
+    routed_decision,
+)
+
+
+class Scripted:
+    """A model backend that streams the given tokens, then fails if told to."""
+
+    name = "fake"
+
+    def __init__(self, *tokens: str, fail_after: bool = False) -> None:
+        self.tokens = tokens
+        self.fail_after = fail_after
+        self.calls: list[list[ChatMessage]] = []
+
+    async def stream(self, model: str, messages: list[ChatMessage]) -> AsyncIterator[str]:
+        self.calls.append(messages)
+        for token in self.tokens:
+            yield token
+        if self.fail_after:
+            raise BackendUnavailable("connection reset")
+
+
+def deps_for(bus: RecordingBus, store: FakeStore, backend: ChatBackend | None
+             ) -> GeneratorDeps:
+    return GeneratorDeps(bus=bus, store=store, tracer=NoOpTracer(), backend=backend,
+                         model="m" if backend else "")
+
+
+def conversational(rid: str) -> Routed:
+    return Routed(request=request(rid, "en menos palabras"), accepted_at=0.0,
+                  decision=routed_decision(QueryType.CONVERSATIONAL))
+
+
+async def test_conversational_answer_streams_and_the_turn_is_stored_first() -> None:
+    bus, store = RecordingBus(), FakeStore(previous="Use startLoop(i, 1, 5) and endLoop().")
+    stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
+    assert stage.spec.subject == "intentroute.stage.generate.conversational"
+    backend = Scripted("Loop ", "with ", "startLoop.")
+    await stage.handle(FakeDelivery(encode(conversational("v-1"))), deps_for(bus, store, backend))
+
+    chunks = bus.chunks("v-1")
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert sum(c.is_final for c in chunks) == 1 and chunks[-1].is_final
+    assert assemble(chunks) == "Loop with startLoop."
+    assert chunks[-1].answered_by == "fake:m" and chunks[-1].query_type == "CONVERSATIONAL"
+    # The previous answer reached the prompt.
+    assert "startLoop(i, 1, 5)" in backend.calls[0][0].content
+    assert store.kinds() == ["HistoryRow", "TurnRow", "RequestLogRow"]
+    turn = store.rows[1]
+    assert isinstance(turn, TurnRow) and turn.answer == "Loop with startLoop."
+    log_row = store.rows[2]
+    assert isinstance(log_row, RequestLogRow) and log_row.outcome == "ok"
+    assert "generate.conversational" in log_row.stage_ms
+
+
+async def test_code_is_collected_and_handed_to_the_validator_not_streamed() -> None:
+    bus, store = RecordingBus(), FakeStore()
+    env = Routed(request=request("g-1", "write a loop"), accepted_at=0.0,
+                 decision=routed_decision(QueryType.CODE_GENERATION),
+                 passages=[Passage("d", "Loops", "startLoop(i, 1, 5)", 1.0)])
+    stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.MAIN))
+    await stage.handle(FakeDelivery(encode(env)),
+                       deps_for(bus, store, Scripted("```avap\n", "addResult(1)\n```")))
+
+    assert bus.subjects() == [("intentroute.stage.validate", "INTENTROUTE_PIPELINE")]
+    assert bus.sent[0][2] == "g-1:generated:0"
+    out = decode_routed(bus.sent[0][3])
+    assert out.answer == "```avap\naddResult(1)\n```" and out.answered_by == "fake:m"
+    assert "generate.main" in out.timings
+    assert store.rows == []
+
+
+async def test_a_backend_failing_mid_answer_restarts_it_extractively() -> None:
+    bus, store = RecordingBus(), FakeStore(previous="Use addVar(name, value).")
+    stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
+    await stage.handle(FakeDelivery(encode(conversational("x-1"))),
+                       deps_for(bus, store, Scripted("half ", "an ", "answer", fail_after=True)))
+    chunks = bus.chunks("x-1")
+    assert "reset" in [c.kind for c in chunks]
+    assert chunks[-1].answered_by == "extractive"
+    assert "half an" not in assemble(chunks)
+
+
+async def test_a_redelivered_answer_resets_after_what_was_already_stored() -> None:
+    bus, store = RecordingBus(stored_seq=3), FakeStore(previous="Use addVar(name, value).")
+    stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
+    await stage.handle(FakeDelivery(encode(conversational("r-1")), deliveries=2),
+                       deps_for(bus, store, None))
+    chunks = bus.chunks("r-1")
+    assert chunks[0].kind == "reset" and chunks[0].seq == 3
+    assert [c.seq for c in chunks] == list(range(3, 3 + len(chunks)))
+    assert chunks[-1].is_final and chunks[-1].answered_by == "extractive"

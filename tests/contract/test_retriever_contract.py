@@ -1,0 +1,111 @@
+"""Contract tier, retriever: a `Routed` envelope in, passages handed to the main slot."""
+
+from __future__ import annotations
+
+from opentelemetry.trace import NoOpTracer
+
+from services.retriever.handlers import RetrieverDeps, build_stage
+from services.retriever.index import SearchResult
+from services.retriever.settings import RetrieverSettings
+from shared.codec import decode_routed, encode
+from shared.contracts.pipeline import Passage, Routed
+from shared.contracts.routing import QueryType
+from tests.contract.fakes import (
+    COMMON,
+    FakeDelivery,
+    FakeStore,
+    RecordingBus,
+    request,
+    routed_decision,
+)
+
+PASSAGE = Passage("loops#1", "Loops > startLoop", "startLoop(i, 1, 5) counts 1..5.", 1.0)
+
+
+class FakeRetrieval:
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+        self.reloads = 0
+
+    async def search(self, query: str, k: int) -> SearchResult:
+        self.queries.append(query)
+        return SearchResult(passages=[PASSAGE][:k], method="bm25")
+
+    async def maybe_reload(self) -> bool:
+        self.reloads += 1
+        return False
+
+    async def close(self) -> None:
+        pass
+
+
+def setup(turns: list[tuple[str, str]] | None = None
+          ) -> tuple[RecordingBus, FakeStore, FakeRetrieval, RetrieverDeps]:
+    bus, store, retrieval = RecordingBus(), FakeStore(turns=turns), FakeRetrieval()
+    deps = RetrieverDeps(bus=bus, store=store, tracer=NoOpTracer(), retrieval=retrieval)
+    return bus, store, retrieval, deps
+
+
+def settings() -> RetrieverSettings:
+    return RetrieverSettings(common=COMMON, relevance_mode="off")
+
+
+async def test_code_request_is_handed_to_the_main_slot_with_its_passages() -> None:
+    bus, store, retrieval, deps = setup()
+    env = Routed(request=request("c-1", "write a loop from 1 to 5 with startLoop"),
+                 accepted_at=0.0, decision=routed_decision(QueryType.CODE_GENERATION))
+    await build_stage(settings()).handle(FakeDelivery(encode(env)), deps)
+
+    assert bus.subjects() == [("intentroute.stage.generate.main", "INTENTROUTE_PIPELINE")]
+    assert bus.sent[0][2] == "c-1:retrieved"
+    out = decode_routed(bus.sent[0][3])
+    assert out.passages == [PASSAGE] and out.retrieval_query == env.request.query
+    assert not out.retrieval_retried
+    assert {"retrieve", "retrieve.at"} <= set(out.timings)
+    assert retrieval.reloads == 1 and store.rows == []
+
+
+async def test_follow_up_is_searched_with_the_previous_question() -> None:
+    bus, _, retrieval, deps = setup(turns=[("user", "how do I declare a variable with addVar"),
+                                           ("assistant", "Use addVar(name, value).")])
+    env = Routed(request=request("f-1", "and in a loop?"), accepted_at=0.0,
+                 decision=routed_decision(QueryType.RETRIEVAL))
+    await build_stage(settings()).handle(FakeDelivery(encode(env)), deps)
+    (query,) = retrieval.queries
+    assert "addVar" in query and "loop" in query
+    assert decode_routed(bus.sent[0][3]).retrieval_query == query
+
+
+async def test_platform_request_reaching_the_retriever_is_answered_rc04() -> None:
+    bus, store, retrieval, deps = setup()
+    env = Routed(request=request("p-1", "how is my quota"), accepted_at=0.0,
+                 decision=routed_decision(QueryType.PLATFORM))
+    delivery = FakeDelivery(encode(env))
+    await build_stage(settings()).handle(delivery, deps)
+
+    assert retrieval.queries == []
+    (chunk,) = bus.chunks("p-1")
+    assert chunk.is_final and chunk.error is not None and chunk.error.code == "RC04_VIOLATION"
+    assert chunk.query_type == "PLATFORM"
+    assert store.kinds() == ["RequestLogRow", "HistoryRow"]
+    assert not delivery.nacked  # a permanent error is answered, not retried
+
+
+async def test_a_failing_search_is_retried_then_answered_on_the_last_delivery() -> None:
+    class Broken(FakeRetrieval):
+        async def search(self, query: str, k: int) -> SearchResult:
+            raise ConnectionError("index unreachable")
+
+    bus, store = RecordingBus(), FakeStore()
+    deps = RetrieverDeps(bus=bus, store=store, tracer=NoOpTracer(), retrieval=Broken())
+    env = Routed(request=request("b-1", "what does addVar do"), accepted_at=0.0,
+                 decision=routed_decision(QueryType.RETRIEVAL))
+    stage = build_stage(settings())
+    first = FakeDelivery(encode(env), deliveries=1)
+    await stage.handle(first, deps)
+    assert first.nacked and bus.sent == []
+    last = FakeDelivery(encode(env), deliveries=stage.spec.max_deliver)
+    await stage.handle(last, deps)
+    (chunk,) = bus.chunks("b-1")
+    assert chunk.error is not None and chunk.error.code == "STAGE_FAILED"
+    assert not last.nacked
