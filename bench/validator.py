@@ -1,6 +1,6 @@
 """Validator benchmark: parser speed, open-breaker overhead, invalid-set detection.
 
-    python bench/validator.py      # prints one JSON object
+    intentroute bench validator --json      # or: python -m bench.validator
 
 * parse_ms_p50: in-process `validate()` of the ~50-line program in tests/data/valid_avap.jsonl.
 * open_breaker_ms_p50: what `GuardedParser.check` adds while the circuit is OPEN (no call).
@@ -14,19 +14,16 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # `python bench/validator.py` puts bench/ first on the path
-    sys.path.insert(0, str(REPO))
+from services.parser.avap import validate
+from services.validator.breaker import CircuitBreaker
+from services.validator.parser_client import CheckStatus, GuardedParser, ParseOutcome
+from shared.contracts.parser import is_error
 
-from services.parser.avap import validate  # noqa: E402
-from services.validator.breaker import CircuitBreaker  # noqa: E402
-from services.validator.parser_client import GuardedParser, ParseOutcome  # noqa: E402
-from shared.contracts.parser import is_error  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DATA = REPO / "tests" / "data"
 BENCH_PROGRAM_ID = "order_report_50"
@@ -70,7 +67,7 @@ async def _bench_open_breaker(program: str, iterations: int) -> float:
         t0 = time.perf_counter()
         result = await guarded.check(program)
         samples.append(time.perf_counter() - t0)
-        assert result.unavailable
+        assert result.status is CheckStatus.UNAVAILABLE
     assert client.calls == 0
     return _p50_ms(samples)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import msgspec
 
 from shared.contracts.pipeline import Admitted, Routed
-from shared.contracts.request import AgentRequest
 from shared.contracts.response import ResponseChunk
 
 _encoder = msgspec.json.Encoder()
@@ -13,5 +12,4 @@ encode = _encoder.encode
 
 decode_admitted = msgspec.json.Decoder(Admitted).decode
 decode_routed = msgspec.json.Decoder(Routed).decode
-decode_request = msgspec.json.Decoder(AgentRequest).decode
 decode_chunk = msgspec.json.Decoder(ResponseChunk).decode

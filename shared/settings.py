@@ -27,13 +27,6 @@ def env_float(name: str, default: float, environ: Mapping[str, str] | None = Non
     return float(raw) if raw.strip() else default
 
 
-def env_bool(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
-    raw = env_str(name, "", environ).strip().lower()
-    if not raw:
-        return default
-    return raw in ("1", "true", "yes", "on")
-
-
 class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Bus, store and tracing settings every worker reads."""
 

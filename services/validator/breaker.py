@@ -56,10 +56,6 @@ class CircuitBreaker:
             self._transition(BreakerState.HALF_OPEN)
         return self._state
 
-    @property
-    def consecutive_failures(self) -> int:
-        return self._failures
-
     def allow(self) -> bool:
         """May a call be attempted now? In HALF_OPEN only one probe at a time gets True."""
         state = self.state

@@ -107,12 +107,6 @@ class GrpcParserClient:
             channel, self._channel, self._stub = self._channel, None, None
             await channel.close()
 
-    async def __aenter__(self) -> GrpcParserClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
 
 class CheckStatus(enum.StrEnum):
     VALID = "VALID"
@@ -131,19 +125,7 @@ class CheckResult(msgspec.Struct, frozen=True):
     @property
     def feedback(self) -> str:
         """The `<parser_feedback>` section for the one trace-guided retry (RC-08)."""
-        return render_parser_feedback(self.trace) if self.invalid else ""
-
-    @property
-    def valid(self) -> bool:
-        return self.status is CheckStatus.VALID
-
-    @property
-    def invalid(self) -> bool:
-        return self.status is CheckStatus.INVALID
-
-    @property
-    def unavailable(self) -> bool:
-        return self.status is CheckStatus.UNAVAILABLE
+        return render_parser_feedback(self.trace) if self.status is CheckStatus.INVALID else ""
 
 
 class GuardedParser:

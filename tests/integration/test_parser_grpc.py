@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 
@@ -74,14 +75,23 @@ class CountingClient:
         return await self.inner.validate(code, strict=strict)
 
 
+@contextlib.asynccontextmanager
+async def client_for(url: str, *, timeout: float) -> AsyncIterator[GrpcParserClient]:
+    client = GrpcParserClient(url, timeout=timeout)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
 async def test_valid_program_over_grpc(parser_url: str) -> None:
-    async with GrpcParserClient(parser_url, timeout=5) as client:
+    async with client_for(parser_url, timeout=5) as client:
         outcome = await client.validate(VALID)
     assert outcome == ParseOutcome(valid=True, trace=())
 
 
 async def test_invalid_trace_fields_survive_the_wire(parser_url: str) -> None:
-    async with GrpcParserClient(parser_url, timeout=5) as client:
+    async with client_for(parser_url, timeout=5) as client:
         outcome = await client.validate(INVALID)
     assert not outcome.valid
     assert outcome.trace == (
@@ -97,7 +107,7 @@ async def test_invalid_trace_fields_survive_the_wire(parser_url: str) -> None:
 
 async def test_strict_flag_is_honoured(parser_url: str) -> None:
     lite = "total = 40 + 2\naddResult(total)"
-    async with GrpcParserClient(parser_url, timeout=5) as client:
+    async with client_for(parser_url, timeout=5) as client:
         assert (await client.validate(lite, strict=False)).valid
         strict = await client.validate(lite, strict=True)
     assert [t.code for t in strict.trace] == ["INVALID_ASSIGNMENT"]
@@ -107,7 +117,7 @@ async def test_server_default_strict_forces_strict() -> None:
     port = free_port()
     server = await serve("127.0.0.1", port, default_strict=True)
     try:
-        async with GrpcParserClient(f"127.0.0.1:{port}", timeout=5) as client:
+        async with client_for(f"127.0.0.1:{port}", timeout=5) as client:
             assert not (await client.validate("total = 40 + 2", strict=False)).valid
     finally:
         await server.stop(None)
@@ -118,7 +128,7 @@ async def test_client_timeout_against_a_slow_parser() -> None:
     slow = SlowService()
     server = await serve("127.0.0.1", port, servicer=slow)
     try:
-        async with GrpcParserClient(f"127.0.0.1:{port}", timeout=0.2) as client:
+        async with client_for(f"127.0.0.1:{port}", timeout=0.2) as client:
             with pytest.raises(ParserUnavailable) as info:
                 await client.validate(VALID)
         assert slow.entered.is_set()
@@ -131,7 +141,7 @@ async def test_client_timeout_against_a_slow_parser() -> None:
 async def test_stopped_server_is_unavailable() -> None:
     port = free_port()
     server = await serve("127.0.0.1", port)
-    async with GrpcParserClient(f"127.0.0.1:{port}", timeout=2) as client:
+    async with client_for(f"127.0.0.1:{port}", timeout=2) as client:
         assert (await client.validate(VALID)).valid
         await server.stop(None)
         with pytest.raises(ParserUnavailable) as info:
@@ -159,7 +169,7 @@ async def test_guarded_parser_opens_after_three_failures_then_makes_no_call() ->
 
 
 async def test_guarded_parser_verdicts_from_a_live_server(parser_url: str) -> None:
-    async with GrpcParserClient(parser_url, timeout=5) as client:
+    async with client_for(parser_url, timeout=5) as client:
         guarded = GuardedParser(client, timeout=5)
         assert (await guarded.check(VALID)).status is CheckStatus.VALID
         invalid = await guarded.check(INVALID)
@@ -172,7 +182,7 @@ async def test_run_serves_until_cancelled_then_stops() -> None:
     task = asyncio.create_task(run("127.0.0.1", port))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout=10)
-    async with GrpcParserClient(f"127.0.0.1:{port}", timeout=5) as client:
+    async with client_for(f"127.0.0.1:{port}", timeout=5) as client:
         assert (await client.validate(VALID)).valid
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

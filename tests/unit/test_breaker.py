@@ -72,7 +72,8 @@ def test_a_success_resets_the_consecutive_count(clock: FakeClock) -> None:
     breaker.record_failure()
     breaker.record_failure()
     assert breaker.state is BreakerState.CLOSED
-    assert breaker.consecutive_failures == 2
+    breaker.record_failure()  # the third in a row since the success
+    assert breaker.state is BreakerState.OPEN
 
 
 def test_open_until_cooldown_then_half_open(clock: FakeClock) -> None:
@@ -205,7 +206,7 @@ async def test_valid_and_invalid_verdicts_carry_the_trace(clock: FakeClock) -> N
     guarded = GuardedParser(client, CircuitBreaker(clock=clock), strict=True)
     first = await guarded.check("addVar(a, 1)")
     second = await guarded.check("getSHA256(a, b)")
-    assert first.status is CheckStatus.VALID and first.valid
+    assert first.status is CheckStatus.VALID
     assert second.status is CheckStatus.INVALID and second.trace == TRACE
     assert client.calls == [("addVar(a, 1)", True), ("getSHA256(a, b)", True)]
 
@@ -225,7 +226,7 @@ async def test_timeout_zero_disables_validation_without_a_call(
 
 async def test_no_client_means_unavailable() -> None:
     result = await GuardedParser(None).check("addVar(a, 1)")
-    assert result.unavailable
+    assert result.status is CheckStatus.UNAVAILABLE
 
 
 async def test_three_failures_open_the_circuit_and_stop_calls(
@@ -236,7 +237,7 @@ async def test_three_failures_open_the_circuit_and_stop_calls(
     breaker = CircuitBreaker(3, 30, clock=clock)
     guarded = GuardedParser(client, breaker)
     for _ in range(3):
-        assert (await guarded.check("addVar(a, 1)")).unavailable
+        assert (await guarded.check("addVar(a, 1)")).status is CheckStatus.UNAVAILABLE
     assert breaker.state is BreakerState.OPEN
     assert len(client.calls) == 3
     for _ in range(5):
@@ -259,7 +260,7 @@ async def test_half_open_probe_success_closes_the_circuit(clock: FakeClock) -> N
     for _ in range(3):
         await guarded.check("x")
     clock.advance(30)
-    assert (await guarded.check("addVar(a, 1)")).valid
+    assert (await guarded.check("addVar(a, 1)")).status is CheckStatus.VALID
     assert breaker.state is BreakerState.CLOSED
     assert len(client.calls) == 4
 
@@ -275,7 +276,7 @@ async def test_only_one_probe_in_flight_while_half_open(clock: FakeClock) -> Non
     assert (await guarded.check("addVar(a, 1)")).reason == "circuit_open"
     assert client.calls == 1
     client.release.set()
-    assert (await probe).valid
+    assert (await probe).status is CheckStatus.VALID
     assert breaker.state is BreakerState.CLOSED
 
 
@@ -307,7 +308,7 @@ async def test_rejected_request_is_unavailable_but_not_an_outage(clock: FakeCloc
     client = ScriptedClient(ParserRejected("code too large"))
     breaker = CircuitBreaker(1, 30, clock=clock)
     result = await GuardedParser(client, breaker).check("x" * 10)
-    assert result.unavailable and result.reason.startswith("rejected")
+    assert result.status is CheckStatus.UNAVAILABLE and result.reason.startswith("rejected")
     assert breaker.state is BreakerState.CLOSED
 
 
