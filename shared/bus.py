@@ -1,7 +1,7 @@
 """Bus wiring shared by every worker: broker factory, stream definitions, answer streaming.
 
 Streams:
-- AGENT_REQUESTS (`agent.request`), work-queue retention: the gateway's durable
+- AGENT_REQUESTS (`agent.request.*`), work-queue retention: the gateway's durable
   pull consumer shares requests among gateway replicas.
 - INTENTROUTE_PIPELINE (`intentroute.stage.>`), work-queue retention: one durable
   pull consumer per stage (and per model slot for the generator).
@@ -34,7 +34,7 @@ def stream_configs(response_ttl: float) -> list[StreamConfig]:
     return [
         StreamConfig(
             name=request.STREAM,
-            subjects=[request.SUBJECT],
+            subjects=[request.SUBJECTS],
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
             max_age=24 * 3600,
@@ -134,7 +134,7 @@ async def publish_stage(bus: Publisher, subject: str, payload: bytes, *, msg_id:
 
 
 class AnswerStream:
-    """Publishes the ordered chunks of one answer on `agent.response.<request_id>`.
+    """Publishes the ordered chunks of one answer on `agent.response.<agent>.<request_id>`.
 
     Text chunks go out as core publishes on one connection (ordered, stored by the
     AGENT_RESPONSES stream); the final chunk is a JetStream publish whose ack
@@ -145,10 +145,13 @@ class AnswerStream:
     piece is a single chunk) for a one-piece delay in the stream.
     """
 
-    def __init__(self, bus: Publisher, request_id: str, *, start_seq: int = 0) -> None:
+    def __init__(
+        self, bus: Publisher, agent_id: str, request_id: str, *, start_seq: int = 0
+    ) -> None:
         self._bus = bus
+        self.agent_id = agent_id
         self.request_id = request_id
-        self.subject = response_subject(request_id)
+        self.subject = response_subject(agent_id, request_id)
         self.seq = start_seq
         self.text_parts: list[str] = []
         self._held = ""
@@ -215,7 +218,7 @@ class AnswerStream:
         )
         await self._bus.publish_durable(
             self.subject, encode(chunk), stream=response.STREAM,
-            msg_id=f"{self.request_id}:final",
+            msg_id=f"{self.agent_id}:{self.request_id}:final",
         )
         self.seq += 1
 

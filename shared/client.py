@@ -1,25 +1,28 @@
 """Caller side of the contract: publish a request, follow its answer.
 
-Used by the CLI, the gateway's gRPC face, the tests and the benchmark. Live
-callers subscribe to `agent.response.<id>` before publishing (no race, no
-JetStream consumer per request); `replay` reads a stored answer from the start
-through an ordered JetStream consumer, for callers that join late.
+Used by the CLI, the gateway's gRPC face, the tests and the benchmarks. A caller
+publishes on its own `agent.request.<agent_id>` and reads `agent.response.<agent_id>.
+<request_id>`; its credential allows nothing else. Live callers subscribe to the
+response subject before publishing (no race, no JetStream consumer per request);
+`replay` reads a stored answer from the start through an ephemeral consumer filtered to
+that one subject, for callers that join late.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 
 import nats
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
-from nats.js.api import DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.codec import decode_chunk, encode
 from shared.contracts import request as request_contract
 from shared.contracts import response as response_contract
-from shared.contracts.request import AgentRequest
+from shared.contracts.request import AgentRequest, request_subject
 from shared.contracts.response import ChunkKind, ResponseChunk, response_subject
 
 
@@ -28,12 +31,13 @@ class AnswerTimeout(Exception):
 
 
 async def publish_request(nc: Client, req: AgentRequest) -> None:
-    """Durable publish on `agent.request` (JetStream ack; the msg id dedupes resends)."""
+    """Durable publish on `agent.request.<agent_id>` (JetStream ack; the msg id makes a
+    resend of the same request a no-op)."""
     await nc.jetstream().publish(
-        request_contract.SUBJECT,
+        request_subject(req.agent_id),
         encode(req),
         stream=request_contract.STREAM,
-        headers={"Nats-Msg-Id": req.request_id},
+        headers={"Nats-Msg-Id": f"{req.agent_id}:{req.request_id}"},
     )
 
 
@@ -41,7 +45,7 @@ async def ask(
     nc: Client, req: AgentRequest, *, timeout: float = 120.0
 ) -> AsyncIterator[ResponseChunk]:
     """Publish `req` and yield its chunks in order until the final one."""
-    sub = await nc.subscribe(response_subject(req.request_id))
+    sub = await nc.subscribe(response_subject(req.agent_id, req.request_id))
     try:
         await publish_request(nc, req)
         async for chunk in follow(sub, timeout=timeout):
@@ -68,15 +72,26 @@ async def follow(sub: Subscription, *, timeout: float) -> AsyncIterator[Response
 
 
 async def replay(
-    nc: Client, request_id: str, *, timeout: float = 120.0
+    nc: Client, agent_id: str, request_id: str, *, timeout: float = 120.0
 ) -> AsyncIterator[ResponseChunk]:
-    """Read an answer from its first chunk, even if it started (or ended) before."""
-    js = nc.jetstream()
-    sub = await js.subscribe(
-        response_subject(request_id),
-        stream=response_contract.STREAM,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL,
+    """Read an answer from its first chunk, even if it started (or ended) before.
+
+    The consumer is named and filtered to this answer's subject: that is the one form
+    of consumer creation an agent's credential allows on the response stream."""
+    subject = response_subject(agent_id, request_id)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.jetstream().add_consumer(
+        response_contract.STREAM,
+        ConsumerConfig(
+            name=f"replay-{uuid.uuid4().hex[:12]}",
+            filter_subject=subject,
+            deliver_subject=inbox,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        ),
     )
     try:
         async for chunk in follow(sub, timeout=timeout):

@@ -76,6 +76,10 @@ class JsDelivery:
         return self.msg.data
 
     @property
+    def subject(self) -> str:
+        return self.msg.subject
+
+    @property
     def deliveries(self) -> int:
         return int(self.msg.metadata.num_delivered or 1)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import msgspec
+
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry
 from shared.store.rows import Row
 
@@ -53,6 +55,9 @@ class Delivery(Protocol):
     def data(self) -> bytes: ...
 
     @property
+    def subject(self) -> str: ...
+
+    @property
     def deliveries(self) -> int:
         """How many times JetStream has delivered it (1 on the first try)."""
 
@@ -65,3 +70,16 @@ class Delivery(Protocol):
 
     async def in_progress(self) -> None:
         """Reset the redelivery timer: the handler is alive, just slow."""
+
+
+class AgentInfo(msgspec.Struct, frozen=True):
+    """An agent as the pipeline sees it: may it declare types, is it still allowed in."""
+
+    agent_id: str
+    trusted: bool = False
+    revoked: bool = False
+
+
+class AgentDirectory(Protocol):
+    async def get(self, agent_id: str) -> AgentInfo | None:
+        """The agent's record, None if there is no such agent."""

@@ -16,10 +16,12 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
+from nats.aio.client import Client
 from opentelemetry.trace import TracerProvider
 
 from shared.bus import Bus, ensure_streams, make_broker
@@ -31,7 +33,18 @@ from shared.telemetry import build_tracer_provider, tracer_for
 
 D = TypeVar("D", bound=StageDeps)
 
-MakeDeps = Callable[[StageDeps], Awaitable[D]]
+
+@dataclass(frozen=True)
+class Wiring:
+    """What the runtime built for a worker, concretely typed for its `make_deps`: the
+    common dependencies (`base`, what handlers see), the connection and the store."""
+
+    base: StageDeps
+    nc: Client
+    store: Store
+
+
+MakeDeps = Callable[[Wiring], Awaitable[D]]
 
 
 class Worker(Generic[D]):
@@ -65,7 +78,7 @@ class Worker(Generic[D]):
         base = StageDeps(bus=bus, store=store, tracer=tracer)
         base.exits.push_async_callback(store.close)
         try:
-            self.deps = await self._make_deps(base)
+            self.deps = await self._make_deps(Wiring(base=base, nc=nc, store=store))
         except BaseException:
             await base.close()
             raise
@@ -102,8 +115,8 @@ def build_app(
     make_deps: MakeDeps[D],
     tracer_provider: TracerProvider | None = None,
 ) -> FastStream:
-    """The worker's FastStream application; `make_deps` turns the common dependencies
-    (bus, store, tracer, exit stack) into the ones its stages need."""
+    """The worker's FastStream application; `make_deps` turns what the runtime built
+    (bus, store, tracer, exit stack, connection) into what its stages need."""
     logging.basicConfig(
         level=common.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

@@ -33,7 +33,7 @@ from shared.consumer import Handler, StageSpec
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import (
-    UNADDRESSABLE_SUBJECT,
+    INTERNAL_INVALID_SUBJECT,
     ChunkKind,
     ErrorCode,
     ErrorInfo,
@@ -123,13 +123,24 @@ class Call:
 
 
 Logic = Callable[[E, Call, D], Awaitable[Handoff | None]]
-Undecodable = Callable[[D, bytes, Exception], Awaitable[None]]
+Decode = Callable[[Delivery], E]
+Undecodable = Callable[[D, Delivery, Exception], Awaitable[None]]
 
 
-async def report_undecodable(deps: StageDeps, raw: bytes, exc: Exception) -> None:
+def payload(decoder: Callable[[bytes], E]) -> Decode[E]:
+    """A stage decoder that reads the message body only (every stage but the gateway)."""
+
+    def decode(msg: Delivery) -> E:
+        return decoder(msg.data)
+
+    return decode
+
+
+async def report_undecodable(deps: StageDeps, msg: Delivery, exc: Exception) -> None:
     """An envelope no stage can read has no caller to answer: it is reported on the
-    unaddressable subject and acknowledged."""
-    log.error("undecodable envelope dropped to %s: %s", UNADDRESSABLE_SUBJECT, exc)
+    internal invalid subject and acknowledged."""
+    log.error("undecodable envelope on %s reported on %s: %s", msg.subject,
+              INTERNAL_INVALID_SUBJECT, exc)
     chunk = ResponseChunk(
         request_id="",
         seq=0,
@@ -137,7 +148,7 @@ async def report_undecodable(deps: StageDeps, raw: bytes, exc: Exception) -> Non
         is_final=True,
         error=ErrorInfo(ErrorCode.BAD_ENVELOPE, f"envelope does not decode: {exc}"),
     )
-    await deps.bus.publish(UNADDRESSABLE_SUBJECT, encode(chunk))
+    await deps.bus.publish(INTERNAL_INVALID_SUBJECT, encode(chunk))
 
 
 @dataclass(frozen=True)
@@ -146,7 +157,7 @@ class Stage(Generic[E, D]):
 
     name: str
     spec: StageSpec
-    decode: Callable[[bytes], E]
+    decode: Decode[E]
     logic: Logic[E, D]
     on_undecodable: Undecodable[D] = report_undecodable
     # Record `<name>.at` (time from acceptance to this stage) and the stage's own time.
@@ -173,9 +184,9 @@ def stage_spec(
 
 async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
     try:
-        env = stage.decode(msg.data)
+        env = stage.decode(msg)
     except Exception as exc:  # decoding is pure: whatever it raises, the input is bad
-        await stage.on_undecodable(deps, msg.data, exc)
+        await stage.on_undecodable(deps, msg, exc)
         return
     call = Call(msg, stage.name)
     if stage.timed:
@@ -188,7 +199,7 @@ async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
                 call.mark(handoff.envelope, handoff.timing)
             await publish_stage(
                 deps.bus, handoff.subject, encode(handoff.envelope),
-                msg_id=f"{env.request.request_id}:{handoff.step}",
+                msg_id=f"{env.request.agent_id}:{env.request.request_id}:{handoff.step}",
             )
     except PermanentError as exc:
         log.warning("[%s] %s permanent error %s: %s", stage.name, env.request.request_id,
@@ -256,7 +267,7 @@ async def answer_error(
     """Final error chunk to the caller plus the turn's history and request-log rows."""
     req = env.request
     start_seq = env.seq if isinstance(env, Routed) else 0
-    await AnswerStream(bus, req.request_id, start_seq=start_seq).error(
+    await AnswerStream(bus, req.agent_id, req.request_id, start_seq=start_seq).error(
         code, message, decision=decision_of(env)
     )
     rows: list[Row] = [request_log_row(env, f"error:{code}")]

@@ -45,8 +45,18 @@ def database_url(stack: tuple[str, str]) -> str:
     return stack[1]
 
 
+@pytest.fixture(scope="session")
+async def agent_tokens(database_url: str) -> dict[str, str]:
+    """The test agents (tests/helpers/agents.py), created once; agent id -> token."""
+    from tests.helpers.agents import TEST_AGENTS, ensure_agent
+
+    return {agent: await ensure_agent(database_url, agent, trusted=trusted)
+            for agent, trusted in TEST_AGENTS.items()}
+
+
 @pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[object]:
+async def nc(nats_url: str, agent_tokens: dict[str, str]) -> AsyncIterator[object]:
+    """A connection as the test agent `tests`."""
     import nats
 
     client = await nats.connect(nats_url)

@@ -8,8 +8,7 @@ from opentelemetry.trace import TracerProvider
 from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.handlers import ClassifierDeps, build_stage
 from services.classifier.settings import ClassifierSettings
-from shared.runtime import build_app
-from shared.stage import StageDeps
+from shared.runtime import Wiring, build_app
 
 
 def create_app(
@@ -19,18 +18,18 @@ def create_app(
 ) -> FastStream:
     settings = settings or ClassifierSettings.from_env()
 
-    async def make_deps(base: StageDeps) -> ClassifierDeps:
+    async def make_deps(wiring: Wiring) -> ClassifierDeps:
         from services.classifier.adapters import build_layer2, build_llm
 
         layer2 = build_layer2(settings)
         if layer2 is not None:
-            base.exits.push_async_callback(layer2.close)
+            wiring.base.exits.push_async_callback(layer2.close)
         cascade = Cascade(
-            CascadeConfig(trusted_agents=settings.trusted_agents, threshold=settings.threshold),
+            CascadeConfig(threshold=settings.threshold),
             layer2=layer2,
             llm=build_llm(settings),
         )
-        return ClassifierDeps(**base.parts(), cascade=cascade)
+        return ClassifierDeps(**wiring.base.parts(), cascade=cascade)
 
     return build_app(service="classifier", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

@@ -1,7 +1,8 @@
 """The classifier cascade: pure decision logic over injected layers.
 
-1. caller-declared type (trusted callers only)                      layer `declared`
-2. Layer 1 rules: RC-01 platform prefix, RC-02 platform data          layer `rules`
+1. caller-declared type (trusted agents only)                       layer `declared`
+2. Layer 1 rules: RC-01 platform prefix (trusted agents only),
+   RC-02 platform data                                                layer `rules`
 3. deictic references resolved from history / editor (RC-03 scope)   layer `rules`
 4. Layer 2 embedding head: decides at or above the threshold          layer `embedding`
 5. Layer 3 LLM with the compact intent history                        layer `llm`
@@ -85,7 +86,6 @@ def _once(history: list[HistoryEntry] | HistoryLoader) -> HistoryLoader:
 
 
 class CascadeConfig(msgspec.Struct, frozen=True, kw_only=True):
-    trusted_agents: tuple[str, ...] = ("*",)
     threshold: float = DEFAULT_THRESHOLD
     confirm_threshold: float = CONFIRM_THRESHOLD
     detect_multi_intent: bool = True
@@ -133,22 +133,15 @@ class Cascade:
         llm: LlmLabeler | None = None,
     ) -> None:
         self.config = config or CascadeConfig()
-        self._trust_all = "*" in self.config.trusted_agents
-        self._trusted = frozenset(self.config.trusted_agents)
         self.layer2 = layer2
         self.llm = llm
 
-    def trusted(self, agent_id: str) -> bool:
-        return self._trust_all or agent_id in self._trusted
-
-    def decide_fast(self, request: AgentRequest) -> RoutingDecision | None:
-        """Declared type and Layer 1; no model, no I/O."""
-        if request.query_type:
-            if self.trusted(request.agent_id):
-                return decision(QueryType(request.query_type), Layer.DECLARED, 1.0)
-            log.info("[classify] ignoring query_type declared by untrusted agent %s",
-                     request.agent_id)
-        if has_platform_prefix(request.query):
+    def decide_fast(self, request: AgentRequest, *, trusted: bool) -> RoutingDecision | None:
+        """Declared type and Layer 1; no model, no I/O. `trusted` is the agent's record
+        (stamped by the gateway), never something the request says about itself."""
+        if request.query_type and trusted:
+            return decision(QueryType(request.query_type), Layer.DECLARED, 1.0)
+        if trusted and has_platform_prefix(request.query):
             log.debug("[classify] platform prefix detected -> PLATFORM")
             return decision(QueryType.PLATFORM, Layer.RULES, 1.0)
         if has_platform_data(request.query, request.extra_context):
@@ -158,15 +151,32 @@ class Cascade:
         return None
 
     async def decide(
-        self, request: AgentRequest, history: list[HistoryEntry] | HistoryLoader
+        self,
+        request: AgentRequest,
+        history: list[HistoryEntry] | HistoryLoader,
+        *,
+        trusted: bool = False,
     ) -> RoutingDecision:
         """`history` may be a loader: it is then read only if a deictic message or
-        Layer 3 needs it, so most decisions cost no store round trip."""
+        Layer 3 needs it, so most decisions cost no store round trip. From an untrusted
+        agent a declared query_type is ignored (and the decision says so) and the
+        platform prefix is ordinary text."""
+        chosen = await self._decide(request, history, trusted=trusted)
+        if request.query_type and not trusted:
+            log.info("[classify] ignoring query_type declared by untrusted agent %s",
+                     request.agent_id)
+            return msgspec.structs.replace(chosen, declared_ignored=True)
+        return chosen
+
+    async def _decide(
+        self, request: AgentRequest, history: list[HistoryEntry] | HistoryLoader, *,
+        trusted: bool,
+    ) -> RoutingDecision:
         past = _once(history)
-        fast = self.decide_fast(request)
+        fast = self.decide_fast(request, trusted=trusted)
         query = request.query
         if fast is not None:
-            if fast.layer == Layer.RULES and not has_platform_prefix(query):
+            if fast.layer == Layer.RULES and not (trusted and has_platform_prefix(query)):
                 # RC-02 keeps the type; the gate still says when a second request rides along.
                 multi = await self._multi_intent(query)
                 if multi is not None:
@@ -215,7 +225,7 @@ class Cascade:
             return None
         found: dict[QueryType, float] = {}
         for part in parts:
-            if has_platform_prefix(part) or has_platform_data(part):
+            if has_platform_data(part):
                 found[QueryType.PLATFORM] = 1.0
                 continue
             if is_deictic(part):

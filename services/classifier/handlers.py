@@ -30,6 +30,7 @@ from shared.stage import (
     Stage,
     StageDeps,
     history_row,
+    payload,
     request_log_row,
     stage_spec,
 )
@@ -69,8 +70,8 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
             # deictic message or Layer 3 needs them.
             return await deps.store.last_history(req.agent_id, req.session_id)
 
-        routed = Routed.from_admitted(env, await deps.cascade.decide(req, history))
-        decision = routed.decision
+        decision = await deps.cascade.decide(req, history, trusted=env.trusted)
+        routed = Routed.from_admitted(env, decision)
         if decision.clarity != Clarity.CLEAR and settings.policy_for(req.agent_id) == "ask":
             call.mark(routed)
             await ask_back(deps, routed)
@@ -93,7 +94,7 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
             durable="classifier",
             max_inflight=settings.batch_size,
         ),
-        decode=decode_admitted,
+        decode=payload(decode_admitted),
         logic=on_classify,
     )
 
@@ -101,7 +102,8 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
 async def ask_back(deps: StageDeps, env: Routed) -> None:
     """Clarity policy `ask`: a clarification chunk with the options; nothing generated."""
     await deps.store.write(history_row(env), request_log_row(env, "clarification"))
-    await AnswerStream(deps.bus, env.request.request_id, start_seq=env.seq).final(
+    await AnswerStream(deps.bus, env.request.agent_id, env.request.request_id,
+                       start_seq=env.seq).final(
         decision=env.decision, text=clarification_text(env.decision),
         kind=ChunkKind.CLARIFICATION,
     )

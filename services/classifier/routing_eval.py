@@ -91,7 +91,8 @@ async def evaluate_routing(
         history = _history(line.history)
         calls_before = counting.calls if counting else 0
         started = time.perf_counter()
-        dec = await cascade.decide(req, history)
+        # The sets stand for platform traffic: a trusted agent (declared types, RC-01).
+        dec = await cascade.decide(req, history, trusted=True)
         latencies.append((time.perf_counter() - started) * 1000)
         layers[dec.layer.value] += 1
         y_true.append(line.expected)
@@ -142,7 +143,7 @@ async def _invariant_under_history(cascade: Cascade, req: AgentRequest,
         if other == dec.type:
             continue
         swapped = [HistoryEntry(other, f"earlier {other.value.lower()} turn")] * 5
-        if (await cascade.decide(req, swapped)).type != dec.type:
+        if (await cascade.decide(req, swapped, trusted=True)).type != dec.type:
             return False
     return True
 

@@ -12,8 +12,6 @@ DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "heads"
 
 class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
     common: CommonSettings
-    # Agents whose caller-declared query_type is taken as is ("*" = every caller).
-    trusted_agents: tuple[str, ...] = ("*",)
     # Messages fetched per pull request; they are handled concurrently.
     batch_size: int = 32
     # Layer 2: versioned heads on disk; "" disables the embedding layer.
@@ -34,7 +32,6 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ClassifierSettings:
-        trusted = env_str("CLASSIFIER_TRUSTED_AGENTS", "*", environ)
         by_agent = {}
         for item in env_str("CLARITY_POLICY_BY_AGENT", "", environ).split(","):
             agent, _, policy = item.partition(":")
@@ -44,7 +41,6 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
         small = env_str("OLLAMA_MODEL_NAME_CONVERSATIONAL", "", environ) or main
         return cls(
             common=CommonSettings.from_env(environ),
-            trusted_agents=tuple(a.strip() for a in trusted.split(",") if a.strip()),
             batch_size=env_int("CLASSIFIER_BATCH", 32, environ),
             heads_dir=env_str("CLASSIFIER_HEADS_DIR", str(DEFAULT_HEADS_DIR), environ),
             threshold=env_float("CLASSIFIER_THRESHOLD", 0.85, environ),

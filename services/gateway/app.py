@@ -1,4 +1,4 @@
-"""Gateway worker: settings -> stage -> deps (gRPC listener)."""
+"""Gateway worker: settings -> stage -> deps (agent records, gRPC listener)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
 from services.gateway.grpc_server import start_grpc
-from services.gateway.handlers import build_stage
+from services.gateway.handlers import GatewayDeps, build_stage
 from services.gateway.settings import GatewaySettings
-from shared.bus import Bus
-from shared.runtime import build_app
-from shared.stage import StageDeps
+from shared.identity import CachedAgents
+from shared.runtime import Wiring, build_app
 
 
 def create_app(
@@ -19,14 +18,18 @@ def create_app(
     tracer_provider: TracerProvider | None = None,
 ) -> FastStream:
     settings = settings or GatewaySettings.from_env()
+    tls = None
+    if settings.tls_cert and settings.tls_key:
+        tls = (settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())
 
-    async def make_deps(base: StageDeps) -> StageDeps:
+    async def make_deps(wiring: Wiring) -> GatewayDeps:
+        agents = CachedAgents(wiring.store.agent, ttl=settings.agent_cache_ttl)
         if settings.grpc_listen:
-            assert isinstance(base.bus, Bus)
-            server = await start_grpc(base.bus.nc, settings.grpc_listen,
-                                      answer_timeout=settings.answer_timeout)
-            base.exits.push_async_callback(server.stop, 2.0)
-        return base
+            server = await start_grpc(wiring.nc, settings.grpc_listen, agents,
+                                      answer_timeout=settings.answer_timeout,
+                                      tls=tls)
+            wiring.base.exits.push_async_callback(server.stop, 2.0)
+        return GatewayDeps(**wiring.base.parts(), agents=agents)
 
     return build_app(service="gateway", common=settings.common, stages=[build_stage(settings)],
                      make_deps=make_deps, tracer_provider=tracer_provider)

@@ -1,7 +1,10 @@
 """gRPC AskAgent / AskAgentStream: the same contract for callers that speak gRPC.
 
-A gRPC request is checked like a NATS one (bad input -> INVALID_ARGUMENT), then
-published on `agent.request`, so it takes the same durable path through the workers.
+Every call carries the agent's bearer token (`authorization: Bearer <token>` metadata),
+checked against the `agents` table: none or a wrong one is UNAUTHENTICATED, a body that
+names another agent PERMISSION_DENIED. The request is then checked like a NATS one (bad
+input -> INVALID_ARGUMENT) and published on the agent's `agent.request.<agent_id>`, so
+it takes the same durable path through the workers.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import grpc
 import msgspec
@@ -19,6 +23,7 @@ from shared.client import AnswerTimeout, ask, assemble
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ResponseChunk
 from shared.grpc import agent_pb2, agent_pb2_grpc
+from shared.ports import AgentInfo
 
 log = logging.getLogger("intentroute.gateway.grpc")
 
@@ -51,15 +56,41 @@ def to_response(chunk: ResponseChunk) -> agent_pb2.AgentResponse:
     )
 
 
+class TokenVerifier(Protocol):
+    async def verify_token(self, token: str) -> AgentInfo | None:
+        """The active agent a bearer token belongs to, or None."""
+
+
+def bearer_token(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key.lower() == "authorization" and isinstance(value, str):
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+    return ""
+
+
 class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
-    def __init__(self, nc: Client, *, answer_timeout: float) -> None:
+    def __init__(self, nc: Client, agents: TokenVerifier, *, answer_timeout: float) -> None:
         self._nc = nc
+        self._agents = agents
         self._timeout = answer_timeout
 
     async def _checked(
         self, request: agent_pb2.AgentRequest, context: grpc.aio.ServicerContext
     ) -> AgentRequest:
-        checked = check_request(to_request(request))
+        token = bearer_token(context)
+        agent = await self._agents.verify_token(token) if token else None
+        if agent is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "a valid agent bearer token is required")
+            raise AssertionError("unreachable")
+        if request.agent_id and request.agent_id != agent.agent_id:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"AGENT_MISMATCH: the token is agent '{agent.agent_id}', "
+                f"not '{request.agent_id}'")
+        checked = check_request(to_request(request), agent.agent_id)
         if isinstance(checked, InputError):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"{checked.code}: {checked.message}"
@@ -98,12 +129,24 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
         raise AssertionError("unreachable")
 
 
-async def start_grpc(nc: Client, listen: str, *, answer_timeout: float) -> grpc.aio.Server:
+async def start_grpc(
+    nc: Client,
+    listen: str,
+    agents: TokenVerifier,
+    *,
+    answer_timeout: float,
+    tls: tuple[bytes, bytes] | None = None,
+) -> grpc.aio.Server:
+    """`tls`: (private key, certificate chain) in PEM; None serves plain text."""
     server = grpc.aio.server()
     agent_pb2_grpc.add_AssistanceEngineServicer_to_server(
-        AssistanceEngine(nc, answer_timeout=answer_timeout), server
+        AssistanceEngine(nc, agents, answer_timeout=answer_timeout), server
     )
-    server.add_insecure_port(listen)
+    if tls is not None:
+        server.add_secure_port(listen, grpc.ssl_server_credentials([tls]))
+    else:
+        server.add_insecure_port(listen)
     await server.start()
-    log.info("[gateway] gRPC AskAgent listening on %s", listen)
+    log.info("[gateway] gRPC AskAgent listening on %s%s", listen,
+             " (TLS)" if tls else "")
     return server

@@ -1,9 +1,16 @@
-"""NATS ingress: check the request, answer bad input with an error chunk, hand on."""
+"""NATS ingress: who is asking (the subject's agent), is the request well formed, hand on.
+
+The agent is the last token of `agent.request.<agent_id>`, a subject only that agent's
+credential may publish on. The body may name no agent or the same one; naming another
+is refused (AGENT_MISMATCH). The gateway stamps the agent's trust on the envelope, which
+only service users can publish, so the classifier never consults the payload for it.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from services.gateway.settings import GatewaySettings
 from services.gateway.validation import InputError, parse_request, salvage_field
@@ -11,19 +18,25 @@ from shared.bus import AnswerStream
 from shared.codec import encode
 from shared.contracts import request as request_contract
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, Admitted
-from shared.contracts.response import UNADDRESSABLE_SUBJECT, ChunkKind, ErrorInfo, ResponseChunk
-from shared.stage import Call, Handoff, Stage, StageDeps, stage_spec
+from shared.contracts.request import agent_of
+from shared.contracts.response import (
+    INVALID_REQUEST_ID,
+    ChunkKind,
+    ErrorCode,
+    ErrorInfo,
+    ResponseChunk,
+    response_subject,
+)
+from shared.ports import AgentDirectory, Delivery
+from shared.stage import Call, Handoff, PermanentError, Stage, StageDeps, stage_spec
 from shared.store.rows import RequestLogRow
 
 log = logging.getLogger("intentroute.gateway")
 
 
-def admit(raw: bytes) -> Admitted:
-    """The gateway's decoder: a checked request, or `BadRequest` with the error."""
-    parsed = parse_request(raw)
-    if isinstance(parsed, InputError):
-        raise BadRequest(parsed)
-    return Admitted(request=parsed, accepted_at=time.time())
+@dataclass(kw_only=True)
+class GatewayDeps(StageDeps):
+    agents: AgentDirectory
 
 
 class BadRequest(ValueError):
@@ -32,46 +45,61 @@ class BadRequest(ValueError):
         self.error = error
 
 
-async def reject_input(deps: StageDeps, raw: bytes, exc: Exception) -> None:
-    """Bad input ends as a final error chunk, never as a silent drop."""
+def admit(msg: Delivery) -> Admitted:
+    """The gateway's decoder: the checked request of the subject's agent, or BadRequest."""
+    parsed = parse_request(msg.data, agent_of(msg.subject))
+    if isinstance(parsed, InputError):
+        raise BadRequest(parsed)
+    return Admitted(request=parsed, accepted_at=time.time())
+
+
+async def reject_input(deps: GatewayDeps, msg: Delivery, exc: Exception) -> None:
+    """Bad input ends as a final error chunk to its agent, never as a silent drop."""
     error = exc.error if isinstance(exc, BadRequest) else InputError(
-        "MALFORMED_JSON", f"request does not decode: {exc}")
-    log.warning("[gateway] rejected request %r: %s %s", error.request_id, error.code,
-                error.message)
+        ErrorCode.MALFORMED_JSON, f"request does not decode: {exc}")
+    agent = agent_of(msg.subject)
+    log.warning("[gateway] rejected request %r of %r: %s %s", error.request_id, agent,
+                error.code, error.message)
     if error.request_id:
-        await AnswerStream(deps.bus, error.request_id).error(error.code, error.message)
+        await AnswerStream(deps.bus, agent, error.request_id).error(error.code, error.message)
         await deps.store.write(
             RequestLogRow(
                 request_id=error.request_id,
-                agent_id=salvage_field(raw, "agent_id"),
-                session_id=salvage_field(raw, "session_id"),
+                agent_id=agent,
+                session_id=salvage_field(msg.data, "session_id"),
                 outcome=f"error:{error.code}",
             )
         )
         return
-    # No request_id to address: answer on the dead-letter subject with an excerpt.
+    # No request_id to address: answer on the agent's invalid subject with an excerpt.
     chunk = ResponseChunk(
         request_id="",
         seq=0,
         kind=ChunkKind.FINAL,
         is_final=True,
-        text=raw[:512].decode("utf-8", errors="replace"),
+        text=msg.data[:512].decode("utf-8", errors="replace"),
         error=ErrorInfo(error.code, error.message),
     )
-    await deps.bus.publish(UNADDRESSABLE_SUBJECT, encode(chunk))
+    await deps.bus.publish(response_subject(agent, INVALID_REQUEST_ID), encode(chunk))
 
 
-async def on_request(env: Admitted, call: Call, deps: StageDeps) -> Handoff:
+async def on_request(env: Admitted, call: Call, deps: GatewayDeps) -> Handoff:
+    agent = await deps.agents.get(env.request.agent_id)
+    if agent is None or agent.revoked:
+        # Publishing needs a live credential; this is a request queued before revocation.
+        raise PermanentError(ErrorCode.UNKNOWN_AGENT,
+                             f"agent '{env.request.agent_id}' is unknown or revoked")
+    env.trusted = agent.trusted
     return Handoff(CLASSIFY_SUBJECT, env, "accepted")
 
 
-def build_stage(settings: GatewaySettings) -> Stage[Admitted, StageDeps]:
+def build_stage(settings: GatewaySettings) -> Stage[Admitted, GatewayDeps]:
     return Stage(
         name="gateway",
         spec=stage_spec(
             settings.common,
             stream=request_contract.STREAM,
-            subject=request_contract.SUBJECT,
+            subject=request_contract.SUBJECTS,
             durable="gateway",
             max_inflight=settings.batch_size,
         ),

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import msgspec
 
@@ -13,6 +14,11 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     grpc_listen: str = ""
     answer_timeout: float = 120.0
     batch_size: int = 32
+    # TLS for the gRPC listener (both set: TLS; neither: plain text).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # Seconds an agent record (trust, revocation, token check) is cached.
+    agent_cache_ttl: float = 5.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GatewaySettings:
@@ -21,4 +27,11 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
             grpc_listen=env_str("GATEWAY_GRPC_LISTEN", "", environ),
             answer_timeout=env_float("GATEWAY_ANSWER_TIMEOUT", 120.0, environ),
             batch_size=env_int("GATEWAY_BATCH", 32, environ),
+            tls_cert=_path(env_str("GATEWAY_TLS_CERT", "", environ)),
+            tls_key=_path(env_str("GATEWAY_TLS_KEY", "", environ)),
+            agent_cache_ttl=env_float("GATEWAY_AGENT_CACHE_TTL", 5.0, environ),
         )
+
+
+def _path(value: str) -> Path | None:
+    return Path(value) if value else None

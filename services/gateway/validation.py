@@ -30,7 +30,7 @@ _RAW_FIELD_RE = {
     for name, chars in (("request_id", rb"[A-Za-z0-9_\-]"), ("session_id", rb'[^"]'),
                         ("agent_id", rb'[^"]'))
 }
-_REQUIRED = ("request_id", "session_id", "agent_id", "query")
+_REQUIRED = ("request_id", "session_id", "query")
 _CONTEXT_FIELDS = ("extra_context", "user_info", "editor_context")
 _decoder = msgspec.json.Decoder(AgentRequest)
 
@@ -46,7 +46,8 @@ def salvage_request_id(raw: bytes) -> str:
     return salvage_field(raw, "request_id")
 
 
-def parse_request(raw: bytes) -> AgentRequest | InputError:
+def parse_request(raw: bytes, agent_id: str) -> AgentRequest | InputError:
+    """The request `agent_id`'s credential published, checked; its agent is `agent_id`."""
     try:
         req = _decoder.decode(raw)
     except msgspec.ValidationError as exc:
@@ -57,16 +58,19 @@ def parse_request(raw: bytes) -> AgentRequest | InputError:
     except msgspec.DecodeError as exc:
         return InputError("MALFORMED_JSON", f"request is not valid JSON: {exc}",
                           salvage_request_id(raw))
-    return check_request(req)
+    return check_request(req, agent_id)
 
 
-def check_request(req: AgentRequest) -> AgentRequest | InputError:
+def check_request(req: AgentRequest, agent_id: str) -> AgentRequest | InputError:
+    """Every field within bounds and the body's agent (if named) the caller's own."""
     rid = req.request_id if _ID_RE.match(req.request_id or "") else ""
     for name in _REQUIRED:
         if not getattr(req, name).strip():
             return InputError("MISSING_FIELD", f"field '{name}' is required and empty", rid)
     for name in ("request_id", "session_id", "agent_id"):
         value = getattr(req, name)
+        if name == "agent_id" and not value:
+            continue
         if len(value) > MAX_ID_CHARS:
             return InputError(
                 "OVERSIZED_FIELD", f"field '{name}' exceeds {MAX_ID_CHARS} characters", rid
@@ -96,4 +100,10 @@ def check_request(req: AgentRequest) -> AgentRequest | InputError:
                 f"query_type '{req.query_type}' is not one of: {allowed}",
                 rid,
             )
-    return req
+    if req.agent_id and req.agent_id != agent_id:
+        return InputError(
+            "AGENT_MISMATCH",
+            f"the request names agent '{req.agent_id}' but was sent by '{agent_id}'",
+            rid,
+        )
+    return msgspec.structs.replace(req, agent_id=agent_id)

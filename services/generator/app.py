@@ -8,8 +8,7 @@ from opentelemetry.trace import TracerProvider
 from services.generator.backends import ChatBackend, EchoBackend, OllamaBackend
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.settings import GeneratorSettings
-from shared.runtime import build_app
-from shared.stage import StageDeps
+from shared.runtime import Wiring, build_app
 
 
 def choose_backend(settings: GeneratorSettings) -> ChatBackend | None:
@@ -28,10 +27,10 @@ def create_app(
 ) -> FastStream:
     settings = settings or GeneratorSettings.from_env()
 
-    async def make_deps(base: StageDeps) -> GeneratorDeps:
+    async def make_deps(wiring: Wiring) -> GeneratorDeps:
         backend = choose_backend(settings)
         model = settings.model or ("echo" if isinstance(backend, EchoBackend) else "")
-        return GeneratorDeps(**base.parts(), backend=backend, model=model)
+        return GeneratorDeps(**wiring.base.parts(), backend=backend, model=model)
 
     return build_app(service=f"generator-{settings.slot.value}", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

@@ -17,7 +17,7 @@ from shared.contracts import pipeline, response
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import response_subject
 from shared.contracts.routing import QueryType
-from shared.stage import Call, Handoff, Stage, StageDeps, finish_turn, stage_spec
+from shared.stage import Call, Handoff, Stage, StageDeps, finish_turn, payload, stage_spec
 
 log = logging.getLogger("intentroute.generator")
 
@@ -77,7 +77,7 @@ def build_stage(settings: GeneratorSettings) -> Stage[Routed, GeneratorDeps]:
             durable=f"generator-{slot}",
             max_inflight=settings.concurrency,
         ),
-        decode=decode_routed,
+        decode=payload(decode_routed),
         logic=on_generate,
     )
 
@@ -118,8 +118,8 @@ async def generate(
     redelivered = call.delivery.deliveries > 1
     if redelivered:
         start_seq = max(start_seq, await deps.bus.last_seq(
-            response_subject(req.request_id), response.STREAM))
-    out = AnswerStream(deps.bus, req.request_id, start_seq=start_seq)
+            response_subject(req.agent_id, req.request_id), response.STREAM))
+    out = AnswerStream(deps.bus, req.agent_id, req.request_id, start_seq=start_seq)
     if redelivered and start_seq > env.seq:
         await out.reset()
     answered_by = await produce(deps, env, previous_answer=previous, sink=out.text,

@@ -8,8 +8,7 @@ from opentelemetry.trace import TracerProvider
 from services.retriever.adapters import EmbeddedRetrieval, Retrieval
 from services.retriever.handlers import RetrieverDeps, build_stage
 from services.retriever.settings import RetrieverSettings
-from shared.runtime import build_app
-from shared.stage import StageDeps
+from shared.runtime import Wiring, build_app
 
 
 def build_retrieval(settings: RetrieverSettings) -> Retrieval:
@@ -36,15 +35,15 @@ def create_app(
 ) -> FastStream:
     settings = settings or RetrieverSettings.from_env()
 
-    async def make_deps(base: StageDeps) -> RetrieverDeps:
+    async def make_deps(wiring: Wiring) -> RetrieverDeps:
         backend = retrieval or build_retrieval(settings)
-        base.exits.push_async_callback(backend.close)
+        wiring.base.exits.push_async_callback(backend.close)
         judge = None
         if settings.relevance_mode == "llm" and settings.ollama_host and settings.relevance_model:
             from services.retriever.adapters import OllamaRelevanceJudge
 
             judge = OllamaRelevanceJudge(settings.ollama_host, settings.relevance_model)
-        return RetrieverDeps(**base.parts(), retrieval=backend, judge=judge)
+        return RetrieverDeps(**wiring.base.parts(), retrieval=backend, judge=judge)
 
     return build_app(service="retriever", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

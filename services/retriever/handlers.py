@@ -12,7 +12,7 @@ from shared.contracts import pipeline
 from shared.contracts.pipeline import RETRIEVE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import RETRIEVING_TYPES
-from shared.stage import Call, Handoff, PermanentError, Stage, StageDeps, stage_spec
+from shared.stage import Call, Handoff, PermanentError, Stage, StageDeps, payload, stage_spec
 
 
 @dataclass(kw_only=True)
@@ -55,6 +55,6 @@ def build_stage(settings: RetrieverSettings) -> Stage[Routed, RetrieverDeps]:
             durable="retriever",
             max_inflight=settings.batch_size,
         ),
-        decode=decode_routed,
+        decode=payload(decode_routed),
         logic=on_retrieve,
     )

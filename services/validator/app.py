@@ -9,8 +9,7 @@ from services.validator.breaker import CircuitBreaker
 from services.validator.handlers import ValidatorDeps, build_stage
 from services.validator.parser_client import GrpcParserClient, GuardedParser
 from services.validator.settings import ValidatorSettings
-from shared.runtime import build_app
-from shared.stage import StageDeps
+from shared.runtime import Wiring, build_app
 
 
 def build_checker(settings: ValidatorSettings) -> GuardedParser:
@@ -30,10 +29,10 @@ def create_app(
 ) -> FastStream:
     settings = settings or ValidatorSettings.from_env()
 
-    async def make_deps(base: StageDeps) -> ValidatorDeps:
+    async def make_deps(wiring: Wiring) -> ValidatorDeps:
         guarded = build_checker(settings)
-        base.exits.push_async_callback(guarded.close)
-        return ValidatorDeps(**base.parts(), checker=guarded)
+        wiring.base.exits.push_async_callback(guarded.close)
+        return ValidatorDeps(**wiring.base.parts(), checker=guarded)
 
     return build_app(service="validator", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

@@ -15,7 +15,7 @@ from shared.contracts import pipeline
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import ValidationStatus
 from shared.contracts.routing import ModelSlot
-from shared.stage import Call, Handoff, Stage, StageDeps, finish_turn, stage_spec
+from shared.stage import Call, Handoff, Stage, StageDeps, finish_turn, payload, stage_spec
 
 log = logging.getLogger("intentroute.validator")
 
@@ -49,7 +49,7 @@ class ValidatorDeps(StageDeps):
 def build_stage(settings: ValidatorSettings) -> Stage[Routed, ValidatorDeps]:
     async def on_validate(env: Routed, call: Call, deps: ValidatorDeps) -> Handoff | None:
         req = env.request
-        out = AnswerStream(deps.bus, req.request_id, start_seq=env.seq)
+        out = AnswerStream(deps.bus, req.agent_id, req.request_id, start_seq=env.seq)
         if env.attempt == 0:
             await out.status("validating AVAP code")
         code = extract_avap_code(env.answer)
@@ -85,6 +85,6 @@ def build_stage(settings: ValidatorSettings) -> Stage[Routed, ValidatorDeps]:
             durable="validator",
             max_inflight=settings.batch_size,
         ),
-        decode=decode_routed,
+        decode=payload(decode_routed),
         logic=on_validate,
     )

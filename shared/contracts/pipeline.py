@@ -37,6 +37,9 @@ class Admitted(msgspec.Struct, kw_only=True):
     accepted_at: float
     # Per-stage latency in milliseconds, stage name -> ms.
     timings: dict[str, float] = {}
+    # The gateway's reading of the agents table: may this agent declare a query_type
+    # and use the RC-01 platform prefix? Only service users can publish envelopes.
+    trusted: bool = False
 
 
 class Routed(msgspec.Struct, kw_only=True):

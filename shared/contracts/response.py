@@ -1,4 +1,5 @@
-"""`agent.response.<request_id>`: the streamed answer."""
+"""`agent.response.<agent_id>.<request_id>`: the streamed answer, readable only by the
+agent that asked."""
 
 from __future__ import annotations
 
@@ -10,12 +11,20 @@ from shared.contracts.routing import RoutingDecision
 
 SUBJECT_PREFIX = "agent.response"
 STREAM = "AGENT_RESPONSES"
-# Malformed requests whose request_id cannot be read are answered here.
-UNADDRESSABLE_SUBJECT = "agent.response._invalid"
+# A malformed request whose request_id cannot be read is answered on its agent's
+# `agent.response.<agent_id>._invalid` (request ids cannot start with "_").
+INVALID_REQUEST_ID = "_invalid"
+# An envelope a stage cannot read has no known caller: it is reported here, for ops.
+INTERNAL_INVALID_SUBJECT = "intentroute.invalid"
 
 
-def response_subject(request_id: str) -> str:
-    return f"{SUBJECT_PREFIX}.{request_id}"
+def response_subject(agent_id: str, request_id: str) -> str:
+    return f"{SUBJECT_PREFIX}.{agent_id}.{request_id}"
+
+
+def agent_responses(agent_id: str) -> str:
+    """Every response subject of one agent (its subscriptions and replays)."""
+    return f"{SUBJECT_PREFIX}.{agent_id}.>"
 
 
 class ChunkKind(enum.StrEnum):
@@ -49,6 +58,10 @@ class ErrorCode(enum.StrEnum):
     STAGE_FAILED = "STAGE_FAILED"
     # RC-04: a PLATFORM / CONVERSATIONAL request reached the retriever.
     RC04_VIOLATION = "RC04_VIOLATION"
+    # The body names another agent than the credential that published it.
+    AGENT_MISMATCH = "AGENT_MISMATCH"
+    # The publishing agent is unknown or revoked (a request queued before revocation).
+    UNKNOWN_AGENT = "UNKNOWN_AGENT"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True):

@@ -64,6 +64,8 @@ class RoutingDecision(msgspec.Struct, frozen=True):
     alternatives: list[Alternative] = []
     # Set when a deictic reference was resolved from history / editor context.
     resolved_reference: bool = False
+    # An untrusted agent declared a query_type, which the cascade ignored.
+    declared_ignored: bool = False
 
 
 class HistoryEntry(msgspec.Struct, frozen=True):

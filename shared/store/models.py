@@ -34,8 +34,21 @@ messages = sa.Table(
     sa.ForeignKeyConstraint(
         ["agent_id", "session_id"], ["sessions.agent_id", "sessions.session_id"]
     ),
-    sa.UniqueConstraint("request_id", "role", name="uq_messages_request_role"),
+    sa.UniqueConstraint("agent_id", "request_id", "role", name="uq_messages_agent_request_role"),
     sa.Index("ix_messages_session", "agent_id", "session_id", "id"),
+)
+
+agents = sa.Table(
+    "agents",
+    metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    # bcrypt hash of the agent's secret; the secret itself is never stored.
+    sa.Column("secret_hash", sa.Text, nullable=False),
+    # May declare query_type; its RC-01 platform prefix is honoured.
+    sa.Column("trusted", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+    sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+    sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
 )
 
 classify_history = sa.Table(
@@ -44,20 +57,22 @@ classify_history = sa.Table(
     sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
     sa.Column("agent_id", sa.String(128), nullable=False),
     sa.Column("session_id", sa.String(128), nullable=False),
-    sa.Column("request_id", sa.String(128), nullable=False, unique=True),
+    sa.Column("request_id", sa.String(128), nullable=False),
     sa.Column("type", sa.String(32), nullable=False),
     sa.Column("topic", sa.String(60), nullable=False),
     sa.Column("layer", sa.String(16), nullable=False),
     sa.Column("confidence", sa.Float, nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
     sa.Index("ix_classify_history_session", "agent_id", "session_id", "id"),
+    sa.UniqueConstraint("agent_id", "request_id", name="uq_classify_history_agent_request"),
 )
 
 request_log = sa.Table(
     "request_log",
     metadata,
+    # Request ids are the agent's own: two agents may use the same one.
+    sa.Column("agent_id", sa.String(128), primary_key=True),
     sa.Column("request_id", sa.String(128), primary_key=True),
-    sa.Column("agent_id", sa.String(128), nullable=False),
     sa.Column("session_id", sa.String(128), nullable=False),
     sa.Column("query_type", sa.String(32), nullable=False, server_default=""),
     sa.Column("layer", sa.String(16), nullable=False, server_default=""),

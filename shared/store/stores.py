@@ -11,13 +11,14 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
+from shared.ports import AgentInfo
 from shared.store import asyncpg_dsn
 from shared.store.rows import HistoryRow, Row, TurnRow
 
@@ -40,14 +41,14 @@ WITH new_sessions AS (
     FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
                 $9::float8[]) WITH ORDINALITY AS u(a, s, r, t, tp, l, c, n)
     ORDER BY n
-    ON CONFLICT (request_id) DO NOTHING
+    ON CONFLICT (agent_id, request_id) DO NOTHING
 ), new_messages AS (
     INSERT INTO messages (agent_id, session_id, request_id, role, content, query_type)
     SELECT a, s, r, ro, co, t
     FROM unnest($10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
         WITH ORDINALITY AS u(a, s, r, ro, co, t, n)
     ORDER BY n
-    ON CONFLICT (request_id, role) DO NOTHING
+    ON CONFLICT (agent_id, request_id, role) DO NOTHING
 )
 INSERT INTO request_log
     (request_id, agent_id, session_id, query_type, layer, confidence, model_slot,
@@ -56,12 +57,16 @@ SELECT r, a, s, t, l, c, ms, ab, sm::jsonb, tm, o, vs, rt
 FROM unnest($16::text[], $17::text[], $18::text[], $19::text[], $20::text[], $21::float8[],
             $22::text[], $23::text[], $24::text[], $25::float8[], $26::text[], $27::text[],
             $28::bool[]) AS u(r, a, s, t, l, c, ms, ab, sm, tm, o, vs, rt)
-ON CONFLICT (request_id) DO UPDATE SET
+ON CONFLICT (agent_id, request_id) DO UPDATE SET
     query_type = EXCLUDED.query_type, layer = EXCLUDED.layer,
     confidence = EXCLUDED.confidence, model_slot = EXCLUDED.model_slot,
     answered_by = EXCLUDED.answered_by, stage_ms = EXCLUDED.stage_ms,
     total_ms = EXCLUDED.total_ms, outcome = EXCLUDED.outcome,
     validation_status = EXCLUDED.validation_status, retried = EXCLUDED.retried
+"""
+_SQL_AGENT = """
+SELECT agent_id, secret_hash, trusted, revoked_at IS NOT NULL AS revoked
+FROM agents WHERE agent_id = $1
 """
 _SQL_LAST_HISTORY = """
 SELECT type, topic FROM classify_history
@@ -90,7 +95,7 @@ async def _write_batch(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
     messages: list[tuple[Any, ...]] = []
     # One log row per request (the latest wins): ON CONFLICT DO UPDATE may not touch
     # a row twice in one statement.
-    logs: dict[str, tuple[Any, ...]] = {}
+    logs: dict[tuple[str, str], tuple[Any, ...]] = {}
     for row in rows:
         if isinstance(row, HistoryRow):
             history.append(
@@ -108,8 +113,9 @@ async def _write_batch(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
                  row.query_type)
             )
         else:
-            logs.pop(row.request_id, None)
-            logs[row.request_id] = (
+            key = (row.agent_id, row.request_id)
+            logs.pop(key, None)
+            logs[key] = (
                 row.request_id, row.agent_id, row.session_id, row.query_type, row.layer,
                 row.confidence, row.model_slot, row.answered_by, json.dumps(row.stage_ms),
                 row.total_ms, row.outcome, row.validation_status, row.retried,
@@ -211,12 +217,6 @@ class StoreUnavailable(Exception):
     """The store could not take a write after retries (retryable by redelivery)."""
 
 
-class HistoryReader(Protocol):
-    async def last_history(
-        self, agent_id: str, session_id: str, n: int = HISTORY_WINDOW
-    ) -> list[HistoryEntry]: ...
-
-
 class Store:
     """Reads and group-committed writes, all keyed by (agent_id, session_id)."""
 
@@ -263,6 +263,15 @@ class Store:
     async def last_turns(self, agent_id: str, session_id: str, n: int = 4) -> list[tuple[str, str]]:
         rows = await self.pool.fetch(_SQL_LAST_TURNS, agent_id, session_id, n)
         return [(r["role"], r["content"]) for r in reversed(rows)]
+
+    async def agent(self, agent_id: str) -> tuple[AgentInfo, str] | None:
+        """An agent's record and the bcrypt hash of its secret (None: no such agent)."""
+        row = await self.pool.fetchrow(_SQL_AGENT, agent_id)
+        if row is None:
+            return None
+        info = AgentInfo(agent_id=row["agent_id"], trusted=row["trusted"],
+                         revoked=row["revoked"])
+        return info, row["secret_hash"]
 
     async def write(self, *rows: Row) -> None:
         with self._tracer.start_as_current_span("store.write", attributes={"rows": len(rows)}):

@@ -14,6 +14,7 @@ from shared.contracts.routing import (
     RoutingDecision,
     slot_for,
 )
+from shared.ports import AgentInfo
 from shared.settings import CommonSettings
 from shared.store.rows import Row
 
@@ -69,16 +70,17 @@ class RecordingBus:
     def on(self, subject: str) -> list[bytes]:
         return [payload for subj, _, _, payload in self.sent if subj == subject]
 
-    def chunks(self, request_id: str) -> list[ResponseChunk]:
-        return [decode_chunk(p) for p in self.on(f"agent.response.{request_id}")]
+    def chunks(self, request_id: str, agent_id: str = "a") -> list[ResponseChunk]:
+        return [decode_chunk(p) for p in self.on(f"agent.response.{agent_id}.{request_id}")]
 
     def subjects(self) -> list[tuple[str, str]]:
         return [(subj, stream) for subj, stream, _, _ in self.sent]
 
 
 class FakeDelivery:
-    def __init__(self, data: bytes, deliveries: int = 1) -> None:
+    def __init__(self, data: bytes, deliveries: int = 1, subject: str = "") -> None:
         self.data = data
+        self.subject = subject
         self.deliveries = deliveries
         self.settled = False
         self.nacked: list[float | None] = []
@@ -99,3 +101,13 @@ def request(rid: str, query: str, **fields: str) -> AgentRequest:
 
 def routed_decision(qt: QueryType, layer: Layer = Layer.RULES) -> RoutingDecision:
     return RoutingDecision(type=qt, layer=layer, confidence=1.0, model_slot=slot_for(qt))
+
+
+class FakeAgents:
+    """The agents table as the gateway reads it."""
+
+    def __init__(self, *agents: AgentInfo) -> None:
+        self.agents = {a.agent_id: a for a in agents}
+
+    async def get(self, agent_id: str) -> AgentInfo | None:
+        return self.agents.get(agent_id)

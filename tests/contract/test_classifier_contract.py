@@ -36,7 +36,7 @@ async def test_classifier_routes_platform_past_the_retriever_despite_history() -
 
     assert bus.subjects() == [
         ("intentroute.stage.generate.conversational", "INTENTROUTE_PIPELINE")]
-    assert bus.sent[0][2] == "p-1:classified"
+    assert bus.sent[0][2] == "a:p-1:classified"
     out = decode_routed(bus.on("intentroute.stage.generate.conversational")[0])
     assert out.decision.type == QueryType.PLATFORM
     assert {"classify", "classify.at"} <= set(out.timings)
@@ -68,7 +68,7 @@ async def _route_unsure(policy_by_agent: dict[str, str]) -> tuple[dict[str, byte
     await build_stage(settings).handle(
         FakeDelivery(encode(env)), deps_for(Cascade(layer2=UnsureLayer2()), store, bus))
     seen = {"retrieve" if subj == "intentroute.stage.retrieve" else
-            "answer" if subj == "agent.response.u-1" else subj: payload
+            "answer" if subj == "agent.response.widget.u-1" else subj: payload
             for subj, _, _, payload in bus.sent}
     return seen, store
 
@@ -95,7 +95,24 @@ async def test_an_envelope_that_does_not_decode_is_reported_not_retried() -> Non
     bus, store = RecordingBus(), FakeStore()
     delivery = FakeDelivery(b'{"request": 42}')
     await stage.handle(delivery, deps_for(Cascade(), store, bus))
-    (payload,) = bus.on("agent.response._invalid")
+    (payload,) = bus.on("intentroute.invalid")
     chunk = decode_chunk(payload)
     assert chunk.error is not None and chunk.error.code == "BAD_ENVELOPE"
     assert not delivery.nacked and store.rows == []
+
+
+async def test_only_the_gateways_trust_stamp_lets_a_declared_type_through() -> None:
+    stage = build_stage(ClassifierSettings(common=COMMON, heads_dir=""))
+    decided = {}
+    for trusted in (True, False):
+        bus = RecordingBus()
+        env = Admitted(request=AgentRequest(request_id="d-1", session_id="s", agent_id="a",
+                                            query="cuántas llamadas llevo este mes?",
+                                            query_type="RETRIEVAL"),
+                       accepted_at=0.0, trusted=trusted)
+        await stage.handle(FakeDelivery(encode(env)), deps_for(Cascade(), FakeStore(), bus))
+        ((_, _, _, payload),) = bus.sent
+        decided[trusted] = decode_routed(payload).decision
+    assert (decided[True].type, decided[True].layer) == (QueryType.RETRIEVAL, "declared")
+    assert (decided[False].type, decided[False].layer) == (QueryType.PLATFORM, "rules")
+    assert decided[False].declared_ignored and not decided[True].declared_ignored

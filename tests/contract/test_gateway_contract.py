@@ -1,4 +1,5 @@
-"""Contract tier, gateway: `agent.request` wire bytes in, a hand-off or an error answer out."""
+"""Contract tier, gateway: `agent.request.<agent>` wire bytes in, a hand-off or an error
+answer out; the agent is the subject's."""
 
 from __future__ import annotations
 
@@ -6,43 +7,85 @@ import json
 
 from opentelemetry.trace import NoOpTracer
 
-from services.gateway.handlers import build_stage
+from services.gateway.handlers import GatewayDeps, build_stage
 from services.gateway.settings import GatewaySettings
 from shared.codec import decode_admitted, decode_chunk, encode
 from shared.contracts.request import AgentRequest
-from shared.stage import StageDeps
-from tests.contract.fakes import COMMON, FakeDelivery, FakeStore, RecordingBus
+from shared.ports import AgentInfo
+from tests.contract.fakes import COMMON, FakeAgents, FakeDelivery, FakeStore, RecordingBus
+
+
+def setup(*agents: AgentInfo) -> tuple[RecordingBus, FakeStore, GatewayDeps]:
+    bus, store = RecordingBus(), FakeStore()
+    deps = GatewayDeps(bus=bus, store=store, tracer=NoOpTracer(),
+                       agents=FakeAgents(*agents or (AgentInfo("a"),)))
+    return bus, store, deps
+
+
+def sent_by(agent: str, body: bytes) -> FakeDelivery:
+    return FakeDelivery(body, subject=f"agent.request.{agent}")
 
 
 async def test_gateway_forwards_valid_and_answers_invalid() -> None:
     stage = build_stage(GatewaySettings(common=COMMON))
-    assert (stage.spec.stream, stage.spec.subject) == ("AGENT_REQUESTS", "agent.request")
-    bus, store = RecordingBus(), FakeStore()
-    deps = StageDeps(bus=bus, store=store, tracer=NoOpTracer())
+    assert (stage.spec.stream, stage.spec.subject) == ("AGENT_REQUESTS", "agent.request.*")
+    bus, store, deps = setup()
     ok = AgentRequest(request_id="ok-1", session_id="s", agent_id="a", query="hi")
-    await stage.handle(FakeDelivery(encode(ok)), deps)
+    await stage.handle(sent_by("a", encode(ok)), deps)
     bad = {"request_id": "bad-1", "session_id": "s", "agent_id": "a", "query": "q",
            "query_type": "NOPE"}
-    await stage.handle(FakeDelivery(json.dumps(bad).encode()), deps)
+    await stage.handle(sent_by("a", json.dumps(bad).encode()), deps)
 
     forwarded = [(subj, stream) for subj, stream in bus.subjects()
                  if subj.startswith("intentroute")]
     assert forwarded == [("intentroute.stage.classify", "INTENTROUTE_PIPELINE")]
-    (_, _, msg_id, payload), = [s for s in bus.sent if s[0] == "intentroute.stage.classify"]
-    assert msg_id == "ok-1:accepted"
-    assert decode_admitted(payload).request == ok
-    (error,) = bus.on("agent.response.bad-1")
+    ((_, _, msg_id, payload),) = [s for s in bus.sent if s[0] == "intentroute.stage.classify"]
+    assert msg_id == "a:ok-1:accepted"
+    admitted = decode_admitted(payload)
+    assert admitted.request == ok and not admitted.trusted
+    (error,) = bus.on("agent.response.a.bad-1")
     chunk = decode_chunk(error)
     assert chunk.is_final and chunk.error is not None
     assert chunk.error.code == "UNKNOWN_QUERY_TYPE"
     assert len(store.rows) == 1
 
 
-async def test_gateway_answers_unreadable_input_on_the_invalid_subject() -> None:
-    bus, store = RecordingBus(), FakeStore()
-    deps = StageDeps(bus=bus, store=store, tracer=NoOpTracer())
-    await build_stage(GatewaySettings(common=COMMON)).handle(FakeDelivery(b"{not json"), deps)
-    (payload,) = bus.on("agent.response._invalid")
+async def test_the_agent_comes_from_the_subject_and_its_record() -> None:
+    stage = build_stage(GatewaySettings(common=COMMON))
+    bus, _, deps = setup(AgentInfo("ide", trusted=True))
+    body = {"request_id": "r-1", "session_id": "s", "query": "hi", "query_type": "PLATFORM"}
+    await stage.handle(sent_by("ide", json.dumps(body).encode()), deps)
+    admitted = decode_admitted(bus.on("intentroute.stage.classify")[0])
+    assert admitted.request.agent_id == "ide" and admitted.trusted
+
+
+async def test_a_body_claiming_another_agent_is_refused() -> None:
+    stage = build_stage(GatewaySettings(common=COMMON))
+    bus, store, deps = setup(AgentInfo("mallory"), AgentInfo("alice"))
+    body = {"request_id": "r-2", "session_id": "s", "agent_id": "alice",
+            "query": "repeat your last answer"}
+    await stage.handle(sent_by("mallory", json.dumps(body).encode()), deps)
+    assert bus.on("intentroute.stage.classify") == []
+    assert bus.on("agent.response.alice.r-2") == []
+    (chunk,) = bus.chunks("r-2", agent_id="mallory")
+    assert chunk.error is not None and chunk.error.code == "AGENT_MISMATCH"
+
+
+async def test_a_revoked_or_unknown_agent_is_answered_not_admitted() -> None:
+    stage = build_stage(GatewaySettings(common=COMMON))
+    bus, _, deps = setup(AgentInfo("gone", revoked=True))
+    for agent in ("gone", "nobody"):
+        body = {"request_id": f"r-{agent}", "session_id": "s", "query": "hi"}
+        await stage.handle(sent_by(agent, json.dumps(body).encode()), deps)
+        (chunk,) = bus.chunks(f"r-{agent}", agent_id=agent)
+        assert chunk.error is not None and chunk.error.code == "UNKNOWN_AGENT"
+    assert bus.on("intentroute.stage.classify") == []
+
+
+async def test_gateway_answers_unreadable_input_on_the_agents_invalid_subject() -> None:
+    bus, store, deps = setup()
+    await build_stage(GatewaySettings(common=COMMON)).handle(sent_by("a", b"{not json"), deps)
+    (payload,) = bus.on("agent.response.a._invalid")
     chunk = decode_chunk(payload)
     assert chunk.is_final and chunk.error is not None and chunk.error.code == "MALFORMED_JSON"
     assert store.rows == []

@@ -57,7 +57,7 @@ async def test_code_request_is_handed_to_the_main_slot_with_its_passages() -> No
     await build_stage(settings()).handle(FakeDelivery(encode(env)), deps)
 
     assert bus.subjects() == [("intentroute.stage.generate.main", "INTENTROUTE_PIPELINE")]
-    assert bus.sent[0][2] == "c-1:retrieved"
+    assert bus.sent[0][2] == "a:c-1:retrieved"
     out = decode_routed(bus.sent[0][3])
     assert out.passages == [PASSAGE] and out.retrieval_query == env.request.query
     assert not out.retrieval_retried

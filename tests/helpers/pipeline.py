@@ -77,7 +77,7 @@ async def running(
 
 def make_request(query: str, **fields: Any) -> AgentRequest:
     fields.setdefault("session_id", f"s-{uuid.uuid4().hex[:8]}")
-    fields.setdefault("agent_id", "tests")
+    fields.setdefault("agent_id", "tests")  # trusted: it may declare query types
     return AgentRequest(request_id=uuid.uuid4().hex, query=query, **fields)
 
 

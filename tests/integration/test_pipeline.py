@@ -148,7 +148,7 @@ async def test_late_subscriber_reads_the_whole_answer(nc, nats_url, database_url
     async with running(env):
         req = make_request("How does try and exception work?")
         live = await ask_all(nc, req)
-    late = [c async for c in replay(nc, req.request_id, timeout=5)]
+    late = [c async for c in replay(nc, req.agent_id, req.request_id, timeout=5)]
     assert late == live
     assert late[-1].is_final and assemble(late)
 
@@ -157,10 +157,10 @@ async def test_bad_input_gets_an_error_chunk(nc, nats_url, database_url, kb_inde
     import json
 
     from shared.client import follow
-    from shared.contracts.response import UNADDRESSABLE_SUBJECT, response_subject
+    from shared.contracts.response import INVALID_REQUEST_ID, response_subject
 
     env = base_env(nats_url, database_url, kb_index)
-    ok = {"request_id": "", "session_id": "s", "agent_id": "a", "query": "hi"}
+    ok = {"request_id": "", "session_id": "s", "query": "hi"}
     cases = {
         "MALFORMED_JSON": (b'{"request_id": "bad-json-1", "query": ', "bad-json-1"),
         "MISSING_FIELD": (json.dumps({**ok, "request_id": "missing-1", "query": ""}).encode(),
@@ -175,16 +175,16 @@ async def test_bad_input_gets_an_error_chunk(nc, nats_url, database_url, kb_inde
     js = nc.jetstream()
     async with running(env, ("gateway",)):
         for code, (payload, rid) in cases.items():
-            sub = await nc.subscribe(response_subject(rid))
-            await js.publish("agent.request", payload)
+            sub = await nc.subscribe(response_subject("tests", rid))
+            await js.publish("agent.request.tests", payload)
             chunks = [c async for c in follow(sub, timeout=10)]
             await sub.unsubscribe()
             assert len(chunks) == 1 and chunks[0].is_final, code
             assert chunks[0].error is not None and chunks[0].error.code == code, chunks
             assert chunks[0].error.message
-        # No request id at all: answered on the dead-letter subject, not dropped.
-        sub = await nc.subscribe(UNADDRESSABLE_SUBJECT)
-        await js.publish("agent.request", b"not json at all")
+        # No request id at all: answered on the agent's invalid subject, not dropped.
+        sub = await nc.subscribe(response_subject("tests", INVALID_REQUEST_ID))
+        await js.publish("agent.request.tests", b"not json at all")
         chunks = [c async for c in follow(sub, timeout=10)]
         assert chunks[0].error is not None and chunks[0].error.code == "MALFORMED_JSON"
         assert "not json at all" in chunks[0].text

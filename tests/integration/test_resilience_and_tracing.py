@@ -86,26 +86,57 @@ async def test_one_request_one_trace_across_the_five_workers(
     assert any(s.name.startswith("store.") for s in spans)
 
 
-async def test_grpc_ask_agent_stream_and_bad_input(nc, nats_url, database_url,
-                                                  kb_index) -> None:
+async def test_grpc_ask_agent_stream_and_bad_input(nc, nats_url, database_url, kb_index,
+                                                  agent_tokens) -> None:
     from intentroute.stack import free_port
 
     port = free_port()
     env = base_env(nats_url, database_url, kb_index, GATEWAY_GRPC_LISTEN=f"127.0.0.1:{port}")
+    auth = (("authorization", f"Bearer {agent_tokens['grpc']}"),)
     async with running(env), grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = agent_pb2_grpc.AssistanceEngineStub(channel)
         req = agent_pb2.AgentRequest(query="How do I read a request parameter?",
                                      session_id="g1", agent_id="grpc")
-        streamed = [r async for r in stub.AskAgentStream(req)]
+        streamed = [r async for r in stub.AskAgentStream(req, metadata=auth)]
         unary = await stub.AskAgent(agent_pb2.AgentRequest(
-            query="what is my quota usage? 80% of my plan", session_id="g1", agent_id="grpc",
-            extra_context="quota_used=80%"))
+            query="what is my quota usage? 80% of my plan", session_id="g1",
+            extra_context="quota_used=80%"), metadata=auth)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.AskAgent(agent_pb2.AgentRequest(query="x", session_id="g1",
-                                                       agent_id="grpc", query_type="SQL"))
+                                                       agent_id="grpc", query_type="SQL"),
+                                metadata=auth)
     assert streamed[-1].is_final and streamed[-1].query_type == "RETRIEVAL"
     # The answer's last piece rides on the final response.
     assert "".join(r.text for r in streamed) and streamed[-1].text
     assert unary.is_final and unary.query_type == "PLATFORM" and "quota_used=80%" in unary.text
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "UNKNOWN_QUERY_TYPE" in (err.value.details() or "")
+
+
+async def test_grpc_refuses_calls_without_the_agents_credential(
+    nc, nats_url, database_url, kb_index, agent_tokens
+) -> None:
+    from intentroute.stack import free_port
+
+    port = free_port()
+    env = base_env(nats_url, database_url, kb_index, GATEWAY_GRPC_LISTEN=f"127.0.0.1:{port}")
+    grpc_agent, _, secret = agent_tokens["grpc"].partition(".")
+    attempts = {
+        "none": ((), "grpc", grpc.StatusCode.UNAUTHENTICATED),
+        "wrong secret": ((("authorization", f"Bearer grpc.{secret[::-1]}"),), "grpc",
+                         grpc.StatusCode.UNAUTHENTICATED),
+        "not bearer": ((("authorization", f"Basic {agent_tokens['grpc']}"),), "grpc",
+                       grpc.StatusCode.UNAUTHENTICATED),
+        "another agent's id": ((("authorization", f"Bearer {agent_tokens['grpc']}"),),
+                               "agent-a", grpc.StatusCode.PERMISSION_DENIED),
+    }
+    async with running(env, ("gateway",)), grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}") as channel:
+        stub = agent_pb2_grpc.AssistanceEngineStub(channel)
+        for name, (metadata, agent, code) in attempts.items():
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.AskAgent(agent_pb2.AgentRequest(
+                    query="repeat your last answer", session_id="g1", agent_id=agent),
+                    metadata=metadata)
+            assert err.value.code() == code, name
+    assert grpc_agent == "grpc"

@@ -76,9 +76,16 @@ def cascade(llm: FakeLLM | None = None, **cfg: object) -> Cascade:
 async def test_rc01_prefix_is_platform_and_never_calls_a_model() -> None:
     llm = FakeLLM(R)
     c = cascade(llm)
-    d = await c.decide(req("You are a direct and concise assistant. Summarise the docs."), [])
+    d = await c.decide(req("You are a direct and concise assistant. Summarise the docs."), [],
+                       trusted=True)
     assert (d.type, d.layer) == (P, Layer.RULES)
     assert llm.calls == [] and c.layer2.seen == []  # type: ignore[union-attr]
+
+
+async def test_rc01_prefix_from_an_untrusted_agent_is_ordinary_text() -> None:
+    d = await cascade().decide(
+        req("You are a direct and concise assistant. Explain what addVar does."), [])
+    assert (d.type, d.layer) == (R, Layer.EMBEDDING)
 
 
 async def test_rc02_platform_data_wins_over_history() -> None:
@@ -167,9 +174,16 @@ async def test_single_intent_with_and_is_not_multi_intent() -> None:
 async def test_declared_type_skips_every_layer() -> None:
     llm = FakeLLM(R)
     c = cascade(llm)
-    d = await c.decide(req("hmm", query_type="PLATFORM"), [])
+    d = await c.decide(req("hmm", query_type="PLATFORM"), [], trusted=True)
     assert (d.type, d.layer) == (P, Layer.DECLARED)
     assert c.layer2.seen == [] and llm.calls == []  # type: ignore[union-attr]
+    assert not d.declared_ignored
+
+
+async def test_a_type_declared_by_an_untrusted_agent_is_ignored_and_recorded() -> None:
+    d = await cascade().decide(req("what does addvar do", query_type="PLATFORM"), [])
+    assert (d.type, d.layer) == (R, Layer.EMBEDDING)
+    assert d.declared_ignored
 
 
 @pytest.mark.parametrize(

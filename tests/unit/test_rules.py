@@ -55,18 +55,20 @@ def test_rc01_prefix_anywhere_case_insensitive() -> None:
 
 
 async def test_cascade_order_declared_then_rules_then_default() -> None:
-    cascade = Cascade(CascadeConfig(trusted_agents=("platform",)))
+    cascade = Cascade(CascadeConfig())
     base = {"request_id": "r", "session_id": "s", "agent_id": "platform"}
     declared = await cascade.decide(
-        AgentRequest(**base, query="You have 20% usage", query_type="RETRIEVAL"), []
+        AgentRequest(**base, query="You have 20% usage", query_type="RETRIEVAL"), [],
+        trusted=True,
     )
     assert (declared.type, declared.layer) == (QueryType.RETRIEVAL, Layer.DECLARED)
     untrusted = await cascade.decide(
         AgentRequest(request_id="r", session_id="s", agent_id="someone",
                      query="You have a project usage percentage of 20%",
-                     query_type="RETRIEVAL"), []
+                     query_type="RETRIEVAL"), [], trusted=False,
     )
     assert (untrusted.type, untrusted.layer) == (QueryType.PLATFORM, Layer.RULES)
+    assert untrusted.declared_ignored
     assert untrusted.model_slot == ModelSlot.CONVERSATIONAL
     default = await cascade.decide(AgentRequest(**base, query="what is startLoop"), [])
     assert (default.type, default.layer, default.model_slot) == (

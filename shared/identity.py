@@ -1,0 +1,84 @@
+"""Who is calling: agent records read from the `agents` table, cached briefly.
+
+The gateway asks on every request (is the agent still active, is it trusted) and on
+every authenticated gRPC / HTTP call (does this bearer token belong to it). Both go
+through a short cache so the hot path costs a dict lookup; its TTL bounds how long a
+revocation or a trust change takes to reach running workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+
+import bcrypt
+
+from shared.ports import AgentInfo
+
+# (record, bcrypt hash of its secret), or None when there is no such agent.
+FetchAgent = Callable[[str], Awaitable[tuple[AgentInfo, str] | None]]
+
+DEFAULT_TTL = 5.0
+
+
+def split_token(token: str) -> tuple[str, str]:
+    """`<agent_id>.<secret>` -> (agent_id, secret); ("", "") when malformed. Agent ids
+    hold no ".", so the first one separates them."""
+    agent_id, dot, secret = token.strip().partition(".")
+    if not dot or not agent_id or not secret:
+        return "", ""
+    return agent_id, secret
+
+
+def check_secret(secret: str, secret_hash: str) -> bool:
+    try:
+        return bcrypt.checkpw(secret.encode(), secret_hash.encode())
+    except ValueError:  # a malformed stored hash never matches
+        return False
+
+
+class CachedAgents:
+    """`AgentDirectory` over a fetch function, with a TTL cache for records and for
+    verified tokens (bcrypt costs milliseconds on purpose; it runs in a thread)."""
+
+    def __init__(self, fetch: FetchAgent, *, ttl: float = DEFAULT_TTL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._fetch = fetch
+        self._ttl = ttl
+        self._clock = clock
+        self._records: dict[str, tuple[float, tuple[AgentInfo, str] | None]] = {}
+        self._tokens: dict[bytes, tuple[float, str]] = {}
+
+    async def _record(self, agent_id: str) -> tuple[AgentInfo, str] | None:
+        now = self._clock()
+        hit = self._records.get(agent_id)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        record = await self._fetch(agent_id)
+        self._records[agent_id] = (now + self._ttl, record)
+        return record
+
+    async def get(self, agent_id: str) -> AgentInfo | None:
+        record = await self._record(agent_id)
+        return record[0] if record else None
+
+    async def verify_token(self, token: str) -> AgentInfo | None:
+        """The active agent a bearer token belongs to, or None."""
+        agent_id, secret = split_token(token)
+        if not agent_id:
+            return None
+        record = await self._record(agent_id)
+        if record is None or record[0].revoked:
+            return None
+        info, secret_hash = record
+        key = hashlib.sha256(token.encode()).digest()
+        now = self._clock()
+        hit = self._tokens.get(key)
+        if hit is not None and hit[0] > now and hit[1] == secret_hash:
+            return info
+        if not await asyncio.to_thread(check_secret, secret, secret_hash):
+            return None
+        self._tokens[key] = (now + self._ttl, secret_hash)
+        return info
