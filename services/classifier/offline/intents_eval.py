@@ -2,8 +2,8 @@
 
 Protocol
 * Train on every line of `train_path` (for CLINC150 "full": in-scope + oos_train, the
-  `oos` lines being one more class), with the same `train_head` the service uses
-  (logistic regression + temperature scaling; optional encoder fine-tune).
+  `oos` lines being one more class), with the `train_head` that trains the worker's
+  heads (logistic regression + temperature scaling; optional encoder fine-tune).
 * Open-set scoring applies when the test file has `oos_label` lines: a prediction
   whose calibrated confidence is below `threshold` becomes `oos_label` (as does a
   predicted `oos` class). Then
