@@ -74,10 +74,6 @@ class Layer2Classifier:
         return self._make(head.early)
 
     @property
-    def head(self) -> EmbeddingHead:
-        return self._state[0]
-
-    @property
     def encoder(self) -> Encoder:
         return self._state[1]
 

@@ -72,6 +72,8 @@ def finetune_encoder(
     `epochs` may be fractional. `max_seconds` bounds the wall time (training stops
     early, the schedule is not stretched). Returns a small report dict.
     """
+    # Read by torch / Hugging Face when they load: idle OpenMP threads must not spin on
+    # the shared cores, and the packaged model must never trigger a download.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
