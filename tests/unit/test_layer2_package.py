@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from services.classifier.adapters import build_classifier
 from services.classifier.layer2.head import EmbeddingHead
 from services.classifier.layer2.registry import SHIPPED_HEADS, HeadRegistry, seed_registry
 from services.classifier.settings import ClassifierSettings
@@ -113,3 +114,5 @@ def test_the_registry_defaults_to_the_state_dir_and_empty_means_off(tmp_path: Pa
     assert ClassifierSettings.from_env(env).heads_root == tmp_path / "other" / "heads"
     off = ClassifierSettings.from_env({**env, "CLASSIFIER_HEADS_DIR": ""})
     assert off.heads_root is None
+    assert build_classifier(off) is None
+    assert not (tmp_path / "other").exists()  # Layer 2 off: nothing seeded
