@@ -76,7 +76,9 @@ def export_history(
 @app.command("train-classifier")
 def train_classifier(
     data: Annotated[list[Path], typer.Option(help="Labelled JSONL/CSV files (repeatable)")],
-    heads_dir: Annotated[Path | None, typer.Option(help="Head registry")] = None,
+    heads_dir: Annotated[Path | None, typer.Option(
+        help="Head registry, used as it is (default: the worker's, CLASSIFIER_HEADS_DIR or "
+             "<state dir>/heads, seeded with the shipped head when it has none)")] = None,
     holdout: Annotated[float, typer.Option(help="Held-out share for shadow evaluation")] = 0.2,
     seed: Annotated[int, typer.Option()] = 0,
     early_exit_layers: Annotated[int | None, typer.Option(
@@ -90,17 +92,28 @@ def train_classifier(
     """
     import msgspec
 
-    from services.classifier.embedding import HeadRegistry
+    from services.classifier.layer2.registry import seed_registry
+    from services.classifier.offline.promote import HeadWriter, train_and_promote
     from services.classifier.settings import ClassifierSettings
-    from services.classifier.training import train_and_promote
     from shared.fast_encoder import shared_fast_encoder
 
-    root = heads_dir or Path(ClassifierSettings.from_env().heads_dir)
-    registry = HeadRegistry(root)
+    classifier = ClassifierSettings.from_env()
+    common = classifier.common
+    root = heads_dir
+    if root is None:
+        root = classifier.heads_root
+        if root is None:
+            typer.echo("CLASSIFIER_HEADS_DIR is empty (Layer 2 off): pass --heads-dir", err=True)
+            raise typer.Exit(2)
+        seed_registry(root)
+    registry = HeadWriter(root, default_precision=common.encoder_precision,
+                          onnx_cache_dir=common.onnx_cache_dir)
     current = registry.current()
     if early_exit_layers is None and current is not None and current.early is not None:
         early_exit_layers = current.early.layers
-    encoder = shared_fast_encoder(precision=current.precision if current else None)
+    precision = (current.precision if current else None) or common.encoder_precision
+    # TODO(onnx_cache_dir): pass common.onnx_cache_dir once shared_fast_encoder takes it.
+    encoder = shared_fast_encoder(precision=precision)
     result = train_and_promote(data, registry, encoder, holdout=holdout, seed=seed,
                                early_exit_layers=None if early_exit_layers is None
                                or early_exit_layers < 0 else early_exit_layers)

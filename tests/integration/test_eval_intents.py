@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.classifier.evaluation import eval_intents
-from services.classifier.training import load_labelled
+from services.classifier.offline.intents_eval import eval_intents
+from services.classifier.offline.labelled import load_labelled
 from tests.helpers import intent_datasets as D
 
 pytestmark = pytest.mark.skipif(not D.available(), reason="shared intent datasets missing")

@@ -8,12 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.classifier.embedding import (
-    EmbeddingHead,
-    HeadRegistry,
-    Layer2Classifier,
-    train_head,
-)
+from services.classifier.layer2.classifier import Layer2Classifier
+from services.classifier.layer2.head import EmbeddingHead
+from services.classifier.offline.promote import HeadWriter
+from services.classifier.offline.train import train_head
 from shared.embeddings import SentenceTransformerEncoder, pin_threads
 from shared.fast_encoder import FastEncoder, onnxruntime_available, smooth_onnx
 
@@ -153,7 +151,7 @@ def test_small_real_training_set_gives_sensible_predictions(
 
 def test_registry_with_real_encoder(project_head: EmbeddingHead, fast: FastEncoder,
                                     tmp_path: Path) -> None:
-    reg = HeadRegistry(tmp_path, encoder=fast)
+    reg = HeadWriter(tmp_path, encoder=fast)
     res = reg.propose(project_head, [t for t, _ in HELD_OUT], [lab for _, lab in HELD_OUT])
     assert res.promoted and res.candidate["accuracy"] == 1.0
     clf = Layer2Classifier.from_registry(tmp_path, encoder=fast)

@@ -13,22 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.classifier.embedding import (
-    EmbeddingHead,
-    HeadRegistry,
-    Layer2Classifier,
-    MicroBatcher,
-    Prediction,
-    clarity,
-    decides,
-    expected_calibration_error,
-    train_head,
-)
-from services.classifier.training import (
-    load_labelled,
-    stratified_split,
-    train_and_promote,
-)
+from services.classifier.clarity import clarity
+from services.classifier.layer2.batcher import MicroBatcher
+from services.classifier.layer2.classifier import Layer2Classifier
+from services.classifier.layer2.head import EmbeddingHead
+from services.classifier.layer2.predict import Prediction
+from services.classifier.offline.calibration import expected_calibration_error
+from services.classifier.offline.labelled import load_labelled, stratified_split
+from services.classifier.offline.promote import HeadWriter, train_and_promote
+from services.classifier.offline.train import train_head
 from shared.contracts.routing import Clarity
 
 DIM = 32
@@ -142,8 +135,6 @@ def test_classifier_prediction_shape(head: EmbeddingHead, enc: FakeEncoder) -> N
     assert [a for a, _ in p.alternatives] and p.label not in dict(p.alternatives)
     assert [c for _, c in p.alternatives] == sorted((c for _, c in p.alternatives), reverse=True)
     assert abs(sum(p.probabilities.values()) - 1) < 1e-6
-    assert decides(p) == (p.confidence > 0.85) == clf.decides(p)
-    assert not decides(p, threshold=1.0)
     batch = clf.classify_batch(["hello hi", "invoice usage", "docs explain"])
     assert [b.label for b in batch] == ["CONVERSATIONAL", "PLATFORM", "RETRIEVAL"]
     assert clf.classify_batch([]) == []
@@ -152,7 +143,7 @@ def test_classifier_prediction_shape(head: EmbeddingHead, enc: FakeEncoder) -> N
 def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path: Path) -> None:
     texts, labels = synthetic(seed=1)
     ev_texts, ev_labels = synthetic(n_per=15, seed=2)
-    reg = HeadRegistry(tmp_path / "heads", encoder=enc)
+    reg = HeadWriter(tmp_path / "heads", encoder=enc)
     assert reg.current() is None and reg.current_version is None
 
     # First head: a mediocre one (few lines) is promoted because there is none.
@@ -193,7 +184,7 @@ def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path:
 
 
 def test_pointer_is_written_atomically(enc: FakeEncoder, tmp_path: Path) -> None:
-    reg = HeadRegistry(tmp_path, encoder=enc)
+    reg = HeadWriter(tmp_path, encoder=enc)
     texts, labels = synthetic(n_per=10)
     v = reg.add(train_head(texts, labels, enc, lexical=None))
     reg.set_current(v)
@@ -222,7 +213,7 @@ def test_loaders_and_train_and_promote(enc: FakeEncoder, tmp_path: Path) -> None
     tr, ev = stratified_split(rows, 0.2, seed=0)
     assert len(ev) == 16 and {lab for _, lab in ev} == set(TOPICS)
 
-    reg = HeadRegistry(tmp_path / "heads", encoder=enc)
+    reg = HeadWriter(tmp_path / "heads", encoder=enc)
     res = train_and_promote([jl, hist, csv_path], reg, enc, holdout=0.2, seed=0,
                             lexical=None)
     assert res.promoted and reg.current_version == "v0001" and res.n_eval > 0
@@ -255,7 +246,7 @@ async def test_micro_batcher_batches_concurrent_submissions(head: EmbeddingHead)
 
 async def test_micro_batcher_reload_runs_off_loop(enc: FakeEncoder, tmp_path: Path) -> None:
     texts, labels = synthetic(n_per=10)
-    reg = HeadRegistry(tmp_path, encoder=enc)
+    reg = HeadWriter(tmp_path, encoder=enc)
     reg.propose(train_head(texts[::3], labels[::3], enc, lexical=None), texts, labels)
     clf = Layer2Classifier.from_registry(tmp_path, encoder=enc)
     batcher = MicroBatcher(clf)

@@ -1,4 +1,4 @@
-"""Labelled data for the Layer 2 head, and the train -> shadow-evaluate -> promote step.
+"""Labelled lines for the Layer 2 head: loaders, dedupe, stratified split.
 
 Accepted inputs (one or more files, mixed formats allowed):
 
@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from services.classifier.embedding import HeadRegistry, PromotionResult, train_head
-from shared.embeddings import Encoder
-
-log = logging.getLogger("intentroute.classifier.training")
 
 
 def _clean(text: Any) -> str:
@@ -112,47 +106,8 @@ def stratified_split(
     test_idx: list[int] = []
     for label in sorted(by_label):
         idx = list(rng.permutation(by_label[label]))
-        k = int(round(len(idx) * holdout))
-        if len(idx) >= 2:
-            k = min(max(k, 1), len(idx) - 1)
-        else:
-            k = 0
+        k = round(len(idx) * holdout)
+        k = min(max(k, 1), len(idx) - 1) if len(idx) >= 2 else 0
         test_idx.extend(idx[:k])
         train_idx.extend(idx[k:])
     return [rows[i] for i in sorted(train_idx)], [rows[i] for i in sorted(test_idx)]
-
-
-def train_and_promote(
-    data_files: Path | str | Iterable[Path | str],
-    registry: HeadRegistry,
-    encoder: Encoder | None,
-    *,
-    holdout: float = 0.2,
-    seed: int = 0,
-    finetune_epochs: float = 0.0,
-    **train_kw: Any,
-) -> PromotionResult:
-    """Load, split (stratified), train a candidate on the train part and shadow-evaluate
-    it against the registry's current head on the held-out part; promote if not worse.
-    """
-    files = [data_files] if isinstance(data_files, str | Path) else list(data_files)
-    rows = dedupe(load_labelled(files))
-    if not rows:
-        raise ValueError("no labelled lines")
-    train_rows, eval_rows = stratified_split(rows, holdout, seed)
-    if not eval_rows:
-        raise ValueError("holdout too small: no held-out lines for the shadow evaluation")
-    head = train_head(
-        [t for t, _ in train_rows],
-        [lab for _, lab in train_rows],
-        encoder,
-        seed=seed,
-        finetune_epochs=finetune_epochs,
-        **train_kw,
-    )
-    head.meta["data_files"] = [str(p) for p in files]
-    head.meta["holdout"] = holdout
-    head.meta["n_eval"] = len(eval_rows)
-    result = registry.propose(head, [t for t, _ in eval_rows], [lab for _, lab in eval_rows])
-    log.info("[classifier] train_and_promote: %s", result.reason)
-    return result

@@ -16,11 +16,15 @@ from typing import Any
 
 import msgspec
 
-from services.classifier.cascade import Cascade
+from services.classifier.adapters import build_classifier
+from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.deixis import is_deictic
-from services.classifier.embedding import macro_f1
-from services.classifier.llm import LlmLabeler
+from services.classifier.layer2.classifier import Layer2Classifier
+from services.classifier.layer2.predict import Prediction
+from services.classifier.llm import LlmLabeler, OllamaLabeler
+from services.classifier.offline.metrics import macro_f1
 from services.classifier.rules import has_platform_data, has_platform_prefix
+from services.classifier.settings import ClassifierSettings
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import (
     HISTORY_WINDOW,
@@ -182,27 +186,22 @@ def per_type(y_true: list[QueryType], y_pred: list[QueryType]) -> dict[str, dict
 class DirectLayer2:
     """Layer 2 without the worker's micro-batcher (one message at a time)."""
 
-    def __init__(self, classifier: Any) -> None:
+    def __init__(self, classifier: Layer2Classifier) -> None:
         self.classifier = classifier
 
-    async def predict(self, text: str) -> Any:
+    async def predict(self, text: str) -> Prediction:
         return self.classifier.classify(text)
 
-    async def predict_many(self, texts: list[str]) -> list[Any]:
-        return list(self.classifier.classify_batch(texts))
 
-
-def run_eval_routing(path: Path, *, heads_dir: Path, threshold: float, ollama_host: str,
-                     llm_model: str, predictions_out: Path | None) -> dict[str, Any]:
-    from services.classifier.cascade import CascadeConfig
-    from services.classifier.embedding import Layer2Classifier
-    from services.classifier.llm import OllamaLabeler
-    from shared.embeddings import pin_threads
-
-    pin_threads(1)
-    classifier = Layer2Classifier.from_registry(heads_dir, threshold=threshold)
-    llm = OllamaLabeler(ollama_host, llm_model) if ollama_host and llm_model else None
-    cascade = Cascade(CascadeConfig(threshold=threshold), layer2=DirectLayer2(classifier),
+def run_eval_routing(path: Path, settings: ClassifierSettings, *, threshold: float,
+                     predictions_out: Path | None) -> dict[str, Any]:
+    """The worker's cascade as `settings` configure it (Layer 2 from its head registry,
+    seeded like the worker's; Layer 3 when an Ollama model is set), at `threshold`."""
+    classifier = build_classifier(settings, threshold=threshold)
+    llm = (OllamaLabeler(settings.ollama_host, settings.llm_model)
+           if settings.ollama_host and settings.llm_model else None)
+    cascade = Cascade(CascadeConfig(threshold=threshold),
+                      layer2=DirectLayer2(classifier) if classifier is not None else None,
                       llm=llm)
     return asyncio.run(evaluate_routing(load_lines(path), cascade,
                                         predictions_out=predictions_out))

@@ -72,11 +72,13 @@ def finetune_encoder(
     `epochs` may be fractional. `max_seconds` bounds the wall time (training stops
     early, the schedule is not stretched). Returns a small report dict.
     """
+    # Read by torch / Hugging Face when they load: idle OpenMP threads must not spin on
+    # the shared cores, and the packaged model must never trigger a download.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
-    import torch.nn.functional as F
+    import torch.nn.functional as nnf
     from transformers import AutoModel, AutoTokenizer
 
     say = progress or (lambda m: log.info(m))
@@ -99,7 +101,7 @@ def finetune_encoder(
         h = model(**enc).last_hidden_state
         m = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
         v = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
-        return F.normalize(v, dim=-1)
+        return nnf.normalize(v, dim=-1)
 
     # Class weights start at the frozen centroids (of <= 16 lines per class: cheap).
     t0 = time.perf_counter()
@@ -112,11 +114,11 @@ def finetune_encoder(
         for i in range(0, len(pick), 128):
             idx = pick[i : i + 128]
             centroids.index_add_(0, torch.from_numpy(y[idx]), embed([texts[j] for j in idx]))
-    weight = torch.nn.Parameter(F.normalize(centroids, dim=-1).clone())
+    weight = torch.nn.Parameter(nnf.normalize(centroids, dim=-1).clone())
     say(f"centroid init {time.perf_counter() - t0:.1f}s")
 
     steps_per_epoch = math.ceil(n / batch_size)
-    total = max(1, int(round(steps_per_epoch * epochs)))
+    total = max(1, round(steps_per_epoch * epochs))
     opt = torch.optim.AdamW(
         [
             {"params": [p for p in model.parameters() if p.requires_grad], "lr": lr,
@@ -143,8 +145,8 @@ def finetune_encoder(
                 break
             idx = perm[i : i + batch_size]
             v = embed([texts[j] for j in idx])
-            logits = scale * v @ F.normalize(weight, dim=-1).T
-            loss = F.cross_entropy(logits, torch.from_numpy(y[idx]),
+            logits = scale * v @ nnf.normalize(weight, dim=-1).T
+            loss = nnf.cross_entropy(logits, torch.from_numpy(y[idx]),
                                    label_smoothing=label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -178,7 +180,7 @@ def finetune_encoder(
             shutil.copytree(src / name, out / name, dirs_exist_ok=True)
     # The cosine classifier the encoder was trained against (labels + unit weights):
     # a head may use it beside its own coefficients.
-    np.save(out / "cosine_head.npy", F.normalize(weight.detach(), dim=-1).numpy())
+    np.save(out / "cosine_head.npy", nnf.normalize(weight.detach(), dim=-1).numpy())
     (out / "cosine_head_labels.txt").write_text("\n".join(classes) + "\n", encoding="utf-8")
     report = {
         "base_model": base_model,

@@ -2,8 +2,8 @@
 
 Protocol
 * Train on every line of `train_path` (for CLINC150 "full": in-scope + oos_train, the
-  `oos` lines being one more class), with the same `train_head` the service uses
-  (logistic regression + temperature scaling; optional encoder fine-tune).
+  `oos` lines being one more class), with the `train_head` that trains the worker's
+  heads (logistic regression + temperature scaling; optional encoder fine-tune).
 * Open-set scoring applies when the test file has `oos_label` lines: a prediction
   whose calibrated confidence is below `threshold` becomes `oos_label` (as does a
   predicted `oos` class). Then
@@ -26,15 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from services.classifier.embedding import (
-    expected_calibration_error,
-    macro_f1,
-    train_head,
-)
-from services.classifier.training import load_labelled
+from services.classifier.clarity import DECIDE_THRESHOLD
+from services.classifier.offline.calibration import expected_calibration_error
+from services.classifier.offline.labelled import load_labelled
+from services.classifier.offline.metrics import macro_f1
+from services.classifier.offline.train import train_head
 from shared.embeddings import Encoder
-
-EMBED_CACHE_ENV = "INTENTROUTE_EMBED_CACHE"
 
 
 def _encode_cached(encoder: Encoder, texts: list[str], cache_dir: Path | None) -> np.ndarray:
@@ -47,7 +44,7 @@ def _encode_cached(encoder: Encoder, texts: list[str], cache_dir: Path | None) -
         h.update(b"\x00")
     path = Path(cache_dir) / f"vec-{h.hexdigest()[:24]}.npy"
     if path.exists():
-        return np.load(path)
+        return np.asarray(np.load(path))
     vecs = encoder.encode(texts, batch_size=64)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npy")
@@ -60,7 +57,7 @@ def eval_intents(
     train_path: Path,
     test_path: Path,
     *,
-    threshold: float = 0.85,
+    threshold: float = DECIDE_THRESHOLD,
     oos_label: str = "oos",
     finetune_epochs: float = 0.0,
     seed: int = 0,
@@ -69,16 +66,17 @@ def eval_intents(
     calibration_folds: int = 5,
     finetune_options: dict[str, Any] | None = None,
     embed_cache: Path | None = None,
+    onnx_cache_dir: Path | None = None,
     sweep: tuple[float, ...] = (0.0, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9),
 ) -> dict[str, Any]:
     """Train on `train_path`, evaluate on `test_path`; see the module doc for the protocol.
 
     Returns accuracy, macro_f1, n_train, n_test, train_seconds (+ in_scope_accuracy,
     oos_recall when the test file has oos lines) and diagnostics (ECE, temperature,
-    coverage, a threshold sweep).
+    coverage, a threshold sweep). `embed_cache`: a directory caching the frozen
+    encoder's vectors between runs; `onnx_cache_dir`: where the default encoder keeps
+    its exported graph.
     """
-    if embed_cache is None and os.environ.get(EMBED_CACHE_ENV):
-        embed_cache = Path(os.environ[EMBED_CACHE_ENV])
     train_rows = load_labelled(train_path)
     test_rows = load_labelled(test_path)
     tr_texts, tr_labels = [t for t, _ in train_rows], [lab for _, lab in train_rows]
@@ -87,7 +85,8 @@ def eval_intents(
     if encoder is None:
         from shared.fast_encoder import FastEncoder
 
-        encoder = FastEncoder(threads=max(1, os.cpu_count() or 1), cache_size=0)
+        encoder = FastEncoder(threads=max(1, os.cpu_count() or 1), cache_size=0,
+                              onnx_cache_dir=onnx_cache_dir)
 
     started = time.perf_counter()
     vectors = None
@@ -106,11 +105,13 @@ def eval_intents(
     )
     train_seconds = time.perf_counter() - started
 
-    if head.has_own_encoder:
-        test_encoder = head.make_encoder(threads=max(1, os.cpu_count() or 1))
+    if head.encoder_dir is not None:
+        # The fine-tuned encoder's graph was exported into its directory by train_head.
+        test_encoder = head.make_encoder(threads=max(1, os.cpu_count() or 1),
+                                         onnx_cache_dir=head.encoder_dir / "onnx")
         test_vecs = test_encoder.encode(te_texts, batch_size=64)
         # The fine-tuned encoder (~90 MB + its ONNX graph) was a temporary dir: drop it.
-        if head.encoder_dir is not None and head.encoder_dir.name.startswith("intentroute-ft-"):
+        if head.encoder_dir.name.startswith("intentroute-ft-"):
             shutil.rmtree(head.encoder_dir, ignore_errors=True)
     else:
         test_vecs = _encode_cached(encoder, te_texts, embed_cache)
