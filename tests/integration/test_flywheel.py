@@ -81,10 +81,8 @@ async def test_history_export_trains_and_promotes_a_head(store, database_url, tm
 def test_train_classifier_cli_keeps_the_current_heads_early_exit(tmp_path, monkeypatch) -> None:
     from typer.testing import CliRunner
 
-    from shared.fast_encoder import ONNX_CACHE_ENV
-
     # A cold ONNX cache: the export's progress output goes to stderr, not into the JSON.
-    monkeypatch.setenv(ONNX_CACHE_ENV, str(tmp_path / "onnx"))
+    monkeypatch.setenv("INTENTROUTE_ONNX_CACHE", str(tmp_path / "onnx"))
 
     from intentroute.cli import app
 

@@ -15,7 +15,8 @@ from services.classifier.embedding import (
     train_head,
 )
 from shared.embeddings import SentenceTransformerEncoder, pin_threads
-from shared.fast_encoder import FastEncoder, onnxruntime_available, smooth_onnx
+from shared.fast_encoder import FastEncoder, onnxruntime_available
+from shared.fast_encoder.build import smooth_onnx
 
 SAMPLE = [
     "how do I paginate results from the orders endpoint",
