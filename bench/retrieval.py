@@ -31,8 +31,8 @@ from shared.embeddings import Encoder
 
 
 def make_encoder(kind: str = "st") -> Encoder:
-    """"st": sentence-transformers (what ingest used); "fast": shared.fast_encoder
-    (same vectors, cosine >= 0.9999, less per-call overhead: the query-latency path)."""
+    """"st": sentence-transformers (the reference); "fast": shared.fast_encoder (same
+    vectors, cosine >= 0.9999, less per-call overhead: the query-latency path)."""
     if kind == "fast":
         from shared.fast_encoder import FastEncoder
 

@@ -15,8 +15,6 @@ from pathlib import Path
 
 from shared.fast_encoder.model_dir import model_key
 
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "intentroute" / "onnx"
-
 
 def cpu_has_vnni() -> bool:
     """x86 VNNI (AVX512-VNNI or AVX-VNNI): u8 x s8 dot products without int16 saturation."""
@@ -35,11 +33,11 @@ class GraphFiles:
     @classmethod
     def for_model(cls, model_dir: Path, layers: int | None,
                   cache_dir: Path | None = None) -> GraphFiles:
-        """`cache_dir` None: the default cache, except that a model directory under the
-        temp dir keeps its graphs in `dir/onnx/` (a temporary fine-tune cleans up with
-        its directory)."""
+        """`cache_dir` None: ~/.cache/intentroute/onnx, except that a model directory
+        under the temp dir keeps its graphs in `dir/onnx/` (a temporary fine-tune cleans
+        up with its directory)."""
         if cache_dir is None:
-            cache_dir = DEFAULT_CACHE_DIR
+            cache_dir = Path.home() / ".cache" / "intentroute" / "onnx"
             if model_dir.resolve().is_relative_to(Path(tempfile.gettempdir()).resolve()):
                 cache_dir = model_dir / "onnx"
         key = model_key(model_dir) + (f"-L{layers}" if layers else "")
