@@ -92,10 +92,10 @@ SIGNALS: dict[str, Callable[[SearchResult], float]] = {
 
 # Calibrated on SciFact train (809 queries, hybrid top-10, all-MiniLM-L6-v2, bm25s
 # k1=1.2 b=0.75 Snowball) with `python -m bench.retrieval relevance`
-# (`offline.relevance_calibration`): positives = the
-# 115 queries (14.2%) with nDCG@10 == 0; each threshold maximises Youden's J. AUC =
-# P(signal of a good query > signal of a bad one). The seed's centroid cosine (0.559)
-# and mean top-8 cosine (0.571) barely separate; "combined" does best.
+# (`offline.relevance_calibration`): positives = the 115 queries (14.2%) with
+# nDCG@10 == 0; each threshold maximises Youden's J. AUC = P(signal of a good query >
+# signal of a bad one). The seed's centroid cosine (0.559) and mean top-8 cosine
+# (0.571) barely separate; "combined" does best.
 SIGNAL_AUC = {
     "combined": 0.820,  # in-sample; 5-fold CV of the fit: 0.811
     "top1_bm25": 0.776,
