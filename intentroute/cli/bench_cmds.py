@@ -96,7 +96,15 @@ def eval_retrieval(
     index_dir: Annotated[Path | None, typer.Option(help="Reuse/keep the index here")] = None,
 ) -> None:
     """nDCG@10, Recall@10, MRR@10 per method, ingest speed and hybrid query latency."""
-    from bench.retrieval import evaluate
+    from intentroute.cli.apps import settings
+    from services.retriever.offline.evaluation import evaluate
+    from shared.embeddings import pin_threads
+    from shared.fast_encoder import batch_fast_encoder
 
+    common = settings().common
     methods = ["bm25", "dense", "hybrid"] if method == "all" else [method]
-    emit(evaluate(corpus, queries, qrels, methods, index_dir=index_dir), json_out)
+    pin_threads(1)  # queries are timed on one thread; pinned before any encoder is built
+    ingest_encoder = batch_fast_encoder(precision=common.ingest_precision,
+                                        onnx_cache_dir=common.onnx_cache_dir)
+    emit(evaluate(corpus, queries, qrels, methods, index_dir=index_dir,
+                  ingest_encoder=ingest_encoder), json_out)

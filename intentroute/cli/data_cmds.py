@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from intentroute.cli.apps import app, require_db, settings
+
+if TYPE_CHECKING:
+    from shared.embeddings import Encoder
 
 
 @app.command()
@@ -25,7 +28,6 @@ def ingest(
 def ingest_into(path: Path, index_dir: Path) -> None:
     import msgspec
 
-    from services.retriever.index import ingest as run_ingest
     from services.retriever.settings import RetrieverSettings
     from shared.embeddings import pin_threads
     from shared.fast_encoder import batch_fast_encoder
@@ -33,28 +35,34 @@ def ingest_into(path: Path, index_dir: Path) -> None:
     retriever = RetrieverSettings.from_env()
     pin_threads(2)
     # Same vectors as sentence-transformers (cosine >= 0.9999), ~2x the chunks/s.
-    encoder = batch_fast_encoder(retriever.embedding_model)
+    encoder = batch_fast_encoder(retriever.embedding_model,
+                                 precision=retriever.common.ingest_precision,
+                                 onnx_cache_dir=retriever.common.onnx_cache_dir)
     if retriever.es_url:
         # The retriever reads Elasticsearch when ES_URL is set: fill that index instead.
         asyncio.run(_ingest_es(path, retriever.es_url, retriever.es_index, encoder))
         return
+    from services.retriever.indexing.embedded_ingest import ingest as run_ingest
+
     # Length-sorted batches; the encoder runs them in chunks of <= 8 (fastest here).
     report = run_ingest(path, index_dir, encoder, progress=True, batch_size=16)
     typer.echo(json.dumps({"index_dir": str(index_dir), **msgspec.to_builtins(report)}),
                err=True)
 
 
-async def _ingest_es(path: Path, es_url: str, es_index: str, encoder: object) -> None:
+async def _ingest_es(path: Path, es_url: str, es_index: str, encoder: Encoder) -> None:
     import msgspec
+    from elasticsearch import AsyncElasticsearch
 
-    from services.retriever.es_backend import ElasticsearchBackend
+    from services.retriever.indexing.es_ingest import ingest_es
 
-    backend = ElasticsearchBackend.from_url(es_url, encoder, index=es_index)  # type: ignore[arg-type]
+    client = AsyncElasticsearch(es_url)
     try:
-        report = await backend.ingest(path, progress=True, batch_size=16)
+        report = await ingest_es(client, path, encoder, index=es_index, progress=True,
+                                 batch_size=16)
         typer.echo(json.dumps({"es_url": es_url, **msgspec.to_builtins(report)}), err=True)
     finally:
-        await backend.close()
+        await client.close()
 
 
 @app.command("export-history")
@@ -111,9 +119,9 @@ def train_classifier(
     current = registry.current()
     if early_exit_layers is None and current is not None and current.early is not None:
         early_exit_layers = current.early.layers
-    precision = (current.precision if current else None) or common.encoder_precision
-    # TODO(onnx_cache_dir): pass common.onnx_cache_dir once shared_fast_encoder takes it.
-    encoder = shared_fast_encoder(precision=precision)
+    encoder = shared_fast_encoder(
+        precision=(current.precision if current else None) or common.encoder_precision,
+        onnx_cache_dir=common.onnx_cache_dir)
     result = train_and_promote(data, registry, encoder, holdout=holdout, seed=seed,
                                early_exit_layers=None if early_exit_layers is None
                                or early_exit_layers < 0 else early_exit_layers)

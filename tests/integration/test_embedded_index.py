@@ -7,13 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.retriever.index import (
-    EmbeddedBackend,
-    EmbeddedIndex,
-    RetrievalBackend,
-    ingest,
-    read_current,
-)
+from services.retriever.embedded import EmbeddedRetrieval
+from services.retriever.index import EmbeddedIndex, read_current
+from services.retriever.indexing.embedded_ingest import ingest
+from services.retriever.port import Retrieval
 from shared.embeddings import Vectors
 
 DOCS = {
@@ -160,27 +157,44 @@ def test_bm25_only_without_encoder(minilm: object, kb: Path, tmp_path: Path) -> 
     assert res.passages[0].doc_id == "database.md"
     assert res.query_vector is None and np.isnan(res.dense_top1)
     with pytest.raises(RuntimeError, match="encoder"):
-        index.search("ormDirect SQL", method="hybrid")
+        index.search("ormDirect SQL", 8, method="hybrid")
     # With a precomputed query vector dense works without an encoder.
     qv = minilm.encode(["ormDirect SQL"])[0]  # type: ignore[attr-defined]
     assert index.search("", k=1, method="dense", query_vector=qv).passages[0].doc_id == \
         "database.md"
     with pytest.raises(ValueError):
-        index.search("x", method="sparse")
+        index.search("x", 8, method="sparse")
 
 
 async def test_async_backend(minilm: object, kb: Path, tmp_path: Path) -> None:
     index_dir = tmp_path / "index"
     ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
-    backend = EmbeddedBackend.open(index_dir, minilm)  # type: ignore[arg-type]
-    assert isinstance(backend, RetrievalBackend)
-    res = await backend.search("hash a password", k=2, method="hybrid")
+    backend = EmbeddedRetrieval(index_dir, method="hybrid", encoder=minilm,  # type: ignore[arg-type]
+                                reload_every=0)
+    assert isinstance(backend, Retrieval)
+    res = await backend.search("hash a password", k=2)
     assert res.passages[0].doc_id == "crypto.md"
     assert not await backend.maybe_reload()
     (kb / "crypto.md").write_text(DOCS["crypto.md"] + "\nIt returns a hex string.\n")
     ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
-    assert await backend.maybe_reload() and backend.version == 2
+    assert await backend.maybe_reload()
+    assert (await backend.search("hash a password", k=2)).version == 2
     await backend.close()
+
+
+async def test_waits_for_a_first_ingest_and_checks_for_a_new_one_once_per_interval(
+        minilm: object, kb: Path, tmp_path: Path) -> None:
+    index_dir = tmp_path / "index"
+    backend = EmbeddedRetrieval(index_dir, method="bm25", encoder=None, reload_every=3600)
+    empty = await backend.search("ormDirect SQL", k=2)
+    assert empty.passages == [] and empty.method == "bm25"
+    ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
+    assert not await backend.maybe_reload()  # opens the first version: nothing to reload
+    assert (await backend.search("ormDirect SQL", k=2)).passages[0].doc_id == "database.md"
+    (kb / "database.md").unlink()
+    ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
+    assert not await backend.maybe_reload()  # checked less than an interval ago
+    assert (await backend.search("ormDirect SQL", k=2)).version == 1
 
 
 def test_missing_index_is_a_clear_error(tmp_path: Path) -> None:

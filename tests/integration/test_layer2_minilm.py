@@ -13,7 +13,8 @@ from services.classifier.layer2.head import EmbeddingHead
 from services.classifier.offline.promote import HeadWriter
 from services.classifier.offline.train import train_head
 from shared.embeddings import SentenceTransformerEncoder, pin_threads
-from shared.fast_encoder import FastEncoder, onnxruntime_available, smooth_onnx
+from shared.fast_encoder import FastEncoder, onnxruntime_available
+from shared.fast_encoder.build import smooth_onnx
 
 SAMPLE = [
     "how do I paginate results from the orders endpoint",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.retriever.adapters import EmbeddedRetrieval
+from services.retriever.embedded import EmbeddedRetrieval
 from shared.client import assemble, replay
 from shared.contracts.response import ChunkKind, ValidationStatus
 from shared.contracts.routing import Layer, ModelSlot, QueryType

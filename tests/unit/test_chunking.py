@@ -3,15 +3,14 @@
 import json
 from pathlib import Path
 
-from services.retriever.ingest import (
-    Document,
+from services.retriever.indexing.chunking import (
     approx_tokens,
     chunk_beir,
     chunk_document,
     chunk_markdown,
     chunk_text,
-    load_documents,
 )
+from services.retriever.indexing.documents import Document, load_documents
 
 MD = """# Loops
 

@@ -4,8 +4,15 @@ import math
 
 import pytest
 
-from bench.ir_metrics import evaluate_run, mrr_at_k, ndcg_at_k, recall_at_k, roc_auc
-from services.retriever.relevance import calibrate, is_relevant, roc_auc_good_vs_bad
+from services.retriever.offline.metrics import (
+    evaluate_run,
+    mrr_at_k,
+    ndcg_at_k,
+    recall_at_k,
+    roc_auc,
+)
+from services.retriever.offline.relevance_calibration import calibrate
+from services.retriever.relevance import is_relevant
 
 QRELS = {"d1": 2, "d2": 1, "d3": 1}
 RANKED = ["d4", "d1", "d5", "d2"]
@@ -59,10 +66,8 @@ def test_auc_and_calibration() -> None:
     assert 0.2 < threshold <= 0.3
     assert not is_relevant(0.15, threshold) and is_relevant(0.85, threshold)
     assert is_relevant(math.nan, threshold)  # no evidence: don't retry
-    import numpy as np
-
     # Ties count one half: one good and one bad query with the same signal.
-    assert roc_auc_good_vs_bad(np.array([0.5, 0.5]), np.array([True, False])) == 0.5
+    assert roc_auc([0.5, 0.5], [False, True]) == 0.5
     with pytest.raises(ValueError):
         calibrate([0.1, 0.2], [True, True])
 
@@ -70,7 +75,7 @@ def test_auc_and_calibration() -> None:
 def test_relevance_signals_from_a_search_result() -> None:
     import numpy as np
 
-    from services.retriever.index import SearchResult
+    from services.retriever.port import SearchResult
     from services.retriever.relevance import check_relevance, relevance_signal
     from shared.contracts.pipeline import Passage
 

@@ -3,8 +3,6 @@
 import pytest
 
 from services.retriever.reformulate import (
-    QueryRewriter,
-    RuleRewriter,
     broaden,
     is_followup,
     prf_terms,
@@ -90,10 +88,8 @@ def test_prf_terms_from_top_passages() -> None:
         reformulate_with_hint("q", strategy="llm")
 
 
-async def test_rule_rewriter_implements_protocol() -> None:
-    rw = RuleRewriter()
-    assert isinstance(rw, QueryRewriter)
-    assert await rw.rewrite("and in a loop?", PREV, hint=False) == "declare variable AVAP loop"
-    hinted = await rw.rewrite("and in a loop?", PREV, hint=True)
-    assert "startLoop" in hinted
-    assert await rw.rewrite("What does addVar do?", PREV, hint=False) == "What does addVar do?"
+def test_follow_up_then_retry_on_the_resolved_query() -> None:
+    resolved = rewrite_followup("and in a loop?", PREV)
+    assert resolved == "declare variable AVAP loop"
+    assert "startLoop" in reformulate_with_hint(resolved, strategy="broaden")
+    assert rewrite_followup("What does addVar do?", PREV) == "What does addVar do?"

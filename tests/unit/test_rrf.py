@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.retriever.index import rrf
+from services.retriever.rrf import rrf
 
 A = ["d1", "d2", "d3"]
 B = ["d3", "d1", "d4"]

@@ -129,10 +129,9 @@ class EmbeddingHead:
             return FastEncoder(self.encoder_dir, threads=threads, layers=self.layers,
                                precision=self.precision or "fp32",
                                onnx_cache_dir=onnx_cache_dir)
-        # TODO(onnx_cache_dir): pass onnx_cache_dir once shared_fast_encoder takes it.
         return shared_fast_encoder(self.encoder, threads=threads,
                                    precision=self.precision or default_precision,
-                                   layers=self.layers)
+                                   layers=self.layers, onnx_cache_dir=onnx_cache_dir)
 
     # -- persistence: coefficients as .npy, everything else JSON ----------------------
     def save(self, directory: Path) -> Path:

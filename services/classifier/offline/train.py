@@ -79,12 +79,13 @@ def _full_logits(model: Any, x: np.ndarray, n_classes: int) -> np.ndarray:
     return out
 
 
-def _shallow_encoder(head: EmbeddingHead, layers: int) -> Encoder:
+def _shallow_encoder(head: EmbeddingHead, layers: int, onnx_cache_dir: Path | None
+                     ) -> Encoder:
     """The frozen encoder of `head` (same model and precision) cut to its first `layers`."""
     from shared.fast_encoder import shared_fast_encoder
 
-    # TODO(onnx_cache_dir): pass onnx_cache_dir once shared_fast_encoder takes it.
-    return shared_fast_encoder(head.encoder, precision=head.precision or "fp32", layers=layers)
+    return shared_fast_encoder(head.encoder, precision=head.precision or "fp32", layers=layers,
+                               onnx_cache_dir=onnx_cache_dir)
 
 
 def _calibration_holdout(
@@ -282,7 +283,9 @@ def train_head(
             raise ValueError("early exit needs the frozen encoder (no fine-tune)")
         say(f"early-exit head on the encoder's first {early_exit_layers} layers")
         head.early = train_head(
-            texts, labels, _shallow_encoder(head, early_exit_layers), seed=seed,
+            texts, labels,
+            _shallow_encoder(head, early_exit_layers, getattr(encoder, "onnx_cache_dir", None)),
+            seed=seed,
             c=c, calibration_folds=calibration_folds, max_iter=max_iter, progress=say,
             lexical=lexical)
         head.metrics["early_exit"] = {

@@ -1,4 +1,4 @@
-"""Document loading and chunking for the retriever.
+"""Chunking for the index: documents into bounded, stably identified chunks.
 
 Markdown is split by headings (the heading path becomes the chunk title) and then
 bounded in size; plain text is split by paragraphs under the same bound; BEIR
@@ -12,32 +12,19 @@ chunking as slow as a small part of embedding for no change in where cuts fall.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
 
+from services.retriever.indexing.documents import Document, load_documents
+
 TOKENS_PER_WORD = 1.3
-MARKDOWN_SUFFIXES = (".md", ".markdown")
-TEXT_SUFFIXES = (".txt",)
-BEIR_SUFFIXES = (".jsonl",)
 TITLE_SEPARATOR = " > "
 
 _HEADING_RE = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _FENCE_RE = re.compile(r"^\s*(```|~~~)")
-_BLANK_SPLIT_RE = re.compile(r"\n\s*\n")
-
-
-class Document(msgspec.Struct, frozen=True):
-    """One source document. `kind` picks the chunker: markdown | text | beir."""
-
-    doc_id: str
-    title: str
-    text: str
-    source: str
-    kind: str = "text"
 
 
 class Chunk(msgspec.Struct, frozen=True):
@@ -259,58 +246,20 @@ def chunk_document(doc: Document, max_tokens: int = 128, overlap_tokens: int = 1
                       title=doc.title)
 
 
-# ---------------------------------------------------------------------------- loading
-
-
-def _load_beir(path: Path, source_prefix: str) -> Iterator[Document]:
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            doc_id = str(row["_id"])
-            yield Document(
-                doc_id=doc_id,
-                title=str(row.get("title") or ""),
-                text=str(row.get("text") or ""),
-                source=f"{source_prefix}#{doc_id}",
-                kind="beir",
-            )
-
-
-def _load_file(path: Path, rel: str) -> Iterator[Document]:
-    suffix = path.suffix.lower()
-    if suffix in BEIR_SUFFIXES:
-        yield from _load_beir(path, rel)
-    elif suffix in MARKDOWN_SUFFIXES:
-        yield Document(doc_id=rel, title=path.stem, text=path.read_text(encoding="utf-8"),
-                       source=rel, kind="markdown")
-    elif suffix in TEXT_SUFFIXES:
-        yield Document(doc_id=rel, title=path.stem, text=path.read_text(encoding="utf-8"),
-                       source=rel, kind="text")
-
-
-def load_documents(path: Path) -> Iterator[Document]:
-    """Yield documents from a file or a directory tree (.md, .txt, BEIR .jsonl).
-
-    Document ids are paths relative to the given directory (or the file name), so the
-    same tree ingested from another checkout gets the same ids. Files are visited in
-    sorted order for deterministic chunk order.
-    """
-    path = Path(path)
-    if path.is_file():
-        yield from _load_file(path, path.name)
-        return
-    if not path.is_dir():
-        raise FileNotFoundError(path)
-    suffixes = MARKDOWN_SUFFIXES + TEXT_SUFFIXES + BEIR_SUFFIXES
-    for p in sorted(path.rglob("*")):
-        if p.is_file() and p.suffix.lower() in suffixes and not any(
-            part.startswith(".") for part in p.relative_to(path).parts
-        ):
-            yield from _load_file(p, p.relative_to(path).as_posix())
-
-
 def iter_chunks(path: Path, max_tokens: int = 128, overlap_tokens: int = 16) -> Iterator[Chunk]:
+    """Every chunk of every document under `path`, in `load_documents` order."""
     for doc in load_documents(path):
         yield from chunk_document(doc, max_tokens, overlap_tokens)
+
+
+def collect_chunks(path: Path, max_tokens: int = 128,
+                   overlap_tokens: int = 16) -> tuple[int, list[Chunk]]:
+    """(documents read, their chunks) under `path`; a repeated chunk id (e.g. a BEIR
+    file with a repeated _id) keeps its first chunk."""
+    docs = 0
+    chunks: dict[str, Chunk] = {}
+    for doc in load_documents(Path(path)):
+        docs += 1
+        for c in chunk_document(doc, max_tokens, overlap_tokens):
+            chunks.setdefault(c.chunk_id, c)
+    return docs, list(chunks.values())

@@ -1,4 +1,4 @@
-"""Ranking metrics with the standard (trec_eval / BEIR) definitions.
+"""Ranking metrics with the standard (trec_eval / BEIR) definitions, and ROC AUC.
 
 `ranked` is a list of document ids, best first; `qrels` maps document id -> graded
 relevance (> 0 is relevant). nDCG uses linear gain (rel) and a log2(rank + 1)
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 
 def _dedupe(ranked: Sequence[str]) -> list[str]:
@@ -67,19 +69,17 @@ def evaluate_run(
 
 def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
     """Probability that a random positive scores higher than a random negative
-    (Mann-Whitney U with average ranks for ties). NaN when a class is empty."""
-    pairs = sorted(zip(scores, labels, strict=True), key=lambda p: p[0])
-    n_pos = sum(1 for _, y in pairs if y)
-    n_neg = len(pairs) - n_pos
+    (Mann-Whitney U with average ranks, so ties count one half). NaN when a class is
+    empty."""
+    s = np.asarray(scores, dtype=np.float64)
+    pos = np.asarray(labels, dtype=bool)
+    n_pos = int(pos.sum())
+    n_neg = len(s) - n_pos
     if n_pos == 0 or n_neg == 0:
         return math.nan
-    rank_sum = 0.0
-    i = 0
-    while i < len(pairs):
-        j = i
-        while j + 1 < len(pairs) and pairs[j + 1][0] == pairs[i][0]:
-            j += 1
-        avg_rank = (i + j) / 2 + 1
-        rank_sum += avg_rank * sum(1 for t in range(i, j + 1) if pairs[t][1])
-        i = j + 1
-    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s), dtype=np.float64)
+    ranks[order] = np.arange(1, len(s) + 1)
+    _, inv = np.unique(s, return_inverse=True)  # average the ranks of tied values
+    ranks = (np.bincount(inv, weights=ranks) / np.bincount(inv))[inv]
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
