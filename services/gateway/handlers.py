@@ -19,14 +19,14 @@ log = logging.getLogger("intentroute.gateway")
 
 
 def admit(raw: bytes) -> Admitted:
-    """The gateway's decoder: a checked request, or `BadRequest` with the error."""
+    """The gateway's decoder: a checked request, or `InvalidRequestError` with the error."""
     parsed = parse_request(raw)
     if isinstance(parsed, InputError):
-        raise BadRequest(parsed)
+        raise InvalidRequestError(parsed)
     return Admitted(request=parsed, accepted_at=time.time())
 
 
-class BadRequest(ValueError):
+class InvalidRequestError(ValueError):
     def __init__(self, error: InputError) -> None:
         super().__init__(error.message)
         self.error = error
@@ -34,7 +34,7 @@ class BadRequest(ValueError):
 
 async def reject_input(deps: StageDeps, raw: bytes, exc: Exception) -> None:
     """Bad input ends as a final error chunk, never as a silent drop."""
-    error = exc.error if isinstance(exc, BadRequest) else InputError(
+    error = exc.error if isinstance(exc, InvalidRequestError) else InputError(
         "MALFORMED_JSON", f"request does not decode: {exc}")
     log.warning("[gateway] rejected request %r: %s %s", error.request_id, error.code,
                 error.message)

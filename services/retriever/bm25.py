@@ -3,6 +3,7 @@ and building a bm25s index over chunks."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
 from collections.abc import Sequence
@@ -19,9 +20,7 @@ def _default_stemmer() -> str | None:
     # Snowball English stemming (PyStemmer) matches what standard BM25 baselines
     # (Anserini/Lucene EnglishAnalyzer, Porter) do; without it BM25 loses ~0.03 nDCG@10
     # on SciFact. The index records its choice, so queries are always tokenized alike.
-    try:
-        import Stemmer  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("Stemmer") is None:
         log.warning("PyStemmer not installed: BM25 without stemming (about -0.03 nDCG@10)")
         return None
     return "english"

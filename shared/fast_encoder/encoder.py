@@ -28,6 +28,7 @@ at the precision it was trained with (the shipped head: int8).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from collections import OrderedDict
@@ -52,11 +53,7 @@ PRECISIONS = ("fp32", "int8", "int8-block")
 
 
 def onnxruntime_available() -> bool:
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("onnxruntime") is not None
 
 
 class FastEncoder:

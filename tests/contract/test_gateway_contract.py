@@ -33,7 +33,8 @@ async def test_gateway_forwards_valid_and_answers_invalid() -> None:
     assert decode_admitted(payload).request == ok
     (error,) = bus.on("agent.response.bad-1")
     chunk = decode_chunk(error)
-    assert chunk.is_final and chunk.error is not None
+    assert chunk.is_final
+    assert chunk.error is not None
     assert chunk.error.code == "UNKNOWN_QUERY_TYPE"
     assert len(store.rows) == 1
 
@@ -44,5 +45,7 @@ async def test_gateway_answers_unreadable_input_on_the_invalid_subject() -> None
     await build_stage(GatewaySettings(common=COMMON)).handle(FakeDelivery(b"{not json"), deps)
     (payload,) = bus.on("agent.response._invalid")
     chunk = decode_chunk(payload)
-    assert chunk.is_final and chunk.error is not None and chunk.error.code == "MALFORMED_JSON"
+    assert chunk.is_final
+    assert chunk.error is not None
+    assert chunk.error.code == "MALFORMED_JSON"
     assert store.rows == []

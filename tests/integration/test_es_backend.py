@@ -19,11 +19,11 @@ import pytest
 
 pytest.importorskip("elasticsearch")
 
-from services.retriever.es_backend import ElasticsearchRetrieval  # noqa: E402
-from services.retriever.indexing.es_ingest import ingest_es  # noqa: E402
-from services.retriever.indexing.report import IngestReport  # noqa: E402
-from services.retriever.port import Retrieval  # noqa: E402
-from shared.embeddings import Vectors  # noqa: E402
+from services.retriever.es_backend import ElasticsearchRetrieval
+from services.retriever.indexing.es_ingest import ingest_es
+from services.retriever.indexing.report import IngestReport
+from services.retriever.port import Retrieval
+from shared.embeddings import Vectors
 
 ES_IMAGE = os.environ.get("ES_IMAGE", "docker.elastic.co/elasticsearch/elasticsearch:8.15.3")
 
@@ -109,7 +109,8 @@ async def test_ingest_search_update_delete(backend: ElasticsearchRetrieval,
         res = await searcher(method).search("encodeSHA256 hashes", k=2)
         assert res.passages[0].doc_id == "crypto.md", method
     res = await backend.search("encodeSHA256 hashes", k=2)
-    assert res.passage_vectors is not None and len(res.dense_scores) == len(res.passages)
+    assert res.passage_vectors is not None
+    assert len(res.dense_scores) == len(res.passages)
 
     r2 = await ingest()
     assert (r2.added, r2.updated, r2.removed, r2.unchanged) == (0, 0, 0, 3)

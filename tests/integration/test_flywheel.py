@@ -70,11 +70,13 @@ async def test_history_export_trains_and_promotes_a_head(store, database_url, tm
                                   for e, lab in zip(exported, labels, strict=True)))
     worse = train_and_promote([shuffled], registry, enc, holdout=0.3, seed=0)
     assert not worse.promoted
-    assert live.maybe_reload() is False and live.version == version
+    assert live.maybe_reload() is False
+    assert live.version == version
 
     again = train_and_promote([out], registry, enc, holdout=0.3, seed=1)
     assert again.promoted
-    assert live.maybe_reload() is True and live.version != version
+    assert live.maybe_reload() is True
+    assert live.version != version
     assert live.classify("what does addVar do").label == "RETRIEVAL"
 
 
@@ -104,18 +106,28 @@ def test_train_classifier_cli_keeps_the_current_heads_early_exit(tmp_path, monke
 
     out, registry = train("--early-exit-layers", "3")
     head = registry.current()
-    assert out["promoted"] and head is not None and head.early is not None
+    assert out["promoted"]
+    assert head is not None
+    assert head.early is not None
     assert head.early.layers == 3
     out, registry = train()  # no option: the candidate is built like the current head
     head = registry.current()
-    assert out["promoted"] and out["version"] == "v0002"
-    assert head is not None and head.early is not None and head.early.layers == 3
+    assert out["promoted"]
+    assert out["version"] == "v0002"
+    assert head is not None
+    assert head.early is not None
+    assert head.early.layers == 3
     out, registry = train("--early-exit-layers", "0")  # the embedding module alone
     head = registry.current()
-    assert out["promoted"] and head is not None and head.early is not None
+    assert out["promoted"]
+    assert head is not None
+    assert head.early is not None
     lookup = head.early.make_encoder()
-    assert head.early.layers == 0 and isinstance(lookup, FastEncoder)
+    assert head.early.layers == 0
+    assert isinstance(lookup, FastEncoder)
     assert lookup.backend == "embeddings"
     out, registry = train("--early-exit-layers", "-1")
     head = registry.current()
-    assert out["promoted"] and head is not None and head.early is None
+    assert out["promoted"]
+    assert head is not None
+    assert head.early is None

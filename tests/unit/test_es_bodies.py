@@ -2,6 +2,7 @@
 ingest against an in-memory stand-in for the cluster."""
 
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -30,13 +31,14 @@ def test_mapping() -> None:
         "type": "dense_vector", "dims": 384, "index": True, "similarity": "cosine",
         "index_options": {"type": "hnsw", "m": 16, "ef_construction": 100},
     }
-    assert props["text"]["copy_to"] == BM25_FIELD and props["title"]["copy_to"] == BM25_FIELD
+    assert props["text"]["copy_to"] == BM25_FIELD
+    assert props["title"]["copy_to"] == BM25_FIELD
     assert props[BM25_FIELD]["analyzer"] == "english"
     for keyword in ("chunk_id", "doc_id", "source", "content_hash"):
         assert props[keyword]["type"] == "keyword"
     assert m["settings"]["number_of_shards"] == 1
     assert m["settings"]["index"]["similarity"]["default"] == {"type": "BM25", "k1": 1.2, "b": 0.75}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="dims must be positive"):
         build_mapping(0)
 
 
@@ -55,16 +57,18 @@ def test_knn_query() -> None:
                            "num_candidates": 50}
     assert all(type(x) is float for x in body["knn"]["query_vector"])  # JSON-serialisable
     assert VECTOR_FIELD in body["_source"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_candidates must be >= k"):
         build_knn_query([0.1], 10, 5)
 
 
 def test_document_source_and_scores() -> None:
     (c,) = chunk_text("hello world", "a.txt", title="a")
     src = chunk_source(c, np.array([1.0, 0.0], dtype=np.float32))
-    assert src["chunk_id"] == c.chunk_id and src["content_hash"] == c.content_hash
+    assert src["chunk_id"] == c.chunk_id
+    assert src["content_hash"] == c.content_hash
     assert src[VECTOR_FIELD] == [1.0, 0.0]
-    assert knn_score_to_cosine(1.0) == 1.0 and knn_score_to_cosine(0.5) == 0.0
+    assert knn_score_to_cosine(1.0) == 1.0
+    assert knn_score_to_cosine(0.5) == 0.0
 
 
 def test_version_mismatch_hint() -> None:
@@ -145,7 +149,7 @@ class _UnitEncoder:
 
     model_name = "unit"
     dim = 3
-    AXES = {"loop": 0, "hash": 1, "sql": 2}
+    AXES: ClassVar[dict[str, int]] = {"loop": 0, "hash": 1, "sql": 2}
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         out = np.full((len(texts), 3), 0.01, dtype=np.float32)
@@ -195,7 +199,8 @@ async def test_ingest_is_incremental(fake_es, tmp_path) -> None:  # type: ignore
     (tmp_path / "hash.txt").write_text("hash a password")
     r1 = await _ingest(es, tmp_path)
     assert (r1.chunks, r1.added, r1.removed) == (2, 2, 0)
-    assert es.mapping["properties"][VECTOR_FIELD]["dims"] == 3 and es.refreshes == 1
+    assert es.mapping["properties"][VECTOR_FIELD]["dims"] == 3
+    assert es.refreshes == 1
     r2 = await _ingest(es, tmp_path)
     assert (r2.added, r2.updated, r2.unchanged, r2.changed) == (0, 0, 2, False)
     assert es.refreshes == 1
@@ -222,10 +227,13 @@ async def test_search_fuses_client_side(fake_es, tmp_path) -> None:  # type: ign
     assert res.dense_top1 == pytest.approx(res.dense_scores[0], abs=1e-5)
     # title "hash" + text "hash a password": three query-word hits in the fake scorer
     assert res.bm25_scores[0] == 3.0
-    assert res.passage_vectors is not None and res.passage_vectors.shape == (2, 3)
+    assert res.passage_vectors is not None
+    assert res.passage_vectors.shape == (2, 3)
     bm25 = await _retrieval(es, "bm25").search("sql", k=3)
-    assert [p.doc_id for p in bm25.passages] == ["db.txt"] and bm25.query_vector is None
+    assert [p.doc_id for p in bm25.passages] == ["db.txt"]
+    assert bm25.query_vector is None
     dense = await _retrieval(es, "dense").search("loop", k=1)
-    assert dense.passages[0].doc_id == "loops.txt" and dense.passages[0].score > 0.9
-    with pytest.raises(ValueError):
+    assert dense.passages[0].doc_id == "loops.txt"
+    assert dense.passages[0].score > 0.9
+    with pytest.raises(ValueError, match="method must be one of"):
         _retrieval(es, "sparse")

@@ -15,7 +15,8 @@ def _parse(**overrides: object) -> AgentRequest | InputError:
 def test_valid_request_decodes_with_defaults() -> None:
     req = _parse()
     assert isinstance(req, AgentRequest)
-    assert req.query_type is None and req.extra_context == ""
+    assert req.query_type is None
+    assert req.extra_context == ""
 
 
 @pytest.mark.parametrize(
@@ -40,14 +41,16 @@ def test_each_bad_field_maps_to_its_code(overrides: dict[str, object], code: str
 def test_missing_field_is_reported_with_the_request_id() -> None:
     body = {k: v for k, v in OK.items() if k != "agent_id"}
     err = parse_request(json.dumps(body).encode())
-    assert isinstance(err, InputError) and err.code == "MISSING_FIELD"
+    assert isinstance(err, InputError)
+    assert err.code == "MISSING_FIELD"
     assert err.request_id == "r1"
     assert "agent_id" in err.message
 
 
 def test_malformed_json_salvages_the_request_id() -> None:
     err = parse_request(b'{"request_id": "abc-1", "query": "unterminated')
-    assert isinstance(err, InputError) and err.code == "MALFORMED_JSON"
+    assert isinstance(err, InputError)
+    assert err.code == "MALFORMED_JSON"
     assert err.request_id == "abc-1"
     assert salvage_request_id(b"garbage") == ""
 

@@ -149,7 +149,7 @@ def finetune_encoder(
             loss = nnf.cross_entropy(logits, torch.from_numpy(y[idx]),
                                    label_smoothing=label_smoothing)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch's autograd entry is untyped
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
