@@ -6,8 +6,9 @@
 * `micro_batch_throughput(concurrency, n)`: n submissions through `MicroBatcher`
   with `concurrency` callers in flight -> decisions/s.
 
-The head is the shipped default (services/classifier/heads CURRENT) when present,
-else one trained on the fly from the classifier's training file.
+The head is the one the package ships (`SHIPPED_HEADS`, what an empty registry is
+seeded with) when present, else one trained on the fly from the classifier's training
+file.
 
     python -m bench.classifier_embedding [--n 300] [--reference]
 """
@@ -23,7 +24,6 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-HEADS = REPO / "services" / "classifier" / "heads"
 TRAIN = REPO / "services" / "classifier" / "data" / "train.jsonl"
 
 _FALLBACK_TEXTS = [
@@ -72,11 +72,12 @@ def texts_for_bench(n: int, corpus: str = "heldout") -> list[str]:
 
 
 def _head() -> Any:
-    from services.classifier.embedding import HeadRegistry, train_head
-    from services.classifier.training import load_labelled
+    from services.classifier.layer2.registry import SHIPPED_HEADS, HeadRegistry
+    from services.classifier.offline.labelled import load_labelled
+    from services.classifier.offline.train import train_head
     from shared.fast_encoder import shared_fast_encoder
 
-    head = HeadRegistry(HEADS).current() if HEADS.exists() else None
+    head = HeadRegistry(SHIPPED_HEADS).current() if SHIPPED_HEADS.exists() else None
     if head is not None:
         return head
     if TRAIN.exists():
@@ -91,7 +92,7 @@ def _classifier(encoder: str = "fast", precision: str | None = None,
     """Layer 2 as the worker runs it: the shipped head, at the encoder precision the
     head was trained with unless `precision` says otherwise (`early_exit=False`: the
     full encoder for every message)."""
-    from services.classifier.embedding import Layer2Classifier
+    from services.classifier.layer2.classifier import Layer2Classifier
     from shared.embeddings import pin_threads
 
     pin_threads(1)
@@ -149,7 +150,7 @@ def embedding_latency(n: int = 300, *, encoder: str = "fast", warmup: int = 20,
 def micro_batch_throughput(concurrency: int = 64, n: int = 2000, *,
                            max_batch: int = 32, max_wait_ms: float = 2.0) -> dict:
     """Decisions/s through MicroBatcher with `concurrency` submissions in flight."""
-    from services.classifier.embedding import MicroBatcher
+    from services.classifier.layer2.batcher import MicroBatcher
 
     clf = _classifier("fast")
     texts = texts_for_bench(n)

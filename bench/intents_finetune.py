@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from services.classifier.finetune import finetune_encoder
-from services.classifier.training import load_labelled
+from services.classifier.offline.finetune import finetune_encoder
+from services.classifier.offline.labelled import load_labelled
 
 
 def open_set_scores(

@@ -168,7 +168,7 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
         ) -> dict[str, Any]:
     """models=False measures the transport: rules-only classifier, BM25 retriever.
     models=True runs the production cascade (Layer 2) and hybrid retrieval."""
-    from services.retriever.index import ingest
+    from services.retriever.indexing.embedded_ingest import ingest
     from shared.embeddings import SentenceTransformerEncoder
     from shared.store import migrate
 

@@ -62,12 +62,13 @@ class NatsServer:
 
     def start(self, timeout: float = 10.0) -> NatsServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js",
-             "-sd", str(self.data_dir / "jetstream")],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
+        # The child keeps its own descriptor of the log; ours closes after the start.
+        with open(self.data_dir / "nats-server.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js",
+                 "-sd", str(self.data_dir / "jetstream")],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
         _wait_tcp("127.0.0.1", self.port, timeout, self.proc)
         return self
 
@@ -148,13 +149,13 @@ class PostgresServer:
 
             entry = pwd.getpwnam(self._user)
             os.chown(sock_dir, entry.pw_uid, entry.pw_gid)
-        log = open(self.data_dir / "postgres.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [self._bin("postgres"), "-D", str(self.pgdata), "-p", str(self.port),
-             "-h", "127.0.0.1", "-k", str(sock_dir), "-c", "fsync=off",
-             "-c", "synchronous_commit=off", "-c", "max_connections=200"],
-            stdout=log, stderr=subprocess.STDOUT, user=self._user,
-        )
+        with open(self.data_dir / "postgres.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [self._bin("postgres"), "-D", str(self.pgdata), "-p", str(self.port),
+                 "-h", "127.0.0.1", "-k", str(sock_dir), "-c", "fsync=off",
+                 "-c", "synchronous_commit=off", "-c", "max_connections=200"],
+                stdout=log, stderr=subprocess.STDOUT, user=self._user,
+            )
         _wait_tcp("127.0.0.1", self.port, timeout, self.proc)
         self._create_db(timeout)
         return self

@@ -113,7 +113,7 @@ class Bus:
             subject, payload, headers=self._headers({"Nats-Msg-Id": msg_id})
         )
         if ack.stream != stream:
-            raise WrongStream(f"{subject} was stored in {ack.stream!r}, not {stream!r}")
+            raise WrongStreamError(f"{subject} was stored in {ack.stream!r}, not {stream!r}")
 
     async def last_seq(self, subject: str, stream: str) -> int:
         """Next free seq on a response subject (used when a redelivered stage resumes)."""
@@ -124,7 +124,7 @@ class Bus:
         return decode_chunk(msg.data or b"").seq + 1
 
 
-class WrongStream(RuntimeError):
+class WrongStreamError(RuntimeError):
     """A subject is captured by another stream than the one the contract names."""
 
 

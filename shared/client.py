@@ -26,7 +26,7 @@ from shared.contracts.request import AgentRequest, request_subject
 from shared.contracts.response import ChunkKind, ResponseChunk, response_subject
 
 
-class AnswerTimeout(Exception):
+class AnswerTimeoutError(Exception):
     """No final chunk arrived in time."""
 
 
@@ -60,11 +60,11 @@ async def follow(sub: Subscription, *, timeout: float) -> AsyncIterator[Response
     while True:
         remaining = deadline - loop.time()
         if remaining <= 0:
-            raise AnswerTimeout(f"no final chunk within {timeout}s")
+            raise AnswerTimeoutError(f"no final chunk within {timeout}s")
         try:
             msg = await sub.next_msg(timeout=remaining)
         except nats.errors.TimeoutError as exc:
-            raise AnswerTimeout(f"no final chunk within {timeout}s") from exc
+            raise AnswerTimeoutError(f"no final chunk within {timeout}s") from exc
         chunk = decode_chunk(msg.data)
         yield chunk
         if chunk.is_final:

@@ -45,7 +45,7 @@ class TurnStore(HistoryReader, Protocol):
         """The session's last `n` messages as (role, content), oldest first."""
 
     async def write(self, *rows: Row) -> None:
-        """Returns once every row is committed; raises StoreUnavailable otherwise."""
+        """Returns once every row is committed; raises StoreUnavailableError otherwise."""
 
 
 class Delivery(Protocol):

@@ -43,7 +43,7 @@ from shared.contracts.routing import RoutingDecision, topic_snippet
 from shared.ports import Delivery, Publisher, TurnStore
 from shared.settings import CommonSettings
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
-from shared.store.stores import StoreUnavailable
+from shared.store.stores import StoreUnavailableError
 
 log = logging.getLogger("intentroute.stage")
 
@@ -275,7 +275,7 @@ async def answer_error(
         rows.append(history_row(env))
     try:
         await store.write(*rows)
-    except StoreUnavailable as exc:
+    except StoreUnavailableError as exc:
         # The caller has its answer; a store that keeps failing must not turn it into a loop.
         log.error("[%s] error rows not stored: %s", req.request_id, exc)
 

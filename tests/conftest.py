@@ -85,7 +85,7 @@ async def fake_ollama() -> AsyncIterator[object]:
 @pytest.fixture(scope="session")
 def kb_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo knowledge base ingested once with the real encoder."""
-    from services.retriever.index import ingest
+    from services.retriever.indexing.embedded_ingest import ingest
     from shared.embeddings import SentenceTransformerEncoder
 
     index_dir = tmp_path_factory.mktemp("kb-index")

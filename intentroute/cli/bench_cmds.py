@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from intentroute.cli.apps import bench_app, emit, eval_app
+from intentroute.cli.apps import bench_app, emit, eval_app, settings
+from services.classifier.clarity import DECIDE_THRESHOLD
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout")]
 
@@ -54,18 +55,15 @@ def eval_routing(
     file: Annotated[Path, typer.Argument(help="JSONL: query, expected, history, ...")],
     json_out: JsonFlag = False,
     predictions: Annotated[Path | None, typer.Option(help="Write one line per input")] = None,
-    threshold: Annotated[float, typer.Option(help="Layer 2 decision threshold")] = 0.85,
+    threshold: Annotated[
+        float, typer.Option(help="Layer 2 decision threshold")] = DECIDE_THRESHOLD,
 ) -> None:
     """Each line through the real cascade (rules, embedding head, LLM when configured)."""
-    from services.classifier.routing_eval import run_eval_routing
+    from services.classifier.offline.routing_eval import run_eval_routing
     from services.classifier.settings import ClassifierSettings
 
-    settings = ClassifierSettings.from_env()
-    report = run_eval_routing(
-        file, heads_dir=Path(settings.heads_dir), threshold=threshold,
-        ollama_host=settings.ollama_host, llm_model=settings.llm_model,
-        predictions_out=predictions,
-    )
+    report = run_eval_routing(file, ClassifierSettings.from_env(), threshold=threshold,
+                              predictions_out=predictions)
     emit(report, json_out)
 
 
@@ -74,13 +72,18 @@ def eval_intents(
     train: Annotated[Path, typer.Option(help="CSV text,category or JSONL text,label")],
     test: Annotated[Path, typer.Option(help="Same formats; `oos` lines count as out-of-scope")],
     json_out: JsonFlag = False,
-    threshold: Annotated[float, typer.Option(help="Clarity threshold = OOS decision")] = 0.85,
+    threshold: Annotated[
+        float, typer.Option(help="Clarity threshold = OOS decision")] = DECIDE_THRESHOLD,
     finetune_epochs: Annotated[int, typer.Option(help="Fine-tune the encoder first")] = 0,
+    embed_cache: Annotated[Path | None, typer.Option(
+        help="Directory caching the frozen encoder's vectors between runs")] = None,
 ) -> None:
     """Train the Layer-2 classifier on any intent dataset and score it."""
-    from services.classifier.evaluation import eval_intents as run_eval
+    from services.classifier.offline.intents_eval import eval_intents as run_eval
 
-    emit(run_eval(train, test, threshold=threshold, finetune_epochs=finetune_epochs), json_out)
+    emit(run_eval(train, test, threshold=threshold, finetune_epochs=finetune_epochs,
+                  embed_cache=embed_cache, onnx_cache_dir=settings().common.onnx_cache_dir),
+         json_out)
 
 
 @eval_app.command("retrieval")
@@ -93,7 +96,15 @@ def eval_retrieval(
     index_dir: Annotated[Path | None, typer.Option(help="Reuse/keep the index here")] = None,
 ) -> None:
     """nDCG@10, Recall@10, MRR@10 per method, ingest speed and hybrid query latency."""
-    from bench.retrieval import evaluate
+    from intentroute.cli.apps import settings
+    from services.retriever.offline.evaluation import evaluate
+    from shared.embeddings import pin_threads
+    from shared.fast_encoder import batch_fast_encoder
 
+    common = settings().common
     methods = ["bm25", "dense", "hybrid"] if method == "all" else [method]
-    emit(evaluate(corpus, queries, qrels, methods, index_dir=index_dir), json_out)
+    pin_threads(1)  # queries are timed on one thread; pinned before any encoder is built
+    ingest_encoder = batch_fast_encoder(precision=common.ingest_precision,
+                                        onnx_cache_dir=common.onnx_cache_dir)
+    emit(evaluate(corpus, queries, qrels, methods, index_dir=index_dir,
+                  ingest_encoder=ingest_encoder), json_out)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from intentroute.cli.apps import app, require_db, settings
+
+if TYPE_CHECKING:
+    from shared.embeddings import Encoder
 
 
 @app.command()
@@ -25,7 +28,6 @@ def ingest(
 def ingest_into(path: Path, index_dir: Path) -> None:
     import msgspec
 
-    from services.retriever.index import ingest as run_ingest
     from services.retriever.settings import RetrieverSettings
     from shared.embeddings import pin_threads
     from shared.fast_encoder import batch_fast_encoder
@@ -33,28 +35,34 @@ def ingest_into(path: Path, index_dir: Path) -> None:
     retriever = RetrieverSettings.from_env()
     pin_threads(2)
     # Same vectors as sentence-transformers (cosine >= 0.9999), ~2x the chunks/s.
-    encoder = batch_fast_encoder(retriever.embedding_model)
+    encoder = batch_fast_encoder(retriever.embedding_model,
+                                 precision=retriever.common.ingest_precision,
+                                 onnx_cache_dir=retriever.common.onnx_cache_dir)
     if retriever.es_url:
         # The retriever reads Elasticsearch when ES_URL is set: fill that index instead.
         asyncio.run(_ingest_es(path, retriever.es_url, retriever.es_index, encoder))
         return
+    from services.retriever.indexing.embedded_ingest import ingest as run_ingest
+
     # Length-sorted batches; the encoder runs them in chunks of <= 8 (fastest here).
     report = run_ingest(path, index_dir, encoder, progress=True, batch_size=16)
     typer.echo(json.dumps({"index_dir": str(index_dir), **msgspec.to_builtins(report)}),
                err=True)
 
 
-async def _ingest_es(path: Path, es_url: str, es_index: str, encoder: object) -> None:
+async def _ingest_es(path: Path, es_url: str, es_index: str, encoder: Encoder) -> None:
     import msgspec
+    from elasticsearch import AsyncElasticsearch
 
-    from services.retriever.es_backend import ElasticsearchBackend
+    from services.retriever.indexing.es_ingest import ingest_es
 
-    backend = ElasticsearchBackend.from_url(es_url, encoder, index=es_index)  # type: ignore[arg-type]
+    client = AsyncElasticsearch(es_url)
     try:
-        report = await backend.ingest(path, progress=True, batch_size=16)
+        report = await ingest_es(client, path, encoder, index=es_index, progress=True,
+                                 batch_size=16)
         typer.echo(json.dumps({"es_url": es_url, **msgspec.to_builtins(report)}), err=True)
     finally:
-        await backend.close()
+        await client.close()
 
 
 @app.command("export-history")
@@ -76,7 +84,9 @@ def export_history(
 @app.command("train-classifier")
 def train_classifier(
     data: Annotated[list[Path], typer.Option(help="Labelled JSONL/CSV files (repeatable)")],
-    heads_dir: Annotated[Path | None, typer.Option(help="Head registry")] = None,
+    heads_dir: Annotated[Path | None, typer.Option(
+        help="Head registry, used as it is (default: the worker's, CLASSIFIER_HEADS_DIR or "
+             "<state dir>/heads, seeded with the shipped head when it has none)")] = None,
     holdout: Annotated[float, typer.Option(help="Held-out share for shadow evaluation")] = 0.2,
     seed: Annotated[int, typer.Option()] = 0,
     early_exit_layers: Annotated[int | None, typer.Option(
@@ -90,17 +100,28 @@ def train_classifier(
     """
     import msgspec
 
-    from services.classifier.embedding import HeadRegistry
+    from services.classifier.layer2.registry import seed_registry
+    from services.classifier.offline.promote import HeadWriter, train_and_promote
     from services.classifier.settings import ClassifierSettings
-    from services.classifier.training import train_and_promote
     from shared.fast_encoder import shared_fast_encoder
 
-    root = heads_dir or Path(ClassifierSettings.from_env().heads_dir)
-    registry = HeadRegistry(root)
+    classifier = ClassifierSettings.from_env()
+    common = classifier.common
+    root = heads_dir
+    if root is None:
+        root = classifier.heads_root
+        if root is None:
+            typer.echo("CLASSIFIER_HEADS_DIR is empty (Layer 2 off): pass --heads-dir", err=True)
+            raise typer.Exit(2)
+        seed_registry(root)
+    registry = HeadWriter(root, default_precision=common.encoder_precision,
+                          onnx_cache_dir=common.onnx_cache_dir)
     current = registry.current()
     if early_exit_layers is None and current is not None and current.early is not None:
         early_exit_layers = current.early.layers
-    encoder = shared_fast_encoder(precision=current.precision if current else None)
+    encoder = shared_fast_encoder(
+        precision=(current.precision if current else None) or common.encoder_precision,
+        onnx_cache_dir=common.onnx_cache_dir)
     result = train_and_promote(data, registry, encoder, holdout=holdout, seed=seed,
                                early_exit_layers=None if early_exit_layers is None
                                or early_exit_layers < 0 else early_exit_layers)

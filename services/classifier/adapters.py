@@ -3,13 +3,14 @@ hot-reloaded) and Layer 3 (Ollama)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from pathlib import Path
 
 from services.classifier.cascade import Layer2
-from services.classifier.embedding import Layer2Classifier, MicroBatcher, Prediction
+from services.classifier.layer2.batcher import MicroBatcher
+from services.classifier.layer2.classifier import Layer2Classifier
+from services.classifier.layer2.predict import Prediction
+from services.classifier.layer2.registry import seed_registry
 from services.classifier.llm import LlmLabeler, OllamaLabeler
 from services.classifier.settings import ClassifierSettings
 
@@ -39,22 +40,36 @@ class BatchedLayer2:
         await self._maybe_reload()
         return await self.batcher.submit(text)
 
-    async def predict_many(self, texts: list[str]) -> list[Prediction]:
-        return list(await asyncio.gather(*(self.batcher.submit(t) for t in texts)))
-
     async def close(self) -> None:
         await self.batcher.close()
 
 
-def build_layer2(settings: ClassifierSettings) -> BatchedLayer2 | None:
-    if not settings.heads_dir or not Path(settings.heads_dir).exists():
-        log.warning("[classify] no Layer 2 heads at %r: embedding layer off", settings.heads_dir)
+def build_classifier(
+    settings: ClassifierSettings, *, threshold: float | None = None
+) -> Layer2Classifier | None:
+    """Layer 2 as configured: the current head of the registry (seeded with the shipped
+    head when it has none) and its encoders; None when the registry is "" (Layer 2 off).
+    """
+    root = settings.heads_root
+    if root is None:
+        log.warning("[classify] CLASSIFIER_HEADS_DIR is empty: embedding layer off")
         return None
+    seed_registry(root)
     from shared.embeddings import pin_threads
 
     pin_threads(1)
-    classifier = Layer2Classifier.from_registry(Path(settings.heads_dir),
-                                                threshold=settings.threshold)
+    return Layer2Classifier.from_registry(
+        root,
+        threshold=settings.threshold if threshold is None else threshold,
+        default_precision=settings.common.encoder_precision,
+        onnx_cache_dir=settings.common.onnx_cache_dir,
+    )
+
+
+def build_layer2(settings: ClassifierSettings) -> BatchedLayer2 | None:
+    classifier = build_classifier(settings)
+    if classifier is None:
+        return None
     return BatchedLayer2(classifier, max_batch=settings.micro_batch,
                          max_wait_ms=settings.micro_batch_wait_ms)
 
@@ -65,4 +80,4 @@ def build_llm(settings: ClassifierSettings) -> LlmLabeler | None:
     return OllamaLabeler(settings.ollama_host, settings.llm_model, timeout=settings.llm_timeout)
 
 
-__all__ = ["BatchedLayer2", "Layer2", "build_layer2", "build_llm"]
+__all__ = ["BatchedLayer2", "Layer2", "build_classifier", "build_layer2", "build_llm"]

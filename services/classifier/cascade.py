@@ -21,6 +21,7 @@ from typing import Protocol
 
 import msgspec
 
+from services.classifier.clarity import CONFIRM_THRESHOLD, DECIDE_THRESHOLD, clarity
 from services.classifier.deixis import is_deictic, is_social, resolve_reference
 from services.classifier.llm import LlmLabeler
 from services.classifier.rules import (
@@ -42,8 +43,6 @@ from shared.contracts.routing import (
 
 log = logging.getLogger("intentroute.classifier")
 
-DEFAULT_THRESHOLD = 0.85
-CONFIRM_THRESHOLD = 0.65
 # Joins that may put two requests in one message ("explain X and also show my usage").
 _SPLIT = re.compile(
     r"\s*(?:[;?]|\.\s|,?\s+(?:and also|and then|also|plus|then|además|y también|y luego|"
@@ -86,7 +85,7 @@ def _once(history: list[HistoryEntry] | HistoryLoader) -> HistoryLoader:
 
 
 class CascadeConfig(msgspec.Struct, frozen=True, kw_only=True):
-    threshold: float = DEFAULT_THRESHOLD
+    threshold: float = DECIDE_THRESHOLD
     confirm_threshold: float = CONFIRM_THRESHOLD
     detect_multi_intent: bool = True
 
@@ -207,15 +206,15 @@ class Cascade:
         if confident:
             return decision(best, Layer.EMBEDDING, pred.confidence, alternatives=alternatives)
 
-        clarity = (Clarity.NEEDS_CONFIRMATION if pred.confidence >= self.config.confirm_threshold
-                   else Clarity.NEEDS_CLARIFICATION)
+        gate = clarity(pred.confidence, decide=self.config.threshold,
+                       confirm=self.config.confirm_threshold)
         if self.llm is not None:
             # RC-03: the LLM sees the history only to resolve references (stated in its prompt).
             label = await self.llm.label(query, await past(), request.editor_context)
             if label is not None:
-                return decision(label, Layer.LLM, pred.confidence, clarity=clarity,
+                return decision(label, Layer.LLM, pred.confidence, clarity=gate,
                                 alternatives=alternatives)
-        return decision(best, Layer.FALLBACK, pred.confidence, clarity=clarity,
+        return decision(best, Layer.FALLBACK, pred.confidence, clarity=gate,
                         alternatives=alternatives)
 
     async def _multi_intent(self, query: str) -> list[Alternative] | None:

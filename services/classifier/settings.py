@@ -5,18 +5,17 @@ from pathlib import Path
 
 import msgspec
 
+from services.classifier.clarity import DECIDE_THRESHOLD
 from shared.settings import CommonSettings, env_float, env_int, env_str
-
-DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "heads"
 
 
 class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
     common: CommonSettings
     # Messages fetched per pull request; they are handled concurrently.
     batch_size: int = 32
-    # Layer 2: versioned heads on disk; "" disables the embedding layer.
-    heads_dir: str = str(DEFAULT_HEADS_DIR)
-    threshold: float = 0.85
+    # Layer 2: the versioned head registry; None: `<state dir>/heads`, "": Layer 2 off.
+    heads_dir: str | None = None
+    threshold: float = DECIDE_THRESHOLD
     micro_batch: int = 32
     micro_batch_wait_ms: float = 2.0
     # Layer 3: Ollama model for the LLM classifier ("" = no Layer 3 -> fallback).
@@ -26,6 +25,13 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Clarity gate policy: "proceed" (default) or "ask", per agent overrides.
     clarity_policy: str = "proceed"
     clarity_policy_by_agent: dict[str, str] = {}
+
+    @property
+    def heads_root(self) -> Path | None:
+        """The head registry's directory (None: Layer 2 off)."""
+        if self.heads_dir is None:
+            return self.common.state_dir / "heads"
+        return Path(self.heads_dir) if self.heads_dir else None
 
     def policy_for(self, agent_id: str) -> str:
         return self.clarity_policy_by_agent.get(agent_id, self.clarity_policy)
@@ -39,11 +45,12 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
                 by_agent[agent.strip()] = policy.strip()
         main = env_str("OLLAMA_MODEL_NAME", "", environ)
         small = env_str("OLLAMA_MODEL_NAME_CONVERSATIONAL", "", environ) or main
+        common = CommonSettings.from_env(environ)
         return cls(
-            common=CommonSettings.from_env(environ),
+            common=common,
             batch_size=env_int("CLASSIFIER_BATCH", 32, environ),
-            heads_dir=env_str("CLASSIFIER_HEADS_DIR", str(DEFAULT_HEADS_DIR), environ),
-            threshold=env_float("CLASSIFIER_THRESHOLD", 0.85, environ),
+            heads_dir=env_str("CLASSIFIER_HEADS_DIR", str(common.state_dir / "heads"), environ),
+            threshold=env_float("CLASSIFIER_THRESHOLD", DECIDE_THRESHOLD, environ),
             micro_batch=env_int("CLASSIFIER_MICRO_BATCH", 32, environ),
             micro_batch_wait_ms=env_float("CLASSIFIER_MICRO_BATCH_WAIT_MS", 2.0, environ),
             ollama_host=env_str("OLLAMA_HOST", "", environ),

@@ -39,23 +39,23 @@ class GatewayDeps(StageDeps):
     agents: AgentDirectory
 
 
-class BadRequest(ValueError):
+class InvalidRequestError(ValueError):
     def __init__(self, error: InputError) -> None:
         super().__init__(error.message)
         self.error = error
 
 
 def admit(msg: Delivery) -> Admitted:
-    """The gateway's decoder: the checked request of the subject's agent, or BadRequest."""
+    """The gateway's decoder: the checked request of the subject's agent, or InvalidRequestError."""
     parsed = parse_request(msg.data, agent_of(msg.subject))
     if isinstance(parsed, InputError):
-        raise BadRequest(parsed)
+        raise InvalidRequestError(parsed)
     return Admitted(request=parsed, accepted_at=time.time())
 
 
 async def reject_input(deps: GatewayDeps, msg: Delivery, exc: Exception) -> None:
     """Bad input ends as a final error chunk to its agent, never as a silent drop."""
-    error = exc.error if isinstance(exc, BadRequest) else InputError(
+    error = exc.error if isinstance(exc, InvalidRequestError) else InputError(
         ErrorCode.MALFORMED_JSON, f"request does not decode: {exc}")
     agent = agent_of(msg.subject)
     log.warning("[gateway] rejected request %r of %r: %s %s", error.request_id, agent,

@@ -11,7 +11,7 @@ from services.generator.prompts import ChatMessage
 log = logging.getLogger("intentroute.generator")
 
 
-class BackendUnavailable(Exception):
+class BackendUnavailableError(Exception):
     """The model server could not be reached or failed before the first token."""
 
 
@@ -46,7 +46,7 @@ class OllamaBackend:
                 if token:
                     yield token
         except (httpx.HTTPError, ollama.ResponseError, ConnectionError) as exc:
-            raise BackendUnavailable(f"ollama: {exc}") from exc
+            raise BackendUnavailableError(f"ollama: {exc}") from exc
 
 
 class EchoBackend:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.generator.backends import BackendUnavailable, ChatBackend
+from services.generator.backends import BackendUnavailableError, ChatBackend
 from services.generator.extractive import extractive_answer
 from services.generator.prompts import render_prompt
 from services.generator.settings import GeneratorSettings
@@ -53,7 +53,7 @@ async def produce(
                     sent = True
                     await keepalive()
             return f"{deps.backend.name}:{deps.model}"
-        except BackendUnavailable as exc:
+        except BackendUnavailableError as exc:
             log.warning("[generate] %s unavailable, answering extractively: %s",
                         deps.backend.name, exc)
             if sent:

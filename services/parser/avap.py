@@ -34,7 +34,7 @@ import msgspec
 from services.parser.commands import ALIASES, BLOCK_COMMANDS, COMMANDS, COMPARATORS
 from shared.contracts.parser import WARNING_CODES, TraceCode, TraceLine
 
-__all__ = ["ParseResult", "TraceLine", "validate", "suggest_command"]
+__all__ = ["ParseResult", "TraceLine", "suggest_command", "validate"]
 
 
 
@@ -243,7 +243,7 @@ def _snippet(text: str, limit: int = 40) -> str:
 class _Scan:
     """Quote/bracket facts of one stripped line, from one pass over its special characters."""
 
-    __slots__ = ("code", "first_open", "first_close", "commas", "error")
+    __slots__ = ("code", "commas", "error", "first_close", "first_open")
 
     def __init__(self) -> None:
         self.code = ""  # the line without its trailing comment, string contents masked
@@ -347,7 +347,7 @@ def _scan(s: str) -> _Scan:
 
 
 class _Frame:
-    __slots__ = ("kind", "line", "column", "has_else", "closed_by_mismatch")
+    __slots__ = ("closed_by_mismatch", "column", "has_else", "kind", "line")
 
     def __init__(self, kind: str, line: int, column: int) -> None:
         self.kind = kind  # "if" | "loop" | "try" | "exc" | "func"
@@ -422,9 +422,8 @@ class _Parser:
             elif s == "}" and any(f.kind == "func" for f in self.stack):
                 self.close_block(n, c, "}", ("func",))
                 return
-            elif word == "return":
-                if any(f.kind == "func" for f in self.stack):
-                    return
+            elif word == "return" and any(f.kind == "func" for f in self.stack):
+                return
         if word == "return":
             where = "outside a function " if not self.strict else ""
             self.foreign(

@@ -1,11 +1,10 @@
 """AVAP Parser gRPC service (avap.parser.v1.AvapParser) over the in-process parser.
 
-Run it with `python -m services.parser.server [--host H] [--port P] [--strict]`.
+Run it with `intentroute parser [--host H] [--port P] [--strict]`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 
@@ -27,7 +26,7 @@ class AvapParserService(avap_parser_pb2_grpc.AvapParserServicer):
         # proto3 cannot tell an unset bool from false, so a strict server forces strict.
         self._default_strict = default_strict
 
-    async def Validate(  # noqa: N802 - the gRPC method name
+    async def Validate(
         self,
         request: avap_parser_pb2.ValidateRequest,
         context: grpc.aio.ServicerContext[
@@ -67,7 +66,8 @@ async def serve(
     `servicer` lets tests plug in a subclass (e.g. a deliberately slow one).
     """
     server = grpc.aio.server()
-    avap_parser_pb2_grpc.add_AvapParserServicer_to_server(
+    # The generated registration function is untyped (grpc_tools emits no annotations).
+    avap_parser_pb2_grpc.add_AvapParserServicer_to_server(  # type: ignore[no-untyped-call]
         servicer or AvapParserService(default_strict=default_strict), server
     )
     bound = server.add_insecure_port(f"{host}:{port}")
@@ -86,20 +86,3 @@ async def run(host: str = "127.0.0.1", port: int = 50051, *, default_strict: boo
     finally:
         # Shield the stop so a cancellation still waits for in-flight calls to finish.
         await asyncio.shield(server.stop(GRACE_SECONDS))
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=50051)
-    parser.add_argument("--strict", action="store_true", help="validate against the 1.0 spec")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        asyncio.run(run(args.host, args.port, default_strict=args.strict))
-    except KeyboardInterrupt:
-        pass
-
-
-if __name__ == "__main__":
-    main()

@@ -1,82 +1,19 @@
-"""Retrieval backend port and the embedded adapter; the handler needs `search` and
-`maybe_reload`, and a relevance judge for the optional LLM YES/NO check."""
+"""The relevance judge port (ADR-0009 Decision 2) and its Ollama adapter: the optional
+LLM YES/NO check, instead of the embedding signal, of whether retrieved context
+answers the query. The retrieval port is `services.retriever.port`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from functools import cache
 from pathlib import Path
 from string import Template
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from shared.contracts.pipeline import Passage
-from shared.embeddings import Encoder
-
-if TYPE_CHECKING:
-    from services.retriever.index import EmbeddedBackend, SearchResult
 
 log = logging.getLogger("intentroute.retriever")
-
-
-class Retrieval(Protocol):
-    async def search(self, query: str, k: int) -> SearchResult: ...
-
-    async def maybe_reload(self) -> bool: ...
-
-    async def close(self) -> None: ...
-
-
-def empty_result(method: str) -> SearchResult:
-    from services.retriever.index import SearchResult
-
-    return SearchResult(passages=[], method=method)
-
-
-class EmbeddedRetrieval:
-    """The in-process index on disk, read-only here, through the index's own async
-    backend. It waits for a first ingest, and checks for a newer one at most once per
-    `reload_every` seconds instead of reading the pointer file on every request."""
-
-    def __init__(self, index_dir: Path, *, method: str, encoder: Encoder | None,
-                 reload_every: float = 1.0) -> None:
-        self._dir = index_dir
-        self._method = method
-        self._encoder = encoder
-        self._reload_every = reload_every
-        self._checked = 0.0
-        self._backend: EmbeddedBackend | None = None
-
-    def _open(self) -> EmbeddedBackend | None:
-        from services.retriever.index import EmbeddedBackend
-
-        if self._backend is None:
-            try:
-                # BM25 alone is sub-millisecond: run it on the loop, not in a thread.
-                self._backend = EmbeddedBackend.open(self._dir, self._encoder,
-                                                     offload=self._method != "bm25")
-            except FileNotFoundError:
-                log.warning("[retrieve] no index at %s yet: run `intentroute ingest PATH`",
-                            self._dir)
-        return self._backend
-
-    async def maybe_reload(self) -> bool:
-        now = time.monotonic()
-        if self._backend is not None and now - self._checked < self._reload_every:
-            return False
-        self._checked = now
-        backend = self._open()
-        return bool(backend and await backend.maybe_reload())
-
-    async def search(self, query: str, k: int) -> SearchResult:
-        backend = self._open()
-        if backend is None:
-            return empty_result(self._method)
-        return await backend.search(query, k, self._method)
-
-    async def close(self) -> None:
-        self._backend = None
 
 
 class RelevanceJudge(Protocol):

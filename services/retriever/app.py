@@ -5,8 +5,9 @@ from __future__ import annotations
 from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
-from services.retriever.adapters import EmbeddedRetrieval, Retrieval
+from services.retriever.embedded import EmbeddedRetrieval
 from services.retriever.handlers import RetrieverDeps, build_stage
+from services.retriever.port import Retrieval
 from services.retriever.settings import RetrieverSettings
 from shared.runtime import Wiring, build_app
 
@@ -23,7 +24,9 @@ def build_retrieval(settings: RetrieverSettings) -> Retrieval:
 
         # Query embedding is most of a hybrid query's cost: one thread, the fast path.
         pin_threads(1)
-        encoder = shared_fast_encoder(settings.embedding_model)
+        encoder = shared_fast_encoder(settings.embedding_model,
+                                      precision=settings.common.encoder_precision,
+                                      onnx_cache_dir=settings.common.onnx_cache_dir)
     return EmbeddedRetrieval(settings.index_dir, method=settings.method, encoder=encoder)
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.retriever.adapters import RelevanceJudge, Retrieval
+from services.retriever.adapters import RelevanceJudge
 from services.retriever.logic import RelevancePolicy, retrieve
+from services.retriever.port import Retrieval
 from services.retriever.settings import RetrieverSettings
 from shared.codec import decode_routed
 from shared.contracts import pipeline

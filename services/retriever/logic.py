@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from services.retriever.adapters import RelevanceJudge, Retrieval
+from services.retriever.adapters import RelevanceJudge
+from services.retriever.port import Retrieval
 from services.retriever.reformulate import is_followup, reformulate_with_hint, rewrite_followup
 from services.retriever.relevance import check_relevance
 from shared.contracts.pipeline import Passage

@@ -1,14 +1,12 @@
 """Rule-based query rewriting: follow-up resolution and the insufficient-context retry.
 
-Both work without an LLM (English and Spanish). `QueryRewriter` is the seam where an
-LLM-backed rewriter can be dropped in; `RuleRewriter` implements it with these rules.
+Both work without an LLM (English and Spanish).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 from shared.contracts.pipeline import Passage
 
@@ -245,24 +243,3 @@ def reformulate_with_hint(
     base = query if strategy == "prf" else broaden(query)
     terms = prf_terms(query, feedback, n_terms)
     return f"{base} {' '.join(terms)}".strip() if terms else base
-
-
-# ---------------------------------------------------------------------------- seam
-
-
-@runtime_checkable
-class QueryRewriter(Protocol):
-    """Rewrites a query: hint=False resolves follow-ups, hint=True is the retry."""
-
-    async def rewrite(self, query: str, last_turns: list[str], hint: bool) -> str: ...
-
-
-class RuleRewriter:
-    """QueryRewriter without a model. For the retry it broadens (no passages here)."""
-
-    def __init__(self, strategy: str = "broaden") -> None:
-        self.strategy = strategy
-
-    async def rewrite(self, query: str, last_turns: list[str], hint: bool) -> str:
-        resolved = rewrite_followup(query, last_turns)
-        return reformulate_with_hint(resolved, strategy=self.strategy) if hint else resolved

@@ -8,11 +8,11 @@ The check only decides whether to spend the single reformulation retry (RC-08).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
-from services.retriever.index import SearchResult
+from services.retriever.port import SearchResult
 
 TOP_N = 8  # the generator sees 8 passages; signals look at the same ones
 
@@ -91,10 +91,11 @@ SIGNALS: dict[str, Callable[[SearchResult], float]] = {
 }
 
 # Calibrated on SciFact train (809 queries, hybrid top-10, all-MiniLM-L6-v2, bm25s
-# k1=1.2 b=0.75 Snowball) with `python -m bench.retrieval relevance`: positives = the
-# 115 queries (14.2%) with nDCG@10 == 0; each threshold maximises Youden's J. AUC =
-# P(signal of a good query > signal of a bad one). The seed's centroid cosine (0.559)
-# and mean top-8 cosine (0.571) barely separate; "combined" does best.
+# k1=1.2 b=0.75 Snowball) with `python -m bench.retrieval relevance`
+# (`offline.relevance_calibration`): positives = the 115 queries (14.2%) with
+# nDCG@10 == 0; each threshold maximises Youden's J. AUC = P(signal of a good query >
+# signal of a bad one). The seed's centroid cosine (0.559) and mean top-8 cosine
+# (0.571) barely separate; "combined" does best.
 SIGNAL_AUC = {
     "combined": 0.820,  # in-sample; 5-fold CV of the fit: 0.811
     "top1_bm25": 0.776,
@@ -144,57 +145,3 @@ def check_relevance(result: SearchResult, method: str = DEFAULT_SIGNAL,
         method = "top1_dense"
     signal = relevance_signal(result, method)
     return is_relevant(signal, THRESHOLDS[method] if threshold is None else threshold), signal
-
-
-def calibrate(
-    signals: Sequence[float], labels: Sequence[bool], criterion: str = "youden"
-) -> tuple[float, float]:
-    """Pick the threshold below which the check fires.
-
-    `labels[i]` is True when query i had irrelevant context (nDCG@10 == 0). Returns
-    (threshold, auc) where auc = P(signal of a good query > signal of a bad one); the
-    threshold maximises Youden's J (TPR - FPR) or F1 of "fires <=> bad".
-    """
-    if criterion not in ("youden", "f1"):
-        raise ValueError("criterion must be 'youden' or 'f1'")
-    pairs = [(s, bool(y)) for s, y in zip(signals, labels, strict=True) if not math.isnan(s)]
-    if not pairs:
-        raise ValueError("no finite signals")
-    s = np.array([p[0] for p in pairs], dtype=np.float64)
-    bad = np.array([p[1] for p in pairs])
-    n_bad, n_good = int(bad.sum()), int((~bad).sum())
-    if n_bad == 0 or n_good == 0:
-        raise ValueError("need both classes to calibrate")
-    auc = roc_auc_good_vs_bad(s, bad)
-
-    uniq = np.unique(s)
-    # Candidate cut-offs between consecutive values, plus one above the maximum.
-    cands = np.concatenate([(uniq[:-1] + uniq[1:]) / 2, [uniq[-1] + 1e-9]])
-    best_t, best_v = float(cands[0]), -math.inf
-    for t in cands:
-        fires = s < t
-        tp = int((fires & bad).sum())
-        fp = int((fires & ~bad).sum())
-        if criterion == "youden":
-            v = tp / n_bad - fp / n_good
-        else:
-            prec = tp / (tp + fp) if tp + fp else 0.0
-            rec = tp / n_bad
-            v = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
-        if v > best_v:
-            best_t, best_v = float(t), v
-    return best_t, auc
-
-
-def roc_auc_good_vs_bad(signals: np.ndarray, bad: np.ndarray) -> float:
-    """AUC of the signal ranking good queries (label False) above bad ones (Mann-Whitney
-    U with average ranks, so ties count 1/2)."""
-    signals = np.asarray(signals, dtype=np.float64)
-    good = ~np.asarray(bad, dtype=bool)
-    order = np.argsort(signals, kind="mergesort")
-    ranks = np.empty(len(signals), dtype=np.float64)
-    ranks[order] = np.arange(1, len(signals) + 1)
-    _, inv = np.unique(signals, return_inverse=True)  # average the ranks of tied values
-    ranks = (np.bincount(inv, weights=ranks) / np.bincount(inv))[inv]
-    n_good, n_bad = int(good.sum()), int((~good).sum())
-    return float((ranks[good].sum() - n_good * (n_good + 1) / 2) / (n_good * n_bad))

@@ -38,7 +38,7 @@ class ParserError(Exception):
     """The parser did not produce a verdict."""
 
 
-class ParserUnavailable(ParserError):
+class ParserUnavailableError(ParserError):
     """Unreachable, timed out or failing: counts against the circuit breaker."""
 
     def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
@@ -46,7 +46,7 @@ class ParserUnavailable(ParserError):
         self.code = code
 
 
-class ParserRejected(ParserError):
+class ParserRejectedError(ParserError):
     """The parser is up but refused this request (e.g. code too large)."""
 
 
@@ -81,7 +81,9 @@ class GrpcParserClient:
     def _get_stub(self) -> avap_parser_pb2_grpc.AvapParserStub:
         if self._stub is None:
             self._channel = grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
-            self._stub = avap_parser_pb2_grpc.AvapParserStub(self._channel)
+            # The generated stub is untyped (grpc_tools emits no annotations).
+            self._stub = avap_parser_pb2_grpc.AvapParserStub(  # type: ignore[no-untyped-call]
+                self._channel)
         return self._stub
 
     async def validate(self, code: str, *, strict: bool = False) -> ParseOutcome:
@@ -91,10 +93,10 @@ class GrpcParserClient:
         except grpc.aio.AioRpcError as exc:
             status = exc.code()
             if status is grpc.StatusCode.INVALID_ARGUMENT:
-                raise ParserRejected(exc.details() or "rejected") from exc
-            raise ParserUnavailable(f"{status.name}: {exc.details()}", status) from exc
+                raise ParserRejectedError(exc.details() or "rejected") from exc
+            raise ParserUnavailableError(f"{status.name}: {exc.details()}", status) from exc
         except (OSError, TimeoutError) as exc:
-            raise ParserUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            raise ParserUnavailableError(f"{type(exc).__name__}: {exc}") from exc
         return ParseOutcome(
             valid=response.valid,
             trace=tuple(
@@ -165,7 +167,7 @@ class GuardedParser:
         except TimeoutError:
             self.breaker.record_failure()
             return self._unavailable("timeout")
-        except ParserRejected as exc:
+        except ParserRejectedError as exc:
             # The service answered, so it is reachable; it just gave no verdict.
             self.breaker.record_success()
             return self._unavailable(f"rejected: {exc}")

@@ -8,6 +8,7 @@ many requests share one round trip and nothing is acknowledged before it is stor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -167,7 +168,7 @@ class GroupCommitWriter:
                 log.exception("store write failed unexpectedly")
                 for _, fut in batch:
                     if not fut.done():
-                        fut.set_exception(StoreUnavailable(f"write failed: {exc!r}"))
+                        fut.set_exception(StoreUnavailableError(f"write failed: {exc!r}"))
             finally:
                 for _ in batch:
                     self._queue.task_done()
@@ -190,7 +191,7 @@ class GroupCommitWriter:
             if error is None:
                 fut.set_result(None)
             else:
-                fut.set_exception(StoreUnavailable(str(error)))
+                fut.set_exception(StoreUnavailableError(str(error)))
 
     async def close(self) -> None:
         """Flush what is queued, then stop."""
@@ -198,10 +199,8 @@ class GroupCommitWriter:
             return
         await self._queue.join()
         self._task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        except asyncio.CancelledError:
-            pass
         self._task = None
 
 
@@ -213,7 +212,7 @@ async def _release_as_is(conn: asyncpg.Connection) -> None:
         await conn.reset()
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailableError(Exception):
     """The store could not take a write after retries (retryable by redelivery)."""
 
 
@@ -235,7 +234,7 @@ class Store:
         tracer: Tracer | None = None,
     ) -> Store:
         if not database_url:
-            raise StoreUnavailable("DATABASE_URL is not set")
+            raise StoreUnavailableError("DATABASE_URL is not set")
         pool = await asyncpg.create_pool(
             asyncpg_dsn(database_url), min_size=min_size, max_size=max_size,
             reset=_release_as_is,
@@ -258,7 +257,8 @@ class Store:
 
     async def previous_answer(self, agent_id: str, session_id: str) -> str | None:
         with self._tracer.start_as_current_span("store.previous_answer"):
-            return await self.pool.fetchval(_SQL_LAST_ANSWER, agent_id, session_id)
+            answer: str | None = await self.pool.fetchval(_SQL_LAST_ANSWER, agent_id, session_id)
+        return answer
 
     async def last_turns(self, agent_id: str, session_id: str, n: int = 4) -> list[tuple[str, str]]:
         rows = await self.pool.fetch(_SQL_LAST_TURNS, agent_id, session_id, n)

@@ -77,9 +77,12 @@ async def test_clarity_policy_ask_answers_with_options_and_generates_nothing() -
     seen, store = await _route_unsure({"widget": "ask"})
     assert set(seen) == {"answer"}
     chunk = decode_chunk(seen["answer"])
-    assert chunk.is_final and chunk.kind == "clarification"
-    assert chunk.decision is not None and chunk.decision.clarity == "needs_clarification"
-    assert "RETRIEVAL" in chunk.text and "CODE_GENERATION" in chunk.text
+    assert chunk.is_final
+    assert chunk.kind == "clarification"
+    assert chunk.decision is not None
+    assert chunk.decision.clarity == "needs_clarification"
+    assert "RETRIEVAL" in chunk.text
+    assert "CODE_GENERATION" in chunk.text
     assert store.kinds() == ["HistoryRow", "RequestLogRow"]
 
 
@@ -97,8 +100,10 @@ async def test_an_envelope_that_does_not_decode_is_reported_not_retried() -> Non
     await stage.handle(delivery, deps_for(Cascade(), store, bus))
     (payload,) = bus.on("intentroute.invalid")
     chunk = decode_chunk(payload)
-    assert chunk.error is not None and chunk.error.code == "BAD_ENVELOPE"
-    assert not delivery.nacked and store.rows == []
+    assert chunk.error is not None
+    assert chunk.error.code == "BAD_ENVELOPE"
+    assert not delivery.nacked
+    assert store.rows == []
 
 
 async def test_only_the_gateways_trust_stamp_lets_a_declared_type_through() -> None:
@@ -115,4 +120,5 @@ async def test_only_the_gateways_trust_stamp_lets_a_declared_type_through() -> N
         decided[trusted] = decode_routed(payload).decision
     assert (decided[True].type, decided[True].layer) == (QueryType.RETRIEVAL, "declared")
     assert (decided[False].type, decided[False].layer) == (QueryType.PLATFORM, "rules")
-    assert decided[False].declared_ignored and not decided[True].declared_ignored
+    assert decided[False].declared_ignored
+    assert not decided[True].declared_ignored

@@ -42,10 +42,12 @@ async def test_gateway_forwards_valid_and_answers_invalid() -> None:
     ((_, _, msg_id, payload),) = [s for s in bus.sent if s[0] == "intentroute.stage.classify"]
     assert msg_id == "a:ok-1:accepted"
     admitted = decode_admitted(payload)
-    assert admitted.request == ok and not admitted.trusted
+    assert admitted.request == ok
+    assert not admitted.trusted
     (error,) = bus.on("agent.response.a.bad-1")
     chunk = decode_chunk(error)
-    assert chunk.is_final and chunk.error is not None
+    assert chunk.is_final
+    assert chunk.error is not None
     assert chunk.error.code == "UNKNOWN_QUERY_TYPE"
     assert len(store.rows) == 1
 
@@ -56,19 +58,21 @@ async def test_the_agent_comes_from_the_subject_and_its_record() -> None:
     body = {"request_id": "r-1", "session_id": "s", "query": "hi", "query_type": "PLATFORM"}
     await stage.handle(sent_by("ide", json.dumps(body).encode()), deps)
     admitted = decode_admitted(bus.on("intentroute.stage.classify")[0])
-    assert admitted.request.agent_id == "ide" and admitted.trusted
+    assert admitted.request.agent_id == "ide"
+    assert admitted.trusted
 
 
 async def test_a_body_claiming_another_agent_is_refused() -> None:
     stage = build_stage(GatewaySettings(common=COMMON))
-    bus, store, deps = setup(AgentInfo("mallory"), AgentInfo("alice"))
+    bus, _, deps = setup(AgentInfo("mallory"), AgentInfo("alice"))
     body = {"request_id": "r-2", "session_id": "s", "agent_id": "alice",
             "query": "repeat your last answer"}
     await stage.handle(sent_by("mallory", json.dumps(body).encode()), deps)
     assert bus.on("intentroute.stage.classify") == []
     assert bus.on("agent.response.alice.r-2") == []
     (chunk,) = bus.chunks("r-2", agent_id="mallory")
-    assert chunk.error is not None and chunk.error.code == "AGENT_MISMATCH"
+    assert chunk.error is not None
+    assert chunk.error.code == "AGENT_MISMATCH"
 
 
 async def test_a_revoked_or_unknown_agent_is_answered_not_admitted() -> None:
@@ -78,7 +82,8 @@ async def test_a_revoked_or_unknown_agent_is_answered_not_admitted() -> None:
         body = {"request_id": f"r-{agent}", "session_id": "s", "query": "hi"}
         await stage.handle(sent_by(agent, json.dumps(body).encode()), deps)
         (chunk,) = bus.chunks(f"r-{agent}", agent_id=agent)
-        assert chunk.error is not None and chunk.error.code == "UNKNOWN_AGENT"
+        assert chunk.error is not None
+        assert chunk.error.code == "UNKNOWN_AGENT"
     assert bus.on("intentroute.stage.classify") == []
 
 
@@ -87,5 +92,7 @@ async def test_gateway_answers_unreadable_input_on_the_agents_invalid_subject() 
     await build_stage(GatewaySettings(common=COMMON)).handle(sent_by("a", b"{not json"), deps)
     (payload,) = bus.on("agent.response.a._invalid")
     chunk = decode_chunk(payload)
-    assert chunk.is_final and chunk.error is not None and chunk.error.code == "MALFORMED_JSON"
+    assert chunk.is_final
+    assert chunk.error is not None
+    assert chunk.error.code == "MALFORMED_JSON"
     assert store.rows == []

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from opentelemetry.trace import NoOpTracer
 
-from services.generator.backends import BackendUnavailable, ChatBackend
+from services.generator.backends import BackendUnavailableError, ChatBackend
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.prompts import ChatMessage
 from services.generator.settings import GeneratorSettings
@@ -41,7 +41,7 @@ class Scripted:
         for token in self.tokens:
             yield token
         if self.fail_after:
-            raise BackendUnavailable("connection reset")
+            raise BackendUnavailableError("connection reset")
 
 
 def deps_for(bus: RecordingBus, store: FakeStore, backend: ChatBackend | None
@@ -64,16 +64,20 @@ async def test_conversational_answer_streams_and_the_turn_is_stored_first() -> N
 
     chunks = bus.chunks("v-1")
     assert [c.seq for c in chunks] == list(range(len(chunks)))
-    assert sum(c.is_final for c in chunks) == 1 and chunks[-1].is_final
+    assert sum(c.is_final for c in chunks) == 1
+    assert chunks[-1].is_final
     assert assemble(chunks) == "Loop with startLoop."
-    assert chunks[-1].answered_by == "fake:m" and chunks[-1].query_type == "CONVERSATIONAL"
+    assert chunks[-1].answered_by == "fake:m"
+    assert chunks[-1].query_type == "CONVERSATIONAL"
     # The previous answer reached the prompt.
     assert "startLoop(i, 1, 5)" in backend.calls[0][0].content
     assert store.kinds() == ["HistoryRow", "TurnRow", "RequestLogRow"]
     turn = store.rows[1]
-    assert isinstance(turn, TurnRow) and turn.answer == "Loop with startLoop."
+    assert isinstance(turn, TurnRow)
+    assert turn.answer == "Loop with startLoop."
     log_row = store.rows[2]
-    assert isinstance(log_row, RequestLogRow) and log_row.outcome == "ok"
+    assert isinstance(log_row, RequestLogRow)
+    assert log_row.outcome == "ok"
     assert "generate.conversational" in log_row.stage_ms
 
 
@@ -89,7 +93,8 @@ async def test_code_is_collected_and_handed_to_the_validator_not_streamed() -> N
     assert bus.subjects() == [("intentroute.stage.validate", "INTENTROUTE_PIPELINE")]
     assert bus.sent[0][2] == "a:g-1:generated:0"
     out = decode_routed(bus.sent[0][3])
-    assert out.answer == "```avap\naddResult(1)\n```" and out.answered_by == "fake:m"
+    assert out.answer == "```avap\naddResult(1)\n```"
+    assert out.answered_by == "fake:m"
     assert "generate.main" in out.timings
     assert store.rows == []
 
@@ -111,6 +116,8 @@ async def test_a_redelivered_answer_resets_after_what_was_already_stored() -> No
     await stage.handle(FakeDelivery(encode(conversational("r-1")), deliveries=2),
                        deps_for(bus, store, None))
     chunks = bus.chunks("r-1")
-    assert chunks[0].kind == "reset" and chunks[0].seq == 3
+    assert chunks[0].kind == "reset"
+    assert chunks[0].seq == 3
     assert [c.seq for c in chunks] == list(range(3, 3 + len(chunks)))
-    assert chunks[-1].is_final and chunks[-1].answered_by == "extractive"
+    assert chunks[-1].is_final
+    assert chunks[-1].answered_by == "extractive"

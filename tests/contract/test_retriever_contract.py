@@ -59,10 +59,12 @@ async def test_code_request_is_handed_to_the_main_slot_with_its_passages() -> No
     assert bus.subjects() == [("intentroute.stage.generate.main", "INTENTROUTE_PIPELINE")]
     assert bus.sent[0][2] == "a:c-1:retrieved"
     out = decode_routed(bus.sent[0][3])
-    assert out.passages == [PASSAGE] and out.retrieval_query == env.request.query
+    assert out.passages == [PASSAGE]
+    assert out.retrieval_query == env.request.query
     assert not out.retrieval_retried
     assert {"retrieve", "retrieve.at"} <= set(out.timings)
-    assert retrieval.reloads == 1 and store.rows == []
+    assert retrieval.reloads == 1
+    assert store.rows == []
 
 
 async def test_follow_up_is_searched_with_the_previous_question() -> None:
@@ -72,7 +74,8 @@ async def test_follow_up_is_searched_with_the_previous_question() -> None:
                  decision=routed_decision(QueryType.RETRIEVAL))
     await build_stage(settings()).handle(FakeDelivery(encode(env)), deps)
     (query,) = retrieval.queries
-    assert "addVar" in query and "loop" in query
+    assert "addVar" in query
+    assert "loop" in query
     assert decode_routed(bus.sent[0][3]).retrieval_query == query
 
 
@@ -85,7 +88,9 @@ async def test_platform_request_reaching_the_retriever_is_answered_rc04() -> Non
 
     assert retrieval.queries == []
     (chunk,) = bus.chunks("p-1")
-    assert chunk.is_final and chunk.error is not None and chunk.error.code == "RC04_VIOLATION"
+    assert chunk.is_final
+    assert chunk.error is not None
+    assert chunk.error.code == "RC04_VIOLATION"
     assert chunk.query_type == "PLATFORM"
     assert store.kinds() == ["RequestLogRow", "HistoryRow"]
     assert not delivery.nacked  # a permanent error is answered, not retried
@@ -103,9 +108,11 @@ async def test_a_failing_search_is_retried_then_answered_on_the_last_delivery() 
     stage = build_stage(settings())
     first = FakeDelivery(encode(env), deliveries=1)
     await stage.handle(first, deps)
-    assert first.nacked and bus.sent == []
+    assert first.nacked
+    assert bus.sent == []
     last = FakeDelivery(encode(env), deliveries=stage.spec.max_deliver)
     await stage.handle(last, deps)
     (chunk,) = bus.chunks("b-1")
-    assert chunk.error is not None and chunk.error.code == "STAGE_FAILED"
+    assert chunk.error is not None
+    assert chunk.error.code == "STAGE_FAILED"
     assert not last.nacked

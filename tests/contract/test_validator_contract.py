@@ -62,8 +62,10 @@ async def test_invalid_code_goes_back_once_with_the_parser_trace() -> None:
     (retry,) = [s for s in bus.sent if s[0] == "intentroute.stage.generate.main"]
     assert (retry[1], retry[2]) == ("INTENTROUTE_PIPELINE", "a:i-1:parser-retry")
     out = decode_routed(retry[3])
-    assert out.attempt == 1 and out.seq == 2
-    assert "<parser_feedback>" in out.parser_feedback and "encodeSHA256" in out.parser_feedback
+    assert out.attempt == 1
+    assert out.seq == 2
+    assert "<parser_feedback>" in out.parser_feedback
+    assert "encodeSHA256" in out.parser_feedback
     assert "validate.0" in out.timings
     assert store.rows == []
 
@@ -72,19 +74,24 @@ async def test_still_invalid_after_the_retry_is_delivered_unresolved() -> None:
     bus, store = await run(generated("i-2", attempt=1, seq=2),
                            FakeChecker(CheckResult(CheckStatus.INVALID, TRACE)))
     chunks = bus.chunks("i-2")
-    assert chunks[0].seq == 2 and chunks[-1].is_final
-    assert chunks[-1].validation_status == "INVALID_UNRESOLVED" and chunks[-1].retried
+    assert chunks[0].seq == 2
+    assert chunks[-1].is_final
+    assert chunks[-1].validation_status == "INVALID_UNRESOLVED"
+    assert chunks[-1].retried
     assert assemble(chunks) == ANSWER
     assert not [s for s in bus.sent if s[0].startswith("intentroute.")]
     log_row = store.rows[-1]
     assert isinstance(log_row, RequestLogRow)
-    assert log_row.validation_status == "INVALID_UNRESOLVED" and "validate.1" in log_row.stage_ms
+    assert log_row.validation_status == "INVALID_UNRESOLVED"
+    assert "validate.1" in log_row.stage_ms
 
 
 async def test_valid_code_is_delivered_with_the_program() -> None:
     bus, store = await run(generated("v-1"), FakeChecker(CheckResult(CheckStatus.VALID)))
     final = bus.chunks("v-1")[-1]
-    assert final.is_final and final.validation_status == "" and not final.retried
+    assert final.is_final
+    assert final.validation_status == ""
+    assert not final.retried
     assert final.avap_code == "addVar(x, 1)\ngetSHA256(x)"
     assert store.kinds() == ["HistoryRow", "TurnRow", "RequestLogRow"]
 

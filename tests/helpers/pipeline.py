@@ -6,7 +6,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from faststream import FastStream, TestApp
 from nats.aio.client import Client
@@ -16,20 +16,23 @@ from shared.client import ask
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ResponseChunk
 
+if TYPE_CHECKING:
+    from services.retriever.port import Retrieval, SearchResult
+
 
 class RecordingRetrieval:
     """Wraps a real retrieval backend and records every query it is asked."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Retrieval) -> None:
         self.inner = inner
         self.queries: list[str] = []
 
-    async def search(self, query: str, k: int) -> Any:
+    async def search(self, query: str, k: int) -> SearchResult:
         self.queries.append(query)
         return await self.inner.search(query, k)
 
     async def maybe_reload(self) -> bool:
-        return bool(await self.inner.maybe_reload())
+        return await self.inner.maybe_reload()
 
     async def close(self) -> None:
         await self.inner.close()

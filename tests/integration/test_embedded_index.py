@@ -7,13 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.retriever.index import (
-    EmbeddedBackend,
-    EmbeddedIndex,
-    RetrievalBackend,
-    ingest,
-    read_current,
-)
+from services.retriever.embedded import EmbeddedRetrieval
+from services.retriever.index import EmbeddedIndex, read_current
+from services.retriever.indexing.embedded_ingest import ingest
+from services.retriever.port import Retrieval
 from shared.embeddings import Vectors
 
 DOCS = {
@@ -95,10 +92,12 @@ def test_ingest_search_and_incremental_updates(minilm: object, kb: Path, tmp_pat
     index_dir = tmp_path / "index"
     r1 = ingest(kb, index_dir, enc, progress=False)
     assert (r1.docs, r1.chunks, r1.added, r1.unchanged, r1.removed) == (4, 5, 5, 0, 0)
-    assert r1.version == 1 and read_current(index_dir) == "v000001"
+    assert r1.version == 1
+    assert read_current(index_dir) == "v000001"
 
     index = EmbeddedIndex.open(index_dir, enc)
-    assert len(index) == 5 and index.version == 1
+    assert len(index) == 5
+    assert index.version == 1
     assert _top_title(index, "encodeSHA256 digest", "bm25") == "Hashing > encodeSHA256"
     assert _top_title(index, "how can I call a remote API over the web?", "dense") == \
         "HTTP calls > RequestGet"
@@ -106,7 +105,8 @@ def test_ingest_search_and_incremental_updates(minilm: object, kb: Path, tmp_pat
         "Loops > startLoop"
     res = index.search("run a SQL query on the database", k=2, method="hybrid")
     assert res.passages[0].doc_id == "database.md"
-    assert res.query_vector is not None and res.passage_vectors is not None
+    assert res.query_vector is not None
+    assert res.passage_vectors is not None
     assert len(res.dense_scores) == len(res.passages) == len(res.chunk_ids) == 2
     assert res.dense_top1 == pytest.approx(max(res.dense_scores), abs=1e-5)
     assert res.passages[0].score == pytest.approx(2 / 61)  # first in both rankings
@@ -118,14 +118,16 @@ def test_ingest_search_and_incremental_updates(minilm: object, kb: Path, tmp_pat
     enc.texts.clear()
     r2 = ingest(kb, index_dir, enc, progress=False)
     assert (r2.added, r2.updated, r2.removed, r2.unchanged, r2.changed) == (0, 0, 0, 5, False)
-    assert enc.texts == [] and read_current(index_dir) == "v000001"
+    assert enc.texts == []
+    assert read_current(index_dir) == "v000001"
     assert not other_replica.maybe_reload()
 
     # Edit one file: only its changed chunk is re-embedded; the others keep their vectors.
     (kb / "http.md").write_text(DOCS["http.md"].replace("GET request", "GET call"))
     r3 = ingest(kb, index_dir, enc, progress=False)
     assert (r3.added, r3.updated, r3.unchanged, r3.removed, r3.version) == (0, 1, 4, 0, 2)
-    assert len(enc.texts) == 1 and "GET call" in enc.texts[0]
+    assert len(enc.texts) == 1
+    assert "GET call" in enc.texts[0]
     vectors_after = np.load(index_dir / "v000002" / "vectors.npy")
     chunks = EmbeddedIndex.open(index_dir, None).chunks
     for i, c in enumerate(chunks):
@@ -144,7 +146,8 @@ def test_ingest_search_and_incremental_updates(minilm: object, kb: Path, tmp_pat
     r4 = ingest(kb, index_dir, enc, progress=False)
     assert (r4.docs, r4.chunks, r4.removed, r4.added, r4.updated) == (3, 3, 2, 0, 0)
     assert enc.texts == []
-    assert other_replica.maybe_reload() and len(other_replica) == 3
+    assert other_replica.maybe_reload()
+    assert len(other_replica) == 3
     assert all(c.doc_id != "loops.md" for c in other_replica.chunks)
     hits = other_replica.search("startLoop endLoop", k=3, method="hybrid").passages
     assert all(p.doc_id != "loops.md" for p in hits)
@@ -158,29 +161,48 @@ def test_bm25_only_without_encoder(minilm: object, kb: Path, tmp_path: Path) -> 
     index = EmbeddedIndex.open(index_dir, None)
     res = index.search("ormDirect SQL", k=2, method="bm25")
     assert res.passages[0].doc_id == "database.md"
-    assert res.query_vector is None and np.isnan(res.dense_top1)
+    assert res.query_vector is None
+    assert np.isnan(res.dense_top1)
     with pytest.raises(RuntimeError, match="encoder"):
-        index.search("ormDirect SQL", method="hybrid")
+        index.search("ormDirect SQL", 8, method="hybrid")
     # With a precomputed query vector dense works without an encoder.
     qv = minilm.encode(["ormDirect SQL"])[0]  # type: ignore[attr-defined]
     assert index.search("", k=1, method="dense", query_vector=qv).passages[0].doc_id == \
         "database.md"
-    with pytest.raises(ValueError):
-        index.search("x", method="sparse")
+    with pytest.raises(ValueError, match="method must be one of"):
+        index.search("x", 8, method="sparse")
 
 
 async def test_async_backend(minilm: object, kb: Path, tmp_path: Path) -> None:
     index_dir = tmp_path / "index"
     ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
-    backend = EmbeddedBackend.open(index_dir, minilm)  # type: ignore[arg-type]
-    assert isinstance(backend, RetrievalBackend)
-    res = await backend.search("hash a password", k=2, method="hybrid")
+    backend = EmbeddedRetrieval(index_dir, method="hybrid", encoder=minilm,  # type: ignore[arg-type]
+                                reload_every=0)
+    assert isinstance(backend, Retrieval)
+    res = await backend.search("hash a password", k=2)
     assert res.passages[0].doc_id == "crypto.md"
     assert not await backend.maybe_reload()
     (kb / "crypto.md").write_text(DOCS["crypto.md"] + "\nIt returns a hex string.\n")
     ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
-    assert await backend.maybe_reload() and backend.version == 2
+    assert await backend.maybe_reload()
+    assert (await backend.search("hash a password", k=2)).version == 2
     await backend.close()
+
+
+async def test_waits_for_a_first_ingest_and_checks_for_a_new_one_once_per_interval(
+        minilm: object, kb: Path, tmp_path: Path) -> None:
+    index_dir = tmp_path / "index"
+    backend = EmbeddedRetrieval(index_dir, method="bm25", encoder=None, reload_every=3600)
+    empty = await backend.search("ormDirect SQL", k=2)
+    assert empty.passages == []
+    assert empty.method == "bm25"
+    ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
+    assert not await backend.maybe_reload()  # opens the first version: nothing to reload
+    assert (await backend.search("ormDirect SQL", k=2)).passages[0].doc_id == "database.md"
+    (kb / "database.md").unlink()
+    ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
+    assert not await backend.maybe_reload()  # checked less than an interval ago
+    assert (await backend.search("ormDirect SQL", k=2)).version == 1
 
 
 def test_missing_index_is_a_clear_error(tmp_path: Path) -> None:

@@ -24,5 +24,6 @@ async def test_embedded_stack_starts_from_a_relative_state_dir(
         conn = await asyncpg.connect(database_url)
         one = await conn.fetchval("SELECT 1")
         await conn.close()
-    assert info.limits is not None and one == 1
+    assert info.limits is not None
+    assert one == 1
     assert (tmp_path / ".intentroute" / "postgres" / "pgdata" / "PG_VERSION").exists()

@@ -19,9 +19,11 @@ import pytest
 
 pytest.importorskip("elasticsearch")
 
-from services.retriever.es_backend import ElasticsearchBackend  # noqa: E402
-from services.retriever.index import RetrievalBackend  # noqa: E402
-from shared.embeddings import Vectors  # noqa: E402
+from services.retriever.es_backend import ElasticsearchRetrieval
+from services.retriever.indexing.es_ingest import ingest_es
+from services.retriever.indexing.report import IngestReport
+from services.retriever.port import Retrieval
+from shared.embeddings import Vectors
 
 ES_IMAGE = os.environ.get("ES_IMAGE", "docker.elastic.co/elasticsearch/elasticsearch:8.15.3")
 
@@ -38,7 +40,7 @@ class HashingEncoder:
             for w in re.findall(r"\w+", t.lower()):
                 out[i, int(hashlib.md5(w.encode()).hexdigest(), 16) % self.dim] += 1.0
         norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.where(norms == 0, 1, norms)
+        return (out / np.where(norms == 0, 1, norms)).astype(np.float32)
 
 
 def _docker_available() -> str | None:
@@ -68,41 +70,55 @@ def es_url() -> Iterator[str]:
     except ImportError:
         from testcontainers.elasticsearch import ElasticSearchContainer  # testcontainers < 4.15
     with ElasticSearchContainer(ES_IMAGE, mem_limit="1g") as es:
-        yield es.get_url()
+        yield es.get_url()  # type: ignore[attr-defined]
 
 
 @pytest.fixture
-async def backend(es_url: str) -> AsyncIterator[ElasticsearchBackend]:
-    b = ElasticsearchBackend.from_url(es_url, HashingEncoder(), index=f"test-{uuid.uuid4().hex}")
+async def backend(es_url: str) -> AsyncIterator[ElasticsearchRetrieval]:
+    b = ElasticsearchRetrieval.from_url(es_url, HashingEncoder(), method="hybrid",
+                                        index=f"test-{uuid.uuid4().hex}")
     yield b
     await b.client.indices.delete(index=b.index, ignore_unavailable=True)
     await b.close()
 
 
-async def test_ingest_search_update_delete(backend: ElasticsearchBackend, tmp_path: Path) -> None:
-    assert isinstance(backend, RetrievalBackend)
+async def test_ingest_search_update_delete(backend: ElasticsearchRetrieval,
+                                           tmp_path: Path) -> None:
+    assert isinstance(backend, Retrieval)
     kb = tmp_path / "kb"
     kb.mkdir()
     (kb / "loops.md").write_text("# Loops\n\n## startLoop\n\nstartLoop repeats a loop body.\n")
     (kb / "crypto.md").write_text("# Hashing\n\n## encodeSHA256\n\nencodeSHA256 hashes a value.\n")
     (kb / "db.md").write_text("# Database\n\n## ormDirect\n\normDirect runs SQL on a database.\n")
 
-    r1 = await backend.ingest(kb, progress=False)
-    assert (r1.chunks, r1.added, r1.removed) == (3, 3, 0)
-    assert await backend.count() == 3
-    for method in ("bm25", "dense", "hybrid"):
-        res = await backend.search("encodeSHA256 hashes", k=2, method=method)
-        assert res.passages[0].doc_id == "crypto.md", method
-    res = await backend.search("encodeSHA256 hashes", k=2, method="hybrid")
-    assert res.passage_vectors is not None and len(res.dense_scores) == len(res.passages)
+    async def ingest() -> IngestReport:
+        return await ingest_es(backend.client, kb, HashingEncoder(), index=backend.index,
+                               progress=False)
 
-    r2 = await backend.ingest(kb, progress=False)
+    async def count() -> int:
+        return int((await backend.client.count(index=backend.index))["count"])
+
+    def searcher(method: str) -> ElasticsearchRetrieval:
+        return ElasticsearchRetrieval(backend.client, HashingEncoder(), method=method,
+                                      index=backend.index)
+
+    r1 = await ingest()
+    assert (r1.chunks, r1.added, r1.removed) == (3, 3, 0)
+    assert await count() == 3
+    for method in ("bm25", "dense", "hybrid"):
+        res = await searcher(method).search("encodeSHA256 hashes", k=2)
+        assert res.passages[0].doc_id == "crypto.md", method
+    res = await backend.search("encodeSHA256 hashes", k=2)
+    assert res.passage_vectors is not None
+    assert len(res.dense_scores) == len(res.passages)
+
+    r2 = await ingest()
     assert (r2.added, r2.updated, r2.removed, r2.unchanged) == (0, 0, 0, 3)
 
     (kb / "db.md").write_text("# Database\n\n## ormDirect\n\normDirect runs SQL queries.\n")
     (kb / "loops.md").unlink()
-    r3 = await backend.ingest(kb, progress=False)
+    r3 = await ingest()
     assert (r3.updated, r3.removed, r3.unchanged) == (1, 1, 1)
-    assert await backend.count() == 2
-    res = await backend.search("startLoop loop", k=3, method="bm25")
+    assert await count() == 2
+    res = await searcher("bm25").search("startLoop loop", k=3)
     assert all(p.doc_id != "loops.md" for p in res.passages)

@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from services.classifier.embedding import HeadRegistry, Layer2Classifier
-from services.classifier.training import train_and_promote
+from services.classifier.layer2.classifier import Layer2Classifier
+from services.classifier.layer2.registry import HeadRegistry
+from services.classifier.offline.promote import HeadWriter, train_and_promote
 from shared.store.export import export_history
 from shared.store.stores import HistoryRow
 
@@ -55,7 +56,7 @@ async def test_history_export_trains_and_promotes_a_head(store, database_url, tm
     from shared.fast_encoder import shared_fast_encoder
 
     enc = shared_fast_encoder()
-    registry = HeadRegistry(tmp_path / "heads", encoder=enc)
+    registry = HeadWriter(tmp_path / "heads", encoder=enc)
     first = train_and_promote([out], registry, enc, holdout=0.3, seed=0)
     assert first.promoted
     live = Layer2Classifier.from_registry(tmp_path / "heads", encoder=enc)
@@ -69,11 +70,13 @@ async def test_history_export_trains_and_promotes_a_head(store, database_url, tm
                                   for e, lab in zip(exported, labels, strict=True)))
     worse = train_and_promote([shuffled], registry, enc, holdout=0.3, seed=0)
     assert not worse.promoted
-    assert live.maybe_reload() is False and live.version == version
+    assert live.maybe_reload() is False
+    assert live.version == version
 
     again = train_and_promote([out], registry, enc, holdout=0.3, seed=1)
     assert again.promoted
-    assert live.maybe_reload() is True and live.version != version
+    assert live.maybe_reload() is True
+    assert live.version != version
     assert live.classify("what does addVar do").label == "RETRIEVAL"
 
 
@@ -81,10 +84,11 @@ async def test_history_export_trains_and_promotes_a_head(store, database_url, tm
 def test_train_classifier_cli_keeps_the_current_heads_early_exit(tmp_path, monkeypatch) -> None:
     from typer.testing import CliRunner
 
-    from shared.fast_encoder import ONNX_CACHE_ENV
+    from shared.fast_encoder import FastEncoder
 
     # A cold ONNX cache: the export's progress output goes to stderr, not into the JSON.
-    monkeypatch.setenv(ONNX_CACHE_ENV, str(tmp_path / "onnx"))
+    # (The CLI builds its settings from the environment when the command runs.)
+    monkeypatch.setenv("INTENTROUTE_ONNX_CACHE", str(tmp_path / "onnx"))
 
     from intentroute.cli import app
 
@@ -102,16 +106,28 @@ def test_train_classifier_cli_keeps_the_current_heads_early_exit(tmp_path, monke
 
     out, registry = train("--early-exit-layers", "3")
     head = registry.current()
-    assert out["promoted"] and head is not None and head.early is not None
+    assert out["promoted"]
+    assert head is not None
+    assert head.early is not None
     assert head.early.layers == 3
     out, registry = train()  # no option: the candidate is built like the current head
     head = registry.current()
-    assert out["promoted"] and out["version"] == "v0002"
-    assert head is not None and head.early is not None and head.early.layers == 3
+    assert out["promoted"]
+    assert out["version"] == "v0002"
+    assert head is not None
+    assert head.early is not None
+    assert head.early.layers == 3
     out, registry = train("--early-exit-layers", "0")  # the embedding module alone
     head = registry.current()
-    assert out["promoted"] and head is not None and head.early is not None
-    assert head.early.layers == 0 and head.early.make_encoder().backend == "embeddings"
+    assert out["promoted"]
+    assert head is not None
+    assert head.early is not None
+    lookup = head.early.make_encoder()
+    assert head.early.layers == 0
+    assert isinstance(lookup, FastEncoder)
+    assert lookup.backend == "embeddings"
     out, registry = train("--early-exit-layers", "-1")
     head = registry.current()
-    assert out["promoted"] and head is not None and head.early is None
+    assert out["promoted"]
+    assert head is not None
+    assert head.early is None

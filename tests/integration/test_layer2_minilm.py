@@ -8,14 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.classifier.embedding import (
-    EmbeddingHead,
-    HeadRegistry,
-    Layer2Classifier,
-    train_head,
-)
+from services.classifier.layer2.classifier import Layer2Classifier
+from services.classifier.layer2.head import EmbeddingHead
+from services.classifier.offline.promote import HeadWriter
+from services.classifier.offline.train import train_head
 from shared.embeddings import SentenceTransformerEncoder, pin_threads
-from shared.fast_encoder import FastEncoder, onnxruntime_available, smooth_onnx
+from shared.fast_encoder import FastEncoder, onnxruntime_available
+from shared.fast_encoder.build import smooth_onnx
 
 SAMPLE = [
     "how do I paginate results from the orders endpoint",
@@ -128,7 +127,8 @@ def test_torch_fallback_matches_reference(reference: SentenceTransformerEncoder)
 
 @pytest.mark.skipif(not onnxruntime_available(), reason="onnxruntime not installed")
 def test_onnx_backend_selected_when_available(fast: FastEncoder) -> None:
-    assert fast.backend == "onnx" and fast.onnx_path.exists()
+    assert fast.backend == "onnx"
+    assert fast.onnx_path.exists()
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +153,10 @@ def test_small_real_training_set_gives_sensible_predictions(
 
 def test_registry_with_real_encoder(project_head: EmbeddingHead, fast: FastEncoder,
                                     tmp_path: Path) -> None:
-    reg = HeadRegistry(tmp_path, encoder=fast)
+    reg = HeadWriter(tmp_path, encoder=fast)
     res = reg.propose(project_head, [t for t, _ in HELD_OUT], [lab for _, lab in HELD_OUT])
-    assert res.promoted and res.candidate["accuracy"] == 1.0
+    assert res.promoted
+    assert res.candidate["accuracy"] == 1.0
     clf = Layer2Classifier.from_registry(tmp_path, encoder=fast)
     assert clf.classify("hello!").label == "CONVERSATIONAL"
 
@@ -169,11 +170,13 @@ def test_finetune_smoke_head_carries_its_encoder(tmp_path: Path) -> None:
         finetune_epochs=1.0, finetune_dir=tmp_path / "ft",
         finetune_options={"batch_size": 16, "threads": 1},
     )
-    assert head.has_own_encoder and head.metrics["finetune_seconds"] > 0
+    assert head.has_own_encoder
+    assert head.metrics["finetune_seconds"] > 0
     saved = head.save(tmp_path / "head")
     assert (saved / "encoder" / "model.safetensors").exists()
     again = EmbeddingHead.load(saved)
-    assert again.has_own_encoder and again.encoder_dir == saved / "encoder"
+    assert again.has_own_encoder
+    assert again.encoder_dir == saved / "encoder"
     clf = Layer2Classifier(again)
     preds = clf.classify_batch([t for t, _ in HELD_OUT])
     assert sum(p.label == lab for p, (_, lab) in zip(preds, HELD_OUT, strict=True)) >= 3
@@ -183,10 +186,12 @@ def test_finetune_smoke_head_carries_its_encoder(tmp_path: Path) -> None:
 def test_int8_option_is_close_but_opt_in(reference: SentenceTransformerEncoder,
                                          tmp_path: Path) -> None:
     q = FastEncoder(precision="int8", cache_size=0, onnx_cache_dir=tmp_path)
-    assert q.precision == "int8" and "int8" in q.onnx_path.name
+    assert q.precision == "int8"
+    assert "int8" in q.onnx_path.name
     cos = (reference.encode(SAMPLE) * q.encode(SAMPLE)).sum(axis=1)
-    assert cos.mean() >= 0.99 and cos.min() >= 0.98
-    with pytest.raises(ValueError):
+    assert cos.mean() >= 0.99
+    assert cos.min() >= 0.98
+    with pytest.raises(ValueError, match="needs the ONNX backend"):
         FastEncoder(precision="int8", backend="torch")
 
 
@@ -196,7 +201,8 @@ def test_blockwise_int8_stays_within_a_thousandth_of_the_reference(
     q = FastEncoder(precision="int8-block", cache_size=0, onnx_cache_dir=tmp_path)
     assert q.onnx_path.name.endswith("-int8block.onnx")
     cos = (reference.encode(SAMPLE) * q.encode(SAMPLE)).sum(axis=1)
-    assert cos.mean() >= 0.999 and cos.min() >= 0.998
+    assert cos.mean() >= 0.999
+    assert cos.min() >= 0.998
 
 
 @pytest.mark.skipif(not onnxruntime_available(), reason="onnxruntime not installed")
@@ -216,7 +222,8 @@ def test_smoothing_before_int8_leaves_the_fp32_graph_unchanged(tmp_path: Path) -
 
 def test_early_exit_on_the_first_three_layers(fast: FastEncoder, tmp_path: Path) -> None:
     shallow = FastEncoder(layers=3, cache_size=0, onnx_cache_dir=tmp_path)
-    assert "-L3" in shallow.onnx_path.name and shallow.dim == fast.dim
+    assert "-L3" in shallow.onnx_path.name
+    assert shallow.dim == fast.dim
     texts = SAMPLE[:8]
     cos = (fast.encode(texts) * shallow.encode(texts)).sum(axis=1)
     assert cos.max() < 0.99  # a different, shallower representation ...
@@ -226,7 +233,8 @@ def test_early_exit_on_the_first_three_layers(fast: FastEncoder, tmp_path: Path)
     train = [t for lab in TRAIN for t in TRAIN[lab]]
     labels = [lab for lab in TRAIN for _ in TRAIN[lab]]
     head = train_head(train, labels, fast, seed=0, early_exit_layers=3)
-    assert head.early is not None and head.early.layers == 3
+    assert head.early is not None
+    assert head.early.layers == 3
     assert head.metrics["early_exit"]["cv_accuracy"] >= 0.8
     again = EmbeddingHead.load(head.save(tmp_path / "head"))
     clf = Layer2Classifier(again, fast)  # the early encoder comes from the head
@@ -240,7 +248,8 @@ def test_layer_zero_is_the_embedding_module(fast: FastEncoder, tmp_path: Path) -
     from transformers import AutoModel
 
     lookup = FastEncoder(layers=0, cache_size=0)
-    assert lookup.backend == "embeddings" and lookup.dim == fast.dim
+    assert lookup.backend == "embeddings"
+    assert lookup.dim == fast.dim
     with pytest.raises(ValueError, match="layers"):
         FastEncoder(layers=-1)
     model = AutoModel.from_pretrained(str(lookup.model_dir)).eval()
@@ -254,8 +263,10 @@ def test_layer_zero_is_the_embedding_module(fast: FastEncoder, tmp_path: Path) -
     train = [t for lab in TRAIN for t in TRAIN[lab]]
     labels = [lab for lab in TRAIN for _ in TRAIN[lab]]
     head = train_head(train, labels, fast, seed=0, early_exit_layers=0)
-    assert head.early is not None and head.early.layers == 0
+    assert head.early is not None
+    assert head.early.layers == 0
     again = EmbeddingHead.load(head.save(tmp_path / "head"))
-    assert again.early is not None and again.early.layers == 0
+    assert again.early is not None
+    assert again.early.layers == 0
     preds = Layer2Classifier(again, fast).classify_batch([t for t, _ in HELD_OUT])
     assert [p.label for p in preds] == [lab for _, lab in HELD_OUT]

@@ -20,7 +20,8 @@ async def test_llm_label_is_schema_constrained_and_sees_compact_history(fake_oll
     label = await labeler.label("maybe the loop part", history, "addVar(x, 1)")
     assert label == QueryType.CODE_GENERATION
     sent = fake_ollama.requests[0]
-    assert sent["model"] == "small:0.6b" and sent["format"] == LABEL_SCHEMA
+    assert sent["model"] == "small:0.6b"
+    assert sent["format"] == LABEL_SCHEMA
     assert sent["stream"] is False
     system = sent["messages"][0]["content"]
     assert system.count('[CODE_GENERATION] "write an endpoint"') == 6  # RC-06

@@ -17,7 +17,7 @@ from services.validator.parser_client import (
     GrpcParserClient,
     GuardedParser,
     ParseOutcome,
-    ParserUnavailable,
+    ParserUnavailableError,
     grpc_target,
 )
 from shared.contracts.parser import TraceLine
@@ -51,7 +51,7 @@ class SlowService(AvapParserService):
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def Validate(  # noqa: N802
+    async def Validate(
         self,
         request: avap_parser_pb2.ValidateRequest,
         context: grpc.aio.ServicerContext[
@@ -129,7 +129,7 @@ async def test_client_timeout_against_a_slow_parser() -> None:
     server = await serve("127.0.0.1", port, servicer=slow)
     try:
         async with client_for(f"127.0.0.1:{port}", timeout=0.2) as client:
-            with pytest.raises(ParserUnavailable) as info:
+            with pytest.raises(ParserUnavailableError) as info:
                 await client.validate(VALID)
         assert slow.entered.is_set()
         assert info.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
@@ -144,7 +144,7 @@ async def test_stopped_server_is_unavailable() -> None:
     async with client_for(f"127.0.0.1:{port}", timeout=2) as client:
         assert (await client.validate(VALID)).valid
         await server.stop(None)
-        with pytest.raises(ParserUnavailable) as info:
+        with pytest.raises(ParserUnavailableError) as info:
             await client.validate(VALID)
     assert info.value.code is grpc.StatusCode.UNAVAILABLE
 
@@ -187,14 +187,14 @@ async def test_run_serves_until_cancelled_then_stops() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        with pytest.raises(ParserUnavailable):
+        with pytest.raises(ParserUnavailableError):
             await client.validate(VALID)
 
 
 def test_url_forms() -> None:
     assert grpc_target("grpc://parser:50051") == "parser:50051"
     assert grpc_target("parser:50051") == "parser:50051"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected grpc://host:port"):
         grpc_target("http://parser:50051")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected grpc://host:port"):
         grpc_target("")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.retriever.adapters import EmbeddedRetrieval
+from services.retriever.embedded import EmbeddedRetrieval
 from shared.client import assemble, replay
 from shared.contracts.response import ChunkKind, ValidationStatus
 from shared.contracts.routing import Layer, ModelSlot, QueryType
@@ -35,7 +35,8 @@ async def test_four_types_end_to_end_with_extractive_answerer(nc, nats_url, data
             session_id=session, extra_context="usage_percentage=20 plan=starter"))
 
     for chunks in (retrieval, code, conv, platform):
-        assert sum(c.is_final for c in chunks) == 1 and chunks[-1].is_final
+        assert sum(c.is_final for c in chunks) == 1
+        assert chunks[-1].is_final
         assert [c.seq for c in chunks] == sorted(c.seq for c in chunks)
         assert chunks[-1].error is None
         assert chunks[-1].answered_by == "extractive"
@@ -51,7 +52,8 @@ async def test_four_types_end_to_end_with_extractive_answerer(nc, nats_url, data
     reused = assemble(conv).split("]\n", 1)[1]
     assert reused[:40] in assemble(code)
     assert platform[-1].query_type == "PLATFORM"
-    assert platform[-1].decision is not None and platform[-1].decision.layer == Layer.RULES
+    assert platform[-1].decision is not None
+    assert platform[-1].decision.layer == Layer.RULES
     assert "usage_percentage=20" in assemble(platform)
 
 
@@ -88,7 +90,8 @@ async def test_prd_scenario_1_platform_widget_served_by_conversational_model(
             "Rules: Exactly 3 sentences.", extra_context="usage_percentage=20"))
     final = chunks[-1]
     assert final.query_type == "PLATFORM"
-    assert final.decision is not None and final.decision.model_slot == ModelSlot.CONVERSATIONAL
+    assert final.decision is not None
+    assert final.decision.model_slot == ModelSlot.CONVERSATIONAL
     assert fake_ollama.models == ["small:0.6b"]
     assert final.answered_by == "ollama:small:0.6b"
     assert rec.queries == []
@@ -139,7 +142,8 @@ async def test_two_replicas_of_a_stage_share_the_work(nc, nats_url, database_url
         results = await asyncio.gather(*(ask_all(nc, r) for r in requests))
     assert all(chunks[-1].error is None for chunks in results)
     assert len(a.queries) + len(b.queries) == 24
-    assert a.queries and b.queries
+    assert a.queries
+    assert b.queries
 
 
 async def test_late_subscriber_reads_the_whole_answer(nc, nats_url, database_url,
@@ -150,7 +154,8 @@ async def test_late_subscriber_reads_the_whole_answer(nc, nats_url, database_url
         live = await ask_all(nc, req)
     late = [c async for c in replay(nc, req.agent_id, req.request_id, timeout=5)]
     assert late == live
-    assert late[-1].is_final and assemble(late)
+    assert late[-1].is_final
+    assert assemble(late)
 
 
 async def test_bad_input_gets_an_error_chunk(nc, nats_url, database_url, kb_index) -> None:
@@ -179,14 +184,17 @@ async def test_bad_input_gets_an_error_chunk(nc, nats_url, database_url, kb_inde
             await js.publish("agent.request.tests", payload)
             chunks = [c async for c in follow(sub, timeout=10)]
             await sub.unsubscribe()
-            assert len(chunks) == 1 and chunks[0].is_final, code
-            assert chunks[0].error is not None and chunks[0].error.code == code, chunks
+            assert len(chunks) == 1, code
+            assert chunks[0].is_final, code
+            assert chunks[0].error is not None, chunks
+            assert chunks[0].error.code == code, chunks
             assert chunks[0].error.message
         # No request id at all: answered on the agent's invalid subject, not dropped.
         sub = await nc.subscribe(response_subject("tests", INVALID_REQUEST_ID))
         await js.publish("agent.request.tests", b"not json at all")
         chunks = [c async for c in follow(sub, timeout=10)]
-        assert chunks[0].error is not None and chunks[0].error.code == "MALFORMED_JSON"
+        assert chunks[0].error is not None
+        assert chunks[0].error.code == "MALFORMED_JSON"
         assert "not json at all" in chunks[0].text
 
 
@@ -222,8 +230,10 @@ async def test_relevance_retry_happens_at_most_once_and_is_recorded(
         first = len(rec.queries)
         hit = await ask_all(nc, make_request("How does startLoop count?",
                                              query_type="RETRIEVAL"))
-    assert miss[-1].retried is True and first == 2
-    assert hit[-1].retried is False and len(rec.queries) == 3
+    assert miss[-1].retried is True
+    assert first == 2
+    assert hit[-1].retried is False
+    assert len(rec.queries) == 3
     row = await store.pool.fetchrow("SELECT retried FROM request_log WHERE request_id = $1",
                                     off_topic.request_id)
     assert row["retried"] is True

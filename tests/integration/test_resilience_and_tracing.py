@@ -58,7 +58,8 @@ async def test_worker_killed_mid_answer_request_is_still_answered(
     finally:
         if doomed.poll() is None:
             doomed.kill()
-    assert chunks[-1].is_final and chunks[-1].error is None
+    assert chunks[-1].is_final
+    assert chunks[-1].error is None
     assert sum(c.is_final for c in chunks) == 1
     assert any(c.kind == ChunkKind.RESET for c in chunks)
     assert assemble(chunks) == "".join(f"tok{i} " for i in range(8))
@@ -105,10 +106,14 @@ async def test_grpc_ask_agent_stream_and_bad_input(nc, nats_url, database_url, k
             await stub.AskAgent(agent_pb2.AgentRequest(query="x", session_id="g1",
                                                        agent_id="grpc", query_type="SQL"),
                                 metadata=auth)
-    assert streamed[-1].is_final and streamed[-1].query_type == "RETRIEVAL"
+    assert streamed[-1].is_final
+    assert streamed[-1].query_type == "RETRIEVAL"
     # The answer's last piece rides on the final response.
-    assert "".join(r.text for r in streamed) and streamed[-1].text
-    assert unary.is_final and unary.query_type == "PLATFORM" and "quota_used=80%" in unary.text
+    assert "".join(r.text for r in streamed)
+    assert streamed[-1].text
+    assert unary.is_final
+    assert unary.query_type == "PLATFORM"
+    assert "quota_used=80%" in unary.text
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "UNKNOWN_QUERY_TYPE" in (err.value.details() or "")
 

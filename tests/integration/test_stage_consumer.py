@@ -78,8 +78,10 @@ async def test_replicas_share_the_durable_consumer_and_each_message_is_handled_o
     finally:
         for r in replicas:
             await r.stop()
-    assert set(handled.values()) == {1} and len(handled) == 60
-    assert by_replica[0] > 0 and by_replica[1] > 0
+    assert set(handled.values()) == {1}
+    assert len(handled) == 60
+    assert by_replica[0] > 0
+    assert by_replica[1] > 0
     info = await nc.jetstream().stream_info(stream)
     assert info.state.messages == 0  # work queue: acked messages are gone
 

@@ -9,7 +9,7 @@ import pytest
 
 from shared.store import stores
 from shared.store.rows import RequestLogRow
-from shared.store.stores import Store, StoreUnavailable
+from shared.store.stores import Store, StoreUnavailableError
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ async def test_writer_survives_an_unexpected_failure(store: Store, monkeypatch) 
 
     monkeypatch.setattr(stores, "_write_batch", broken_once)
     first, second = uuid.uuid4().hex, uuid.uuid4().hex
-    with pytest.raises(StoreUnavailable, match="injected"):
+    with pytest.raises(StoreUnavailableError, match="injected"):
         await store.write(log_row(first))
     await store.write(log_row(second))  # would wait forever if the writer had died
     stored = {r["request_id"] for r in await store.pool.fetch(

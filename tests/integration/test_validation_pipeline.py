@@ -25,7 +25,7 @@ class CountingParser(AvapParserService):
         super().__init__()
         self.calls = 0
 
-    async def Validate(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def Validate(self, request: Any, context: Any) -> Any:
         self.calls += 1
         return await super().Validate(request, context)
 
@@ -67,9 +67,11 @@ async def test_invalid_then_valid_is_retried_once_with_the_trace(
     assert final.validation_status == ValidationStatus.VALID
     assert final.retried is True
     assert "encodeSHA256(pwd, hash)" in final.avap_code
-    assert len(fake_ollama.requests) == 2 and servicer.calls == 2
+    assert len(fake_ollama.requests) == 2
+    assert servicer.calls == 2
     retry_prompt = fake_ollama.requests[1]["messages"][0]["content"]
-    assert "<parser_feedback>" in retry_prompt and "encodeSHA256" in retry_prompt
+    assert "<parser_feedback>" in retry_prompt
+    assert "encodeSHA256" in retry_prompt
     # RC-07: nothing of the code reached the caller before validation; the validated
     # answer (one piece) comes with the final chunk.
     assert [c.kind for c in chunks[:-1]] == [ChunkKind.STATUS] * (len(chunks) - 1)
@@ -87,11 +89,13 @@ async def test_invalid_twice_is_delivered_unresolved_after_exactly_one_retry(
         req = code_request()
         chunks = await ask_all(nc, req)
     assert chunks[-1].validation_status == ValidationStatus.INVALID_UNRESOLVED
-    assert len(fake_ollama.requests) == 2 and servicer.calls == 2
+    assert len(fake_ollama.requests) == 2
+    assert servicer.calls == 2
     row = await store.pool.fetchrow(
         "SELECT validation_status, retried FROM request_log WHERE request_id = $1",
         req.request_id)
-    assert row["validation_status"] == "INVALID_UNRESOLVED" and row["retried"] is True
+    assert row["validation_status"] == "INVALID_UNRESOLVED"
+    assert row["retried"] is True
 
 
 async def test_parser_stopped_delivers_parser_unavailable(
@@ -103,7 +107,8 @@ async def test_parser_stopped_delivers_parser_unavailable(
     async with running(env):
         chunks = await ask_all(nc, code_request())
     assert chunks[-1].validation_status == ValidationStatus.PARSER_UNAVAILABLE
-    assert chunks[-1].avap_code and len(fake_ollama.requests) == 1
+    assert chunks[-1].avap_code
+    assert len(fake_ollama.requests) == 1
 
 
 async def test_parser_timeout_zero_makes_no_call_at_all(
@@ -116,4 +121,5 @@ async def test_parser_timeout_zero_makes_no_call_at_all(
     async with running(env):
         chunks = await ask_all(nc, code_request())
     assert chunks[-1].validation_status == ValidationStatus.PARSER_UNAVAILABLE
-    assert servicer.calls == 0 and len(fake_ollama.requests) == 1
+    assert servicer.calls == 0
+    assert len(fake_ollama.requests) == 1

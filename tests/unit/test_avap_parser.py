@@ -160,7 +160,8 @@ def test_arg_count_suggestion_is_the_signature() -> None:
     err = first_error("if(age >= 18)\n  addResult(age)\nend()")
     assert err.code == "ARG_COUNT"
     assert err.suggestion == "if(variable, variableValue, comparator)"
-    assert "expects 3 arguments" in err.message and "got 1" in err.message
+    assert "expects 3 arguments" in err.message
+    assert "got 1" in err.message
 
 
 def test_unknown_block_spelling_keeps_the_structure() -> None:

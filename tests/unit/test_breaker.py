@@ -13,8 +13,8 @@ from services.validator.parser_client import (
     CheckStatus,
     GuardedParser,
     ParseOutcome,
-    ParserRejected,
-    ParserUnavailable,
+    ParserRejectedError,
+    ParserUnavailableError,
 )
 from services.validator.settings import ValidatorSettings
 from shared.contracts.parser import TraceLine
@@ -58,7 +58,8 @@ def test_opens_after_threshold_consecutive_failures(clock: FakeClock) -> None:
     breaker = CircuitBreaker(3, 30, clock=clock)
     breaker.record_failure()
     breaker.record_failure()
-    assert breaker.state is BreakerState.CLOSED and breaker.allow()
+    assert breaker.state is BreakerState.CLOSED
+    assert breaker.allow()
     breaker.record_failure()
     assert breaker.state is BreakerState.OPEN
     assert not breaker.allow()
@@ -100,7 +101,8 @@ def test_probe_success_closes(clock: FakeClock) -> None:
     assert breaker.allow()
     breaker.record_success()
     assert breaker.state is BreakerState.CLOSED
-    assert breaker.allow() and breaker.allow()
+    assert breaker.allow()
+    assert breaker.allow()
     # The count starts afresh: threshold failures are needed to open again.
     breaker.record_failure()
     breaker.record_failure()
@@ -160,9 +162,9 @@ def test_breaker_settings_come_from_the_environment() -> None:
 
 
 def test_rejects_nonsense_settings() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="threshold must be >= 1"):
         CircuitBreaker(threshold=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cooldown must be >= 0"):
         CircuitBreaker(cooldown=-1)
 
 
@@ -207,7 +209,8 @@ async def test_valid_and_invalid_verdicts_carry_the_trace(clock: FakeClock) -> N
     first = await guarded.check("addVar(a, 1)")
     second = await guarded.check("getSHA256(a, b)")
     assert first.status is CheckStatus.VALID
-    assert second.status is CheckStatus.INVALID and second.trace == TRACE
+    assert second.status is CheckStatus.INVALID
+    assert second.trace == TRACE
     assert client.calls == [("addVar(a, 1)", True), ("getSHA256(a, b)", True)]
 
 
@@ -218,7 +221,8 @@ async def test_timeout_zero_disables_validation_without_a_call(
     client = ScriptedClient(ParseOutcome(True))
     guarded = GuardedParser(client, timeout=0)
     result = await guarded.check("addVar(a, 1)")
-    assert result.status is CheckStatus.UNAVAILABLE and result.reason == "disabled"
+    assert result.status is CheckStatus.UNAVAILABLE
+    assert result.reason == "disabled"
     assert client.calls == []
     assert not guarded.enabled
     assert "[ptvl] parser unavailable — returning unvalidated" in caplog.text
@@ -233,7 +237,7 @@ async def test_three_failures_open_the_circuit_and_stop_calls(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="intentroute.validator")
-    client = ScriptedClient(ParserUnavailable("UNAVAILABLE: connection refused"))
+    client = ScriptedClient(ParserUnavailableError("UNAVAILABLE: connection refused"))
     breaker = CircuitBreaker(3, 30, clock=clock)
     guarded = GuardedParser(client, breaker)
     for _ in range(3):
@@ -250,9 +254,9 @@ async def test_three_failures_open_the_circuit_and_stop_calls(
 
 async def test_half_open_probe_success_closes_the_circuit(clock: FakeClock) -> None:
     client = ScriptedClient(
-        ParserUnavailable("down"),
-        ParserUnavailable("down"),
-        ParserUnavailable("down"),
+        ParserUnavailableError("down"),
+        ParserUnavailableError("down"),
+        ParserUnavailableError("down"),
         ParseOutcome(True),
     )
     breaker = CircuitBreaker(3, 30, clock=clock)
@@ -305,10 +309,11 @@ async def test_cancelled_probe_gives_the_permit_back(clock: FakeClock) -> None:
 
 
 async def test_rejected_request_is_unavailable_but_not_an_outage(clock: FakeClock) -> None:
-    client = ScriptedClient(ParserRejected("code too large"))
+    client = ScriptedClient(ParserRejectedError("code too large"))
     breaker = CircuitBreaker(1, 30, clock=clock)
     result = await GuardedParser(client, breaker).check("x" * 10)
-    assert result.status is CheckStatus.UNAVAILABLE and result.reason.startswith("rejected")
+    assert result.status is CheckStatus.UNAVAILABLE
+    assert result.reason.startswith("rejected")
     assert breaker.state is BreakerState.CLOSED
 
 
@@ -316,4 +321,5 @@ def test_guarded_parser_from_settings() -> None:
     disabled = {"AVAP_PARSER_URL": "grpc://127.0.0.1:1", "AVAP_PARSER_TIMEOUT": "0"}
     assert not build_checker(ValidatorSettings.from_env(disabled)).enabled
     guarded = build_checker(ValidatorSettings.from_env({**disabled, "AVAP_PARSER_TIMEOUT": "1.5"}))
-    assert guarded.enabled and guarded.timeout == 1.5
+    assert guarded.enabled
+    assert guarded.timeout == 1.5

@@ -79,7 +79,8 @@ async def test_rc01_prefix_is_platform_and_never_calls_a_model() -> None:
     d = await c.decide(req("You are a direct and concise assistant. Summarise the docs."), [],
                        trusted=True)
     assert (d.type, d.layer) == (P, Layer.RULES)
-    assert llm.calls == [] and c.layer2.seen == []  # type: ignore[union-attr]
+    assert llm.calls == []
+    assert c.layer2.seen == []
 
 
 async def test_rc01_prefix_from_an_untrusted_agent_is_ordinary_text() -> None:
@@ -106,7 +107,8 @@ async def test_prd_scenario_2_mixed_session_platform_question() -> None:
     history = [HistoryEntry(R, "a"), HistoryEntry(R, "b"), HistoryEntry(C, "c"),
                HistoryEntry(R, "d")]
     d = await cascade().decide(req("cuántas llamadas llevo este mes?"), history)
-    assert d.type == P and d.model_slot == ModelSlot.CONVERSATIONAL
+    assert d.type == P
+    assert d.model_slot == ModelSlot.CONVERSATIONAL
 
 
 async def test_prd_scenario_3_explain_this_in_a_code_session() -> None:
@@ -120,7 +122,8 @@ async def test_prd_scenario_3_explain_this_in_a_code_session() -> None:
 
 async def test_prd_scenario_4_shorter_after_a_retrieval_answer() -> None:
     d = await cascade().decide(req("en menos palabras"), [HistoryEntry(R, "how do loops work")])
-    assert d.type == V and d.model_slot == ModelSlot.CONVERSATIONAL
+    assert d.type == V
+    assert d.model_slot == ModelSlot.CONVERSATIONAL
 
 
 async def test_follow_up_question_takes_the_type_of_what_it_points_at() -> None:
@@ -132,9 +135,12 @@ async def test_follow_up_question_takes_the_type_of_what_it_points_at() -> None:
 async def test_rc06_llm_sees_at_most_six_history_entries() -> None:
     history = [HistoryEntry(R, f"turn {i}") for i in range(9)]
     text = format_history(history)
-    assert text.count("\n") == 5 and "turn 3" in text and "turn 2" not in text
+    assert text.count("\n") == 5
+    assert "turn 3" in text
+    assert "turn 2" not in text
     prompt = render_classifier_prompt("hmm", history, "")[0]["content"]
-    assert "<history_rule>" in prompt and "<platform_priority_rule>" in prompt
+    assert "<history_rule>" in prompt
+    assert "<platform_priority_rule>" in prompt
 
 
 async def test_threshold_fall_through_to_llm_and_fallback() -> None:
@@ -160,15 +166,18 @@ async def test_threshold_is_configurable() -> None:
 async def test_multi_intent_is_detected_and_offers_both_types() -> None:
     d = await cascade().decide(
         req("What does addVar do in AVAP and also show my invoice for this month"), [])
-    assert d.clarity == Clarity.MULTI_INTENT and d.type == P  # RC-02 still decides the type
+    assert d.clarity == Clarity.MULTI_INTENT
+    assert d.type == P
     assert {a.type for a in d.alternatives} == {R, P}
     text = clarification_text(d)
-    assert "RETRIEVAL" in text and "PLATFORM" in text
+    assert "RETRIEVAL" in text
+    assert "PLATFORM" in text
 
 
 async def test_single_intent_with_and_is_not_multi_intent() -> None:
     d = await cascade().decide(req("write an endpoint that reads the id and returns it"), [])
-    assert d.clarity == Clarity.CLEAR and d.type == C
+    assert d.clarity == Clarity.CLEAR
+    assert d.type == C
 
 
 async def test_declared_type_skips_every_layer() -> None:
@@ -176,7 +185,8 @@ async def test_declared_type_skips_every_layer() -> None:
     c = cascade(llm)
     d = await c.decide(req("hmm", query_type="PLATFORM"), [], trusted=True)
     assert (d.type, d.layer) == (P, Layer.DECLARED)
-    assert c.layer2.seen == [] and llm.calls == []  # type: ignore[union-attr]
+    assert c.layer2.seen == []
+    assert llm.calls == []
     assert not d.declared_ignored
 
 
@@ -212,7 +222,8 @@ async def test_thanks_followed_by_a_question_is_not_social() -> None:
     layer2 = FakeLayer2(TABLE)
     d = await Cascade(layer2=layer2).decide(  # type: ignore[arg-type]
         req("thanks! and what does addVar return?"), [HistoryEntry(V, "hello")])
-    assert d.type == R and layer2.seen  # decided by Layer 2, not by the social rule
+    assert d.type == R
+    assert layer2.seen
 
 
 async def test_follow_up_with_injected_account_figures_is_platform() -> None:

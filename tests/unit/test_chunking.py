@@ -1,17 +1,17 @@
 """Markdown / text / BEIR chunking and document loading."""
 
+import itertools
 import json
 from pathlib import Path
 
-from services.retriever.ingest import (
-    Document,
+from services.retriever.indexing.chunking import (
     approx_tokens,
     chunk_beir,
     chunk_document,
     chunk_markdown,
     chunk_text,
-    load_documents,
 )
+from services.retriever.indexing.documents import Document, load_documents
 
 MD = """# Loops
 
@@ -60,7 +60,7 @@ def test_size_bound_and_overlap() -> None:
     chunks = chunk_markdown(text, "big.md", max_tokens=128, overlap_tokens=16)
     assert len(chunks) > 3
     assert all(approx_tokens(c.text) <= 128 for c in chunks)
-    for a, b in zip(chunks, chunks[1:], strict=False):
+    for a, b in itertools.pairwise(chunks):
         tail = a.text.split()[-12:]  # 16 tokens / 1.3 = 12 words of overlap
         assert b.text.split()[:12] == tail
     # Every word survives chunking.
@@ -73,7 +73,8 @@ def test_paragraph_packing_carries_overlap() -> None:
     chunks = chunk_text("\n\n".join(paras), "notes.txt", max_tokens=128, overlap_tokens=16)
     assert len(chunks) >= 3
     assert all(approx_tokens(c.text) <= 128 for c in chunks)
-    assert chunks[0].text.startswith("a0") and "b39" in chunks[0].text
+    assert chunks[0].text.startswith("a0")
+    assert "b39" in chunks[0].text
     # The second chunk starts with the last words of the first one.
     assert chunks[1].text.split()[:12] == chunks[0].text.split()[-12:]
 
@@ -93,10 +94,13 @@ def test_ids_stable_and_hashes_track_content() -> None:
 
 def test_plain_text_and_beir() -> None:
     chunks = chunk_text("First para.\n\nSecond para.", "a.txt", title="a")
-    assert len(chunks) == 1 and chunks[0].text == "First para.\n\nSecond para."
+    assert len(chunks) == 1
+    assert chunks[0].text == "First para.\n\nSecond para."
     doc = Document(doc_id="42", title="T", text=_words(300), source="c.jsonl#42", kind="beir")
     (c,) = chunk_beir(doc)  # whole, however long
-    assert c.doc_id == "42" and c.title == "T" and len(c.text.split()) == 300
+    assert c.doc_id == "42"
+    assert c.title == "T"
+    assert len(c.text.split()) == 300
     assert c.indexed_text.startswith("T\n")
     assert chunk_document(doc) == [c]
 

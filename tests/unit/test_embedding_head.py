@@ -9,26 +9,20 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 
-from services.classifier.embedding import (
-    EmbeddingHead,
-    HeadRegistry,
-    Layer2Classifier,
-    MicroBatcher,
-    Prediction,
-    clarity,
-    decides,
-    expected_calibration_error,
-    train_head,
-)
-from services.classifier.training import (
-    load_labelled,
-    stratified_split,
-    train_and_promote,
-)
+from services.classifier.clarity import clarity
+from services.classifier.layer2.batcher import MicroBatcher
+from services.classifier.layer2.classifier import Layer2Classifier
+from services.classifier.layer2.head import EmbeddingHead
+from services.classifier.layer2.predict import Prediction
+from services.classifier.offline.calibration import expected_calibration_error
+from services.classifier.offline.labelled import load_labelled, stratified_split
+from services.classifier.offline.promote import HeadWriter, train_and_promote
+from services.classifier.offline.train import train_head
 from shared.contracts.routing import Clarity
 
 DIM = 32
@@ -105,10 +99,12 @@ def test_probabilities_sum_to_one_and_confident_on_clear_cases(
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-6)
     assert head.labels[int(probs[0].argmax())] == "CODE_GENERATION"
     assert head.labels[int(probs[1].argmax())] == "CONVERSATIONAL"
-    assert probs[0].max() > 0.85 and probs[1].max() > 0.85
+    assert probs[0].max() > 0.85
+    assert probs[1].max() > 0.85
     # calibration metadata is recorded
     m = head.metrics
-    assert m["cv_accuracy"] > 0.9 and 0 < m["temperature"] < 50
+    assert m["cv_accuracy"] > 0.9
+    assert 0 < m["temperature"] < 50
     assert 0.0 <= m["ece_calibrated"] <= 0.2
     assert len(m["data_hash"]) == 64
 
@@ -121,7 +117,8 @@ def test_save_load_round_trip_identical(head: EmbeddingHead, enc: FakeEncoder,
     again = EmbeddingHead.load(tmp_path / "h")
     x = enc.encode(["docs meaning", "billing quota please", "random words"])
     np.testing.assert_array_equal(head.predict_proba(x), again.predict_proba(x))
-    assert again.labels == head.labels and again.temperature == head.temperature
+    assert again.labels == head.labels
+    assert again.temperature == head.temperature
     assert not again.has_own_encoder
 
 
@@ -139,11 +136,10 @@ def test_classifier_prediction_shape(head: EmbeddingHead, enc: FakeEncoder) -> N
     assert isinstance(p, Prediction)
     assert p.label == "CODE_GENERATION"
     assert p.confidence == max(p.probabilities.values())
-    assert [a for a, _ in p.alternatives] and p.label not in dict(p.alternatives)
+    assert [a for a, _ in p.alternatives]
+    assert p.label not in dict(p.alternatives)
     assert [c for _, c in p.alternatives] == sorted((c for _, c in p.alternatives), reverse=True)
     assert abs(sum(p.probabilities.values()) - 1) < 1e-6
-    assert decides(p) == (p.confidence > 0.85) == clf.decides(p)
-    assert not decides(p, threshold=1.0)
     batch = clf.classify_batch(["hello hi", "invoice usage", "docs explain"])
     assert [b.label for b in batch] == ["CONVERSATIONAL", "PLATFORM", "RETRIEVAL"]
     assert clf.classify_batch([]) == []
@@ -152,13 +148,16 @@ def test_classifier_prediction_shape(head: EmbeddingHead, enc: FakeEncoder) -> N
 def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path: Path) -> None:
     texts, labels = synthetic(seed=1)
     ev_texts, ev_labels = synthetic(n_per=15, seed=2)
-    reg = HeadRegistry(tmp_path / "heads", encoder=enc)
-    assert reg.current() is None and reg.current_version is None
+    reg = HeadWriter(tmp_path / "heads", encoder=enc)
+    assert reg.current() is None
+    assert reg.current_version is None
 
     # First head: a mediocre one (few lines) is promoted because there is none.
     weak = train_head(texts[::6], labels[::6], enc, seed=0, lexical=None)
     r1 = reg.propose(weak, ev_texts, ev_labels)
-    assert r1.promoted and r1.version == "v0001" and r1.current is None
+    assert r1.promoted
+    assert r1.version == "v0001"
+    assert r1.current is None
     assert reg.current_version == "v0001"
     assert (tmp_path / "heads" / "v0001" / "metrics.json").exists()
     assert "data_hash" in json.loads((tmp_path / "heads" / "v0001" / "metrics.json").read_text())
@@ -171,7 +170,8 @@ def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path:
     shuffled = list(np.random.default_rng(0).permutation(labels))
     bad = train_head(texts, shuffled, enc, seed=0, lexical=None)
     r2 = reg.propose(bad, ev_texts, ev_labels)
-    assert not r2.promoted and r2.current is not None
+    assert not r2.promoted
+    assert r2.current is not None
     assert r2.candidate["macro_f1"] < r2.current["macro_f1"]
     assert reg.current_version == "v0001"
     assert (tmp_path / "heads" / "rejected.jsonl").exists()
@@ -182,7 +182,8 @@ def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path:
     r3 = reg.propose(good, ev_texts, ev_labels)
     assert r3.promoted, r3.reason
     assert r3.candidate["accuracy"] >= r3.current["accuracy"]  # type: ignore[index]
-    assert r3.version == "v0002" and r3.previous_version == "v0001"
+    assert r3.version == "v0002"
+    assert r3.previous_version == "v0001"
     assert reg.versions() == ["v0001", "v0002"]
 
     # A running worker picks it up without a restart.
@@ -193,7 +194,7 @@ def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path:
 
 
 def test_pointer_is_written_atomically(enc: FakeEncoder, tmp_path: Path) -> None:
-    reg = HeadRegistry(tmp_path, encoder=enc)
+    reg = HeadWriter(tmp_path, encoder=enc)
     texts, labels = synthetic(n_per=10)
     v = reg.add(train_head(texts, labels, enc, lexical=None))
     reg.set_current(v)
@@ -218,16 +219,21 @@ def test_loaders_and_train_and_promote(enc: FakeEncoder, tmp_path: Path) -> None
         f'"{t}",{lab}\n' for t, lab in zip(texts[60:], labels[60:], strict=True)))
     rows = load_labelled([jl, hist, csv_path])
     assert len(rows) == len(texts)
-    assert rows[0] == (texts[0], labels[0]) and rows[-1] == (texts[-1], labels[-1])
-    tr, ev = stratified_split(rows, 0.2, seed=0)
-    assert len(ev) == 16 and {lab for _, lab in ev} == set(TOPICS)
+    assert rows[0] == (texts[0], labels[0])
+    assert rows[-1] == (texts[-1], labels[-1])
+    _, ev = stratified_split(rows, 0.2, seed=0)
+    assert len(ev) == 16
+    assert {lab for _, lab in ev} == set(TOPICS)
 
-    reg = HeadRegistry(tmp_path / "heads", encoder=enc)
+    reg = HeadWriter(tmp_path / "heads", encoder=enc)
     res = train_and_promote([jl, hist, csv_path], reg, enc, holdout=0.2, seed=0,
                             lexical=None)
-    assert res.promoted and reg.current_version == "v0001" and res.n_eval > 0
+    assert res.promoted
+    assert reg.current_version == "v0001"
+    assert res.n_eval > 0
     head = reg.current()
-    assert head is not None and head.meta["n_eval"] == res.n_eval
+    assert head is not None
+    assert head.meta["n_eval"] == res.n_eval
 
 
 async def test_micro_batcher_batches_concurrent_submissions(head: EmbeddingHead) -> None:
@@ -247,7 +253,8 @@ async def test_micro_batcher_batches_concurrent_submissions(head: EmbeddingHead)
     assert sum(enc.batches) == len(queries)
     assert batcher.batches < len(queries)
     # The encoder ran in one worker thread, never on the event loop's thread.
-    assert len(enc.threads) == 1 and threading.get_ident() not in enc.threads
+    assert len(enc.threads) == 1
+    assert threading.get_ident() not in enc.threads
     await batcher.close()
     with pytest.raises(RuntimeError):
         await batcher.submit("late")
@@ -255,7 +262,7 @@ async def test_micro_batcher_batches_concurrent_submissions(head: EmbeddingHead)
 
 async def test_micro_batcher_reload_runs_off_loop(enc: FakeEncoder, tmp_path: Path) -> None:
     texts, labels = synthetic(n_per=10)
-    reg = HeadRegistry(tmp_path, encoder=enc)
+    reg = HeadWriter(tmp_path, encoder=enc)
     reg.propose(train_head(texts[::3], labels[::3], enc, lexical=None), texts, labels)
     clf = Layer2Classifier.from_registry(tmp_path, encoder=enc)
     batcher = MicroBatcher(clf)
@@ -274,7 +281,8 @@ async def test_micro_batcher_close_drains(head: EmbeddingHead) -> None:
     await asyncio.sleep(0)  # submissions enqueued
     await batcher.close()
     done = [t.result() for t in tasks]
-    assert len(done) == 10 and all(d.label == "CONVERSATIONAL" for d in done)
+    assert len(done) == 10
+    assert all(d.label == "CONVERSATIONAL" for d in done)
 
 
 async def test_micro_batcher_propagates_errors(head: EmbeddingHead) -> None:
@@ -307,7 +315,8 @@ def test_lexical_block_reads_the_text_and_survives_save_and_load(
     with pytest.raises(ValueError, match="reads the text"):
         head.predict_proba(x)
     again = EmbeddingHead.load(head.save(tmp_path / "lex"))
-    assert again.lexical is not None and again.lexical.settings == lex
+    assert again.lexical is not None
+    assert again.lexical.settings == lex
     np.testing.assert_array_equal(again.predict_proba(x, asked), probs)
 
 
@@ -316,7 +325,7 @@ class ShallowEncoder(FakeEncoder):
     (others hash to nothing), so its head is sure of those and unsure of the rest."""
 
     model_name = "fake-bow-shallow"
-    KNOWN = set(TOPICS["CONVERSATIONAL"] + TOPICS["PLATFORM"])
+    KNOWN: ClassVar[set[str]] = set(TOPICS["CONVERSATIONAL"] + TOPICS["PLATFORM"])
 
     def _vec(self, text: str) -> np.ndarray:
         return super()._vec(" ".join(w for w in text.split() if w in self.KNOWN))
@@ -340,9 +349,12 @@ def test_early_exit_decides_the_sure_texts_and_defers_the_rest(
     texts = ["hello thanks bye", "write function code", "invoice usage quota", "x y"]
     preds = clf.classify_batch(texts)
     assert [p.early_exit for p in preds] == [True, False, True, False]
-    assert shallow_enc.batches == [4] and full_enc.batches == [2]  # only the unsure two
-    assert preds[0].label == "CONVERSATIONAL" and preds[2].label == "PLATFORM"
-    assert preds[1].label == "CODE_GENERATION" and preds[1].confidence > 0.85
+    assert shallow_enc.batches == [4]
+    assert full_enc.batches == [2]
+    assert preds[0].label == "CONVERSATIONAL"
+    assert preds[2].label == "PLATFORM"
+    assert preds[1].label == "CODE_GENERATION"
+    assert preds[1].confidence > 0.85
     # The unsure ones carry the full head's answer, not the shallow head's guess.
     alone = Layer2Classifier(head, FakeEncoder())
     assert [p.probabilities for p in alone.classify_batch([texts[1], texts[3]])] == [
@@ -358,7 +370,9 @@ def test_early_exit_head_survives_save_and_load(early_head: EmbeddingHead,
     saved = early_head.save(tmp_path / "h")
     assert (saved / "early" / "head.json").exists()
     again = EmbeddingHead.load(saved)
-    assert again.early is not None and again.early.layers == 3 and again.layers is None
+    assert again.early is not None
+    assert again.early.layers == 3
+    assert again.layers is None
     assert json.loads((saved / "early" / "head.json").read_text())["encoder_layers"] == 3
     x = ShallowEncoder().encode(["hello thanks", "billing invoice"])
     np.testing.assert_array_equal(again.early.predict_proba(x),

@@ -1,20 +1,26 @@
-"""Elasticsearch request bodies (pure functions, no cluster needed)."""
+"""Elasticsearch request bodies (pure functions, no cluster needed), and search and
+ingest against an in-memory stand-in for the cluster."""
+
+from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 
-from services.retriever.es_backend import (
+from services.retriever.es_backend import ElasticsearchRetrieval
+from services.retriever.es_bodies import (
     BM25_FIELD,
     VECTOR_FIELD,
-    _version_hint,
     build_bm25_query,
     build_knn_query,
     build_mapping,
-    build_rrf_retriever_query,
     chunk_source,
     knn_score_to_cosine,
+    version_hint,
 )
-from services.retriever.ingest import chunk_text
+from services.retriever.indexing.chunking import chunk_text
+from services.retriever.indexing.es_ingest import ingest_es
+from services.retriever.indexing.report import IngestReport
 
 
 def test_mapping() -> None:
@@ -25,13 +31,14 @@ def test_mapping() -> None:
         "type": "dense_vector", "dims": 384, "index": True, "similarity": "cosine",
         "index_options": {"type": "hnsw", "m": 16, "ef_construction": 100},
     }
-    assert props["text"]["copy_to"] == BM25_FIELD and props["title"]["copy_to"] == BM25_FIELD
+    assert props["text"]["copy_to"] == BM25_FIELD
+    assert props["title"]["copy_to"] == BM25_FIELD
     assert props[BM25_FIELD]["analyzer"] == "english"
     for keyword in ("chunk_id", "doc_id", "source", "content_hash"):
         assert props[keyword]["type"] == "keyword"
     assert m["settings"]["number_of_shards"] == 1
     assert m["settings"]["index"]["similarity"]["default"] == {"type": "BM25", "k1": 1.2, "b": 0.75}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="dims must be positive"):
         build_mapping(0)
 
 
@@ -50,32 +57,25 @@ def test_knn_query() -> None:
                            "num_candidates": 50}
     assert all(type(x) is float for x in body["knn"]["query_vector"])  # JSON-serialisable
     assert VECTOR_FIELD in body["_source"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_candidates must be >= k"):
         build_knn_query([0.1], 10, 5)
-
-
-def test_server_side_rrf_body() -> None:
-    body = build_rrf_retriever_query("q", [1.0, 0.0], k=8, depth=100, rank_constant=60)
-    rrf = body["retriever"]["rrf"]
-    assert body["size"] == 8 and rrf["rank_window_size"] == 100 and rrf["rank_constant"] == 60
-    standard, knn = rrf["retrievers"]
-    assert standard["standard"]["query"]["match"][BM25_FIELD]["query"] == "q"
-    assert knn["knn"]["k"] == 100 and knn["knn"]["num_candidates"] == 200
 
 
 def test_document_source_and_scores() -> None:
     (c,) = chunk_text("hello world", "a.txt", title="a")
     src = chunk_source(c, np.array([1.0, 0.0], dtype=np.float32))
-    assert src["chunk_id"] == c.chunk_id and src["content_hash"] == c.content_hash
+    assert src["chunk_id"] == c.chunk_id
+    assert src["content_hash"] == c.content_hash
     assert src[VECTOR_FIELD] == [1.0, 0.0]
-    assert knn_score_to_cosine(1.0) == 1.0 and knn_score_to_cosine(0.5) == 0.0
+    assert knn_score_to_cosine(1.0) == 1.0
+    assert knn_score_to_cosine(0.5) == 0.0
 
 
 def test_version_mismatch_hint() -> None:
     err = Exception("media_type_header_exception: Accept version must be either version 8 or 7")
-    assert "pin elasticsearch" in str(_version_hint(err))
+    assert "pin elasticsearch" in str(version_hint(err))
     other = ValueError("x")
-    assert _version_hint(other) is other
+    assert version_hint(other) is other
 
 
 # ---------------------------------------------------------------------------- backend
@@ -113,7 +113,7 @@ class _FakeES:
 
     async def search(self, index: str, body: dict) -> dict:
         self.searches.append(body)
-        hits = []
+        hits: list[dict] = []
         if "knn" in body:
             qv = np.asarray(body["knn"]["query_vector"])
             for i, d in self.docs.items():
@@ -149,7 +149,7 @@ class _UnitEncoder:
 
     model_name = "unit"
     dim = 3
-    AXES = {"loop": 0, "hash": 1, "sql": 2}
+    AXES: ClassVar[dict[str, int]] = {"loop": 0, "hash": 1, "sql": 2}
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         out = np.full((len(texts), 3), 0.01, dtype=np.float32)
@@ -161,10 +161,8 @@ class _UnitEncoder:
 
 
 @pytest.fixture
-def fake_backend(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def fake_es(monkeypatch: pytest.MonkeyPatch) -> _FakeES:
     from elasticsearch import helpers
-
-    from services.retriever.es_backend import ElasticsearchBackend
 
     es = _FakeES()
 
@@ -184,45 +182,58 @@ def fake_backend(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-de
 
     monkeypatch.setattr(helpers, "async_scan", fake_scan)
     monkeypatch.setattr(helpers, "async_bulk", fake_bulk)
-    return es, ElasticsearchBackend(es, _UnitEncoder(), index="t")
+    return es
 
 
-async def test_backend_ingest_is_incremental(fake_backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    es, backend = fake_backend
+def _retrieval(es: _FakeES, method: str) -> ElasticsearchRetrieval:
+    return ElasticsearchRetrieval(es, _UnitEncoder(), method=method, index="t")
+
+
+async def _ingest(es: _FakeES, path: Path) -> IngestReport:
+    return await ingest_es(es, path, _UnitEncoder(), index="t", progress=False)
+
+
+async def test_ingest_is_incremental(fake_es, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    es = fake_es
     (tmp_path / "loops.txt").write_text("a loop repeats")
     (tmp_path / "hash.txt").write_text("hash a password")
-    r1 = await backend.ingest(tmp_path, progress=False)
+    r1 = await _ingest(es, tmp_path)
     assert (r1.chunks, r1.added, r1.removed) == (2, 2, 0)
-    assert es.mapping["properties"][VECTOR_FIELD]["dims"] == 3 and es.refreshes == 1
-    r2 = await backend.ingest(tmp_path, progress=False)
+    assert es.mapping["properties"][VECTOR_FIELD]["dims"] == 3
+    assert es.refreshes == 1
+    r2 = await _ingest(es, tmp_path)
     assert (r2.added, r2.updated, r2.unchanged, r2.changed) == (0, 0, 2, False)
     assert es.refreshes == 1
     (tmp_path / "hash.txt").write_text("hash a password with sha256")
     (tmp_path / "loops.txt").unlink()
     (tmp_path / "db.txt").write_text("run sql")
-    r3 = await backend.ingest(tmp_path, progress=False)
+    r3 = await _ingest(es, tmp_path)
     assert (r3.added, r3.updated, r3.removed, r3.unchanged) == (1, 1, 1, 0)
     assert sorted(d["doc_id"] for d in es.docs.values()) == ["db.txt", "hash.txt"]
 
 
-async def test_backend_search_fuses_client_side(fake_backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    es, backend = fake_backend
+async def test_search_fuses_client_side(fake_es, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    es = fake_es
     for name, text in {"loops.txt": "a loop repeats", "hash.txt": "hash a password",
                        "db.txt": "run sql"}.items():
         (tmp_path / name).write_text(text)
-    await backend.ingest(tmp_path, progress=False)
+    await _ingest(es, tmp_path)
     es.searches.clear()
-    res = await backend.search("hash password", k=2, method="hybrid")
+    res = await _retrieval(es, "hybrid").search("hash password", k=2)
     assert [s.get("knn") is not None for s in es.searches] == [False, True]
     assert all(s["_source"] is False for s in es.searches)  # ids only; mget the top k
     assert res.passages[0].doc_id == "hash.txt"
     assert res.passages[0].score == pytest.approx(2 / 61)  # first in both rankings
     assert res.dense_top1 == pytest.approx(res.dense_scores[0], abs=1e-5)
     # title "hash" + text "hash a password": three query-word hits in the fake scorer
-    assert res.bm25_scores[0] == 3.0 and res.passage_vectors.shape == (2, 3)
-    bm25 = await backend.search("sql", k=3, method="bm25")
-    assert [p.doc_id for p in bm25.passages] == ["db.txt"] and bm25.query_vector is None
-    dense = await backend.search("loop", k=1, method="dense")
-    assert dense.passages[0].doc_id == "loops.txt" and dense.passages[0].score > 0.9
-    with pytest.raises(ValueError):
-        await backend.search("x", method="sparse")
+    assert res.bm25_scores[0] == 3.0
+    assert res.passage_vectors is not None
+    assert res.passage_vectors.shape == (2, 3)
+    bm25 = await _retrieval(es, "bm25").search("sql", k=3)
+    assert [p.doc_id for p in bm25.passages] == ["db.txt"]
+    assert bm25.query_vector is None
+    dense = await _retrieval(es, "dense").search("loop", k=1)
+    assert dense.passages[0].doc_id == "loops.txt"
+    assert dense.passages[0].score > 0.9
+    with pytest.raises(ValueError, match="method must be one of"):
+        _retrieval(es, "sparse")

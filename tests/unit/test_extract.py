@@ -101,7 +101,8 @@ def test_feedback_lists_errors_with_suggestions() -> None:
         TraceLine(9, 1, "UNCLOSED_BLOCK", "if() opened here is never closed"),
     ]
     text = render_parser_feedback(trace)
-    assert text.startswith("<parser_feedback>\n") and text.endswith("\n</parser_feedback>")
+    assert text.startswith("<parser_feedback>\n")
+    assert text.endswith("\n</parser_feedback>")
     assert (
         "Line 3: unknown command 'getSHA256' — expected known identifier — "
         "did you mean 'encodeSHA256'?"

@@ -15,7 +15,8 @@ def _parse(**overrides: object) -> AgentRequest | InputError:
 def test_valid_request_decodes_with_defaults() -> None:
     req = _parse()
     assert isinstance(req, AgentRequest)
-    assert req.query_type is None and req.extra_context == ""
+    assert req.query_type is None
+    assert req.extra_context == ""
 
 
 @pytest.mark.parametrize(
@@ -40,7 +41,8 @@ def test_each_bad_field_maps_to_its_code(overrides: dict[str, object], code: str
 def test_missing_field_is_reported_with_the_request_id() -> None:
     body = {k: v for k, v in OK.items() if k != "session_id"}
     err = parse_request(json.dumps(body).encode(), "a1")
-    assert isinstance(err, InputError) and err.code == "MISSING_FIELD"
+    assert isinstance(err, InputError)
+    assert err.code == "MISSING_FIELD"
     assert err.request_id == "r1"
     assert "session_id" in err.message
 
@@ -48,15 +50,18 @@ def test_missing_field_is_reported_with_the_request_id() -> None:
 def test_the_agent_is_the_credentials_not_the_bodys() -> None:
     body = {k: v for k, v in OK.items() if k != "agent_id"}
     req = parse_request(json.dumps(body).encode(), "a1")
-    assert isinstance(req, AgentRequest) and req.agent_id == "a1"
+    assert isinstance(req, AgentRequest)
+    assert req.agent_id == "a1"
     err = parse_request(json.dumps({**OK, "agent_id": "someone-else"}).encode(), "a1")
-    assert isinstance(err, InputError) and err.code == "AGENT_MISMATCH"
+    assert isinstance(err, InputError)
+    assert err.code == "AGENT_MISMATCH"
     assert err.request_id == "r1"
 
 
 def test_malformed_json_salvages_the_request_id() -> None:
     err = parse_request(b'{"request_id": "abc-1", "query": "unterminated', "a1")
-    assert isinstance(err, InputError) and err.code == "MALFORMED_JSON"
+    assert isinstance(err, InputError)
+    assert err.code == "MALFORMED_JSON"
     assert err.request_id == "abc-1"
     assert salvage_request_id(b"garbage") == ""
 

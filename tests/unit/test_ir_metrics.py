@@ -4,8 +4,15 @@ import math
 
 import pytest
 
-from bench.ir_metrics import evaluate_run, mrr_at_k, ndcg_at_k, recall_at_k, roc_auc
-from services.retriever.relevance import calibrate, is_relevant, roc_auc_good_vs_bad
+from services.retriever.offline.metrics import (
+    evaluate_run,
+    mrr_at_k,
+    ndcg_at_k,
+    recall_at_k,
+    roc_auc,
+)
+from services.retriever.offline.relevance_calibration import calibrate
+from services.retriever.relevance import is_relevant
 
 QRELS = {"d1": 2, "d2": 1, "d3": 1}
 RANKED = ["d4", "d1", "d5", "d2"]
@@ -57,20 +64,19 @@ def test_auc_and_calibration() -> None:
     threshold, auc = calibrate(signals, bad)
     assert auc == pytest.approx(1.0)
     assert 0.2 < threshold <= 0.3
-    assert not is_relevant(0.15, threshold) and is_relevant(0.85, threshold)
+    assert not is_relevant(0.15, threshold)
+    assert is_relevant(0.85, threshold)
     assert is_relevant(math.nan, threshold)  # no evidence: don't retry
-    import numpy as np
-
     # Ties count one half: one good and one bad query with the same signal.
-    assert roc_auc_good_vs_bad(np.array([0.5, 0.5]), np.array([True, False])) == 0.5
-    with pytest.raises(ValueError):
+    assert roc_auc([0.5, 0.5], [False, True]) == 0.5
+    with pytest.raises(ValueError, match="need both classes"):
         calibrate([0.1, 0.2], [True, True])
 
 
 def test_relevance_signals_from_a_search_result() -> None:
     import numpy as np
 
-    from services.retriever.index import SearchResult
+    from services.retriever.port import SearchResult
     from services.retriever.relevance import check_relevance, relevance_signal
     from shared.contracts.pipeline import Passage
 
@@ -91,11 +97,12 @@ def test_relevance_signals_from_a_search_result() -> None:
     # 2.741 * 1 + 2.564 * 1.5 + 2.954 * 2 - 9.693
     assert relevance_signal(res, "combined") == pytest.approx(2.802, abs=1e-3)
     ok, signal = check_relevance(res)
-    assert ok and signal == relevance_signal(res, "combined")
+    assert ok
+    assert signal == relevance_signal(res, "combined")
     bm25_only = SearchResult(passages=res.passages, method="bm25", bm25_top1=6.0)
     assert math.isnan(relevance_signal(bm25_only, "combined"))
     assert check_relevance(bm25_only)[0]  # no evidence: no retry
     dense_only = SearchResult(passages=res.passages, method="dense", dense_top1=0.3)
     assert check_relevance(dense_only) == (False, 0.3)  # falls back to top1_dense < 0.542
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown signal"):
         relevance_signal(res, "llm")

@@ -49,7 +49,8 @@ def test_prompt_snapshots(qt: QueryType) -> None:
 
 def test_platform_prompt_states_no_invented_account_data() -> None:
     system = render_prompt(envelope(QueryType.PLATFORM, extra_context="plan=pro"))[0].content
-    assert "plan=pro" in system and "Never invent" in system
+    assert "plan=pro" in system
+    assert "Never invent" in system
 
 
 def test_extractive_platform_answer_quotes_extra_context_only() -> None:
@@ -58,7 +59,8 @@ def test_extractive_platform_answer_quotes_extra_context_only() -> None:
     assert answer.startswith(LABEL)
     assert "usage_percentage=20" in answer
     empty = extractive_answer(envelope(QueryType.PLATFORM, query="How is my usage?"))
-    assert "no account data" in empty and "%" not in empty
+    assert "no account data" in empty
+    assert "%" not in empty
 
 
 def test_extractive_code_answer_returns_a_documented_example() -> None:
@@ -71,7 +73,8 @@ def test_extractive_conversational_shortens_previous_answer() -> None:
     answer = extractive_answer(envelope(QueryType.CONVERSATIONAL, query="en menos palabras"),
                                previous_answer=previous)
     body = answer.split("]\n", 1)[1]
-    assert len(body) < len(previous) and body.split(". ")[0] in previous
+    assert len(body) < len(previous)
+    assert body.split(". ")[0] in previous
     assert "no previous answer" in extractive_answer(
         envelope(QueryType.CONVERSATIONAL, query="again"))
 

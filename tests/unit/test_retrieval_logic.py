@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from services.retriever.index import SearchResult
 from services.retriever.logic import RelevancePolicy, retrieve
+from services.retriever.port import SearchResult
 from shared.contracts.pipeline import Passage
 from shared.contracts.routing import QueryType
 
@@ -41,16 +41,20 @@ async def test_relevant_context_is_used_without_retry() -> None:
     fake = FakeRetrieval(top1=9.0)
     got = await retrieve("what does addVar do", QueryType.RETRIEVAL, fake, k=8, policy=POLICY,
                          last_turns=no_turns)
-    assert not got.retried and fake.queries == ["what does addVar do"]
+    assert not got.retried
+    assert fake.queries == ["what does addVar do"]
 
 
 async def test_insufficient_context_retries_exactly_once_then_generates() -> None:
     fake = FakeRetrieval(top1=1.0)  # still insufficient after the retry
     got = await retrieve("what does the frobnicate option of addVar do", QueryType.RETRIEVAL,
                          fake, k=8, policy=POLICY, last_turns=no_turns)
-    assert got.retried and len(fake.queries) == 2
-    assert fake.queries[1] != fake.queries[0] and got.query == fake.queries[1]
-    assert got.passages and got.passages[0].doc_id == "d2"
+    assert got.retried
+    assert len(fake.queries) == 2
+    assert fake.queries[1] != fake.queries[0]
+    assert got.query == fake.queries[1]
+    assert got.passages
+    assert got.passages[0].doc_id == "d2"
 
 
 async def test_code_generation_and_off_policy_never_retry() -> None:
@@ -59,7 +63,9 @@ async def test_code_generation_and_off_policy_never_retry() -> None:
                          last_turns=no_turns)
     off = await retrieve("what is x", QueryType.RETRIEVAL, fake, k=8,
                          policy=RelevancePolicy(mode="off"), last_turns=no_turns)
-    assert not got.retried and not off.retried and len(fake.queries) == 2
+    assert not got.retried
+    assert not off.retried
+    assert len(fake.queries) == 2
 
 
 async def test_follow_up_is_rewritten_from_previous_user_turns() -> None:
@@ -70,7 +76,8 @@ async def test_follow_up_is_rewritten_from_previous_user_turns() -> None:
 
     got = await retrieve("and in a loop?", QueryType.RETRIEVAL, fake, k=8, policy=POLICY,
                          last_turns=turns)
-    assert "addVar" in fake.queries[0] and "loop" in fake.queries[0]
+    assert "addVar" in fake.queries[0]
+    assert "loop" in fake.queries[0]
     assert got.query == fake.queries[0]
 
 
@@ -86,8 +93,10 @@ async def test_llm_judge_no_triggers_the_retry_and_none_does_not() -> None:
     no = FakeRetrieval(top1=math.nan)
     got = await retrieve("what is y", QueryType.RETRIEVAL, no, k=8, policy=policy,
                          last_turns=no_turns, judge=Judge(False))
-    assert got.retried and len(no.queries) == 2
+    assert got.retried
+    assert len(no.queries) == 2
     unknown = FakeRetrieval(top1=math.nan)
     got = await retrieve("what is y", QueryType.RETRIEVAL, unknown, k=8, policy=policy,
                          last_turns=no_turns, judge=Judge(None))
-    assert not got.retried and len(unknown.queries) == 1
+    assert not got.retried
+    assert len(unknown.queries) == 1

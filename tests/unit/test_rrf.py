@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.retriever.index import rrf
+from services.retriever.rrf import rrf
 
 A = ["d1", "d2", "d3"]
 B = ["d3", "d1", "d4"]
@@ -49,5 +49,5 @@ def test_duplicates_in_one_ranking_count_once() -> None:
 def test_edge_cases() -> None:
     assert rrf([]) == []
     assert rrf([[], []]) == []
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="1 weights for 2 rankings"):
         rrf([A, B], weights=[1.0])

@@ -1,0 +1,1 @@
+"""Writing the index: documents, chunking, and ingest into the embedded index or Elasticsearch."""

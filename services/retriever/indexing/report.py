@@ -1,0 +1,22 @@
+"""What an ingest did, for either backend."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class IngestReport(msgspec.Struct):
+    docs: int
+    chunks: int
+    added: int  # chunk ids not in the previous version (embedded)
+    updated: int  # same chunk id, new content (embedded)
+    unchanged: int  # vector reused
+    removed: int  # chunk ids gone (their documents disappeared or shrank)
+    seconds: float
+    chunks_per_s: float  # all chunks processed / wall time
+    docs_per_s: float
+    embedded: int = 0
+    embed_seconds: float = 0.0
+    embed_chunks_per_s: float = 0.0
+    version: int = 0  # embedded index only
+    changed: bool = True  # False: nothing differed, no new version was written

@@ -1,0 +1,56 @@
+"""The retrieval port: what the worker needs from a search backend, and what a search
+returns. The embedded index (`embedded.EmbeddedRetrieval`) and Elasticsearch
+(`es_backend.ElasticsearchRetrieval`) implement it, each configured with one method."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.contracts.pipeline import Passage
+
+METHODS = ("bm25", "dense", "hybrid")
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method
+
+
+@dataclass
+class SearchResult:
+    """Passages plus the signals the relevance check needs without re-embedding.
+
+    `dense_scores[i]` / `bm25_scores[i]` belong to `passages[i]`; `dense_top1` is the
+    cosine of the best dense hit over the whole index (NaN when no query vector was
+    computed, e.g. method="bm25"). `version` is the embedded index version searched.
+    """
+
+    passages: list[Passage]
+    method: str
+    chunk_ids: list[str] = field(default_factory=list)
+    query_vector: npt.NDArray[np.float32] | None = None
+    dense_top1: float = math.nan
+    dense_scores: list[float] = field(default_factory=list)
+    bm25_top1: float = 0.0
+    bm25_scores: list[float] = field(default_factory=list)
+    passage_vectors: npt.NDArray[np.float32] | None = None
+    version: int = 0
+
+
+@runtime_checkable
+class Retrieval(Protocol):
+    async def search(self, query: str, k: int) -> SearchResult:
+        """The `k` best passages for `query` by the backend's configured method."""
+        ...
+
+    async def maybe_reload(self) -> bool:
+        """Follow a newer ingest if there is one; True if the index changed."""
+        ...
+
+    async def close(self) -> None: ...
