@@ -120,7 +120,7 @@ def run(total: int = 2000, concurrency: int = 64) -> dict[str, Any]:
         result[f"embedding_{key}_ms_p50"] = other["embedding_ms_p50"]
         result[f"embedding_{key}_ms_p99"] = other["embedding_ms_p99"]
     with tempfile.TemporaryDirectory(prefix="ir-bench-cls-") as tmp, embedded_stack(
-        Path(tmp)
+        Path(tmp), auth=False
     ) as (nats_url, db_url):
         migrate(db_url)
         result["worker_decisions_per_s"] = asyncio.run(

@@ -30,6 +30,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]
         tmp_path_factory.mktemp("stack"),
         nats_url=os.environ.get("INTENTROUTE_TEST_NATS_URL", ""),
         database_url=os.environ.get("INTENTROUTE_TEST_DATABASE_URL", ""),
+        auth=False,
     ) as (nats_url, database_url):
         migrate(database_url)
         yield nats_url, database_url

@@ -73,3 +73,16 @@ request_log = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
     sa.Index("ix_request_log_agent_time", "agent_id", "created_at"),
 )
+
+# Callers of the bus. The secret is stored only as its bcrypt hash (which is also the
+# NATS password hash); a revoked agent keeps its row so its id is never reissued.
+agents = sa.Table(
+    "agents",
+    metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("secret_hash", sa.Text, nullable=False),
+    sa.Column("trusted", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+    sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+    sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+)
