@@ -49,8 +49,9 @@ STREAM_SUBJECTS: dict[str, tuple[str, ...]] = {
 
 # Until the contracts put the agent in the subject, the pipeline still speaks today's
 # subjects (`agent.request`, `agent.response.<request_id>`): these grants keep it
-# working with auth on. They let any agent read any answer by its request id, the
-# hole the new subjects close; remove them with the switch.
+# working with auth on. They let any agent read every answer (`agent.response.*`
+# also admits a subscription to the literal `agent.response.>`), the hole the new
+# subjects close; remove them with the switch. Read at call time (tests turn it off).
 LEGACY_SUBJECTS = True
 _LEGACY_RESPONSE = f"{response.SUBJECT_PREFIX}.*"
 
@@ -139,7 +140,11 @@ def consumer_grants(stream: str, durable: str, filter_subject: str) -> tuple[str
     )
 
 
-def service_permissions(worker: str, *, legacy: bool = LEGACY_SUBJECTS) -> Permissions:
+def _legacy(value: bool | None) -> bool:
+    return LEGACY_SUBJECTS if value is None else value
+
+
+def service_permissions(worker: str, *, legacy: bool | None = None) -> Permissions:
     grant = WORKER_GRANTS[worker]
     publish = [
         *consumer_grants(grant.stream, grant.durable, grant.filter_subject),
@@ -152,7 +157,7 @@ def service_permissions(worker: str, *, legacy: bool = LEGACY_SUBJECTS) -> Permi
     if grant.reads_responses:  # the last stored chunk of an answer being resumed
         publish += [f"$JS.API.STREAM.MSG.GET.{response.STREAM}",
                     f"$JS.API.DIRECT.GET.{response.STREAM}.>"]
-    if legacy:
+    if _legacy(legacy):
         publish.append(_LEGACY_RESPONSE)
         if worker == "gateway":
             publish += [
@@ -163,7 +168,7 @@ def service_permissions(worker: str, *, legacy: bool = LEGACY_SUBJECTS) -> Permi
     return Permissions(publish=_unique(publish), subscribe=subscribe)
 
 
-def agent_permissions(agent_id: str, *, legacy: bool = LEGACY_SUBJECTS) -> Permissions:
+def agent_permissions(agent_id: str, *, legacy: bool | None = None) -> Permissions:
     """Its own requests and feedback, its own responses (live, or replayed through an
     ephemeral consumer whose filter the server checks against the API subject), its
     own inbox. No stream listing, no other JetStream API."""
@@ -174,7 +179,7 @@ def agent_permissions(agent_id: str, *, legacy: bool = LEGACY_SUBJECTS) -> Permi
         f"$JS.API.CONSUMER.CREATE.{response.STREAM}.*.{own_responses}",
     ]
     subscribe = [own_responses, f"{inbox_prefix(agent_id)}.>"]
-    if legacy:
+    if _legacy(legacy):
         publish.append(request.SUBJECT)
         subscribe.append(_LEGACY_RESPONSE)
     return Permissions(publish=tuple(publish), subscribe=tuple(subscribe), allow_responses=True)

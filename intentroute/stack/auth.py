@@ -121,6 +121,8 @@ def write_auth(files: AuthFiles, agents: Iterable[tuple[str, str]]) -> bool:
 def reload_server(pid: int) -> None:
     """Ask nats-server to re-read its config (SIGHUP). Refuses to signal a pid that is
     not a nats-server: a stale pid could name any process, and SIGHUP ends most."""
+    if pid <= 0:  # kill(0) would signal our whole process group
+        raise ProcessLookupError("no nats-server pid to signal")
     cmdline = Path(f"/proc/{pid}/cmdline")
     if cmdline.exists() and b"nats-server" not in cmdline.read_bytes():
         raise ProcessLookupError(f"pid {pid} is not a nats-server")

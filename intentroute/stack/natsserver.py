@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from intentroute.stack.auth import (
@@ -80,7 +81,17 @@ class NatsServer:
             stdout=log, stderr=subprocess.STDOUT,
         )
         wait_tcp("127.0.0.1", self.port, timeout, self.proc)
+        self._wait_pid_file(timeout)
         return self
+
+    def _wait_pid_file(self, timeout: float) -> None:
+        """Reloads find the server by its pid file: it must exist once we return."""
+        pid_file = self.data_dir / PID_FILE
+        deadline = time.monotonic() + timeout
+        while not (pid_file.exists() and pid_file.read_text().strip() == str(self.pid)):
+            if time.monotonic() > deadline:
+                raise StackError(f"nats-server wrote no pid file at {pid_file}")
+            time.sleep(0.02)
 
     def stop(self) -> None:
         stop_process(self.proc, signal.SIGTERM, 10)
