@@ -58,19 +58,19 @@ class Recorded:
 
 
 async def connect_recording(url: str, **kwargs: Any) -> Recorded:
-    rec: Recorded
+    errors: list[str] = []
+    changed, disconnected = asyncio.Event(), asyncio.Event()
 
     async def on_error(exc: Exception) -> None:
-        rec.errors.append(str(exc))
-        rec.changed.set()
+        errors.append(str(exc))
+        changed.set()
 
     async def on_disconnect() -> None:
-        rec.disconnected.set()
+        disconnected.set()
 
     kwargs.setdefault("allow_reconnect", False)
     nc = await nats.connect(url, error_cb=on_error, disconnected_cb=on_disconnect, **kwargs)
-    rec = Recorded(nc)
-    return rec
+    return Recorded(nc, errors, disconnected, changed)
 
 
 async def assert_publish_refused(conn: Recorded, subject: str, payload: bytes = b"{}") -> None:
