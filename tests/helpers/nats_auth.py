@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +27,6 @@ from shared.natsauth import STREAM_SUBJECTS
 from shared.natsconn import Credential
 from shared.store import migrate
 from shared.store.agents import AgentStore
-
 
 REFUSAL_WAIT = 3.0
 
@@ -148,17 +147,19 @@ async def auth_stack(state_dir: Path, agents: tuple[str, ...]) -> AsyncIterator[
         await sync_agents(state_dir, database_url)
         await declare_agent_scoped_streams(nats_url, admin_kwargs(state_dir))
         for cred in creds.values():  # wait for the reload to admit them
-            await (await connect_eventually(nats_url, **cred.nats)).nc.close()
+            await (await connect_eventually(nats_url, cred.nats)).nc.close()
         yield AuthStack(state_dir, nats_url, database_url, creds)
 
 
-async def connect_eventually(url: str, timeout: float = 5.0, **kwargs: Any) -> Recorded:
+async def connect_eventually(
+    url: str, kwargs: Mapping[str, Any], *, timeout: float = 5.0
+) -> Recorded:
     """Connect once the server has applied a reload (SIGHUP returns before it has)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         try:
-            return await connect_recording(url, **kwargs)
+            return await connect_recording(url, **dict(kwargs))
         except nats.errors.Error:
             if loop.time() > deadline:
                 raise

@@ -137,7 +137,7 @@ async def test_an_agent_revoked_by_sql_is_refused_within_10s(stack: AuthStack) -
     sync = AuthSync(stack.state_dir, stack.database_url, pid=stack.nats_pid).start()
     try:
         cred = await store.add("gina")
-        conn = await connect_eventually(stack.nats_url, **cred.nats)  # the sync adds her
+        conn = await connect_eventually(stack.nats_url, cred.nats)  # the sync adds her
         db = await asyncpg.connect(asyncpg_dsn(stack.database_url))
         started = time.monotonic()
         await db.execute("UPDATE agents SET revoked_at = now() WHERE agent_id = 'gina'")

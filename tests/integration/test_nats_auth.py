@@ -11,18 +11,18 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import BadRequestError
 
 from intentroute.stack import nats_server_binary
 from intentroute.stack.auth import auth_files
+from shared import natsauth
 from shared.consumer import Delivery, StageConsumer, StageSpec, ensure_consumer
 from shared.contracts import pipeline
 from shared.contracts.response import STREAM as RESPONSES
-from shared import natsauth
 from shared.natsauth import STREAM_SUBJECTS
 from tests.helpers.nats_auth import (
     AuthStack,
@@ -61,7 +61,7 @@ async def alice(stack: AuthStack) -> AsyncIterator[Recorded]:
     await conn.nc.close()
 
 
-async def test_rendered_config_passes_the_servers_own_check(stack: AuthStack) -> None:
+def test_rendered_config_passes_the_servers_own_check(stack: AuthStack) -> None:
     files = auth_files(stack.state_dir)
     res = subprocess.run([nats_server_binary(), "-t", "-c", str(files.config)],
                          capture_output=True, text=True)
@@ -136,7 +136,7 @@ async def test_an_agent_cannot_create_a_consumer_on_another_agents_answers(
     assert await alice.wait_refusal(
         'publish to "$js.api.consumer.create.agent_responses.peek-', since)
     # Its own filter in the subject and bob's in the body: the server compares them.
-    body = {"stream_name": RESPONSES, "config": {
+    body: dict[str, Any] = {"stream_name": RESPONSES, "config": {
         "name": "peek2", "filter_subject": "agent.response.bob.>", "ack_policy": "none",
         "deliver_subject": alice.nc.new_inbox()}}
     reply = await alice.nc.request(
@@ -264,7 +264,7 @@ async def test_a_generator_reads_the_last_stored_chunk(stack: AuthStack) -> None
     await conn.nc.close()
 
 
-async def test_state_files_hold_no_plain_secret_of_an_agent(stack: AuthStack) -> None:
+def test_state_files_hold_no_plain_secret_of_an_agent(stack: AuthStack) -> None:
     secret = stack.agents["alice"].nats["password"]
     for path in Path(stack.state_dir).rglob("*"):
         if path.is_file() and path.suffix in (".conf", ".json", ".log"):
