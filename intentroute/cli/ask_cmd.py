@@ -40,7 +40,21 @@ def ask(
     async def run() -> int:
         import nats
 
-        nc = await nats.connect(nats_url, **kwargs)
+        connecting = True
+
+        async def on_error(exc: Exception) -> None:
+            # nats-py awaits this inside connect(): raising ends its retries (two minutes
+            # by default) at once when the server refuses the credential.
+            if connecting and "authorization" in str(exc).lower():
+                raise exc
+            typer.secho(f"nats: {exc!r}", dim=True, err=True)
+
+        try:
+            nc = await nats.connect(nats_url, error_cb=on_error, **kwargs)
+        except nats.errors.Error as exc:
+            typer.echo(f"NATS at {nats_url} refused the connection: {exc}", err=True)
+            return 2
+        connecting = False
         try:
             return await ask_and_print(
                 nc, agent=agent or creds_agent or "cli", session=session, query=query,
