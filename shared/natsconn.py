@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,18 @@ def user_credential(user: str, secret: str, *, token: str = "") -> Credential:
 
 
 def write_credential(path: Path, cred: Credential) -> None:
-    """Write a credential readable by its owner only (the file is created 0600, never
-    widened; its directory 0700 when this creates it)."""
+    """Write a credential readable by its owner only (created 0600 by mkstemp, then
+    renamed into place; its directory 0700 when this creates it)."""
     if not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(msgspec.json.format(msgspec.json.encode(cred)) + b"\n")
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(msgspec.json.format(msgspec.json.encode(cred)) + b"\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def read_credential(path: Path) -> Credential:

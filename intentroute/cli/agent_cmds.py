@@ -48,6 +48,8 @@ def _reload_running_stack(db_url: str) -> None:
     cli = settings()
     state = read_state(cli.state_dir)
     if state is None or not state.nats_pid or state.database_url != db_url:
+        typer.echo("no running embedded stack on this database: NATS learns of the change "
+                   "when `intentroute up` starts", err=True)
         return
     asyncio.run(sync_agents(cli.state_dir, db_url, pid=state.nats_pid))
 

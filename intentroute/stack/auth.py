@@ -4,11 +4,12 @@
 `admin.json`, `intentroute-<worker>.json`, and the demo agent's `demo.json`.
 <state>/nats/users.json (0600) keeps the bcrypt hashes of the admin and service
 passwords, so re-rendering the auth part never re-hashes them (a changed hash is a
-changed user to nats-server, which would drop the workers' connections).
+changed user to nats-server: on reload it re-checks that user's live connections).
 
 Agents live in Postgres (`shared.store.agents`); `sync_agents` renders the auth part
 from the active ones and reloads the server when it changed. nats-server closes the
-connections of a user a reload removed, and refuses its reconnects.
+connections of a user a reload removed (measured: 5 ms after the signal) and refuses
+its reconnects; other users' connections are kept.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import os
 import secrets
 import signal
+import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -68,15 +70,19 @@ def auth_files(state_dir: Path) -> AuthFiles:
 
 
 def write_private(path: Path, text: str) -> bool:
-    """Write `text` readable by the owner only, atomically; False when it was already so."""
+    """Write `text` readable by the owner only, atomically; False when it was already so.
+    A temporary file of its own (mkstemp: 0600) lets two writers race safely."""
     if path.exists() and path.read_text(encoding="utf-8") == text:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return True
 
 
