@@ -6,6 +6,7 @@ subject scheme (agent.request.<agent>, agent.response.<agent>.<request>)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import uuid
@@ -269,3 +270,32 @@ def test_state_files_hold_no_plain_secret_of_an_agent(stack: AuthStack) -> None:
     for path in Path(stack.state_dir).rglob("*"):
         if path.is_file() and path.suffix in (".conf", ".json", ".log"):
             assert secret not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.parametrize("target", [pipeline.CLASSIFY_SUBJECT, "agent.request.bob",
+                                    "agent.response.bob.r1"])
+async def test_an_agents_push_consumer_cannot_feed_the_pipeline(
+    stack: AuthStack, alice: Recorded, target: str
+) -> None:
+    """The deliver subject of a consumer is in the request body, out of reach of subject
+    permissions: the server refuses a cycle into the same stream, and delivers nothing
+    where no core subscriber listens (stages read through pull consumers)."""
+    worker = await connect_recording(stack.nats_url, **stack.service("classifier"))
+    await worker.nc.jetstream().publish("agent.response.alice.seed", b"seed")
+    await worker.nc.close()
+    admin = await nats.connect(stack.nats_url, **stack.admin())
+    js = admin.jetstream()
+    before = {name: (await js.stream_info(name)).state.messages for name in STREAM_SUBJECTS}
+    name = f"inject-{uuid.uuid4().hex[:8]}"
+    with contextlib.suppress(nats.js.errors.BadRequestError):  # the cycle case
+        await alice.nc.jetstream().add_consumer(RESPONSES, config=ConsumerConfig(
+            name=name, filter_subject="agent.response.alice.>", deliver_subject=target,
+            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL))
+    await asyncio.sleep(1.0)
+    after = {name: (await js.stream_info(name)).state.messages for name in STREAM_SUBJECTS}
+    assert after[pipeline.STREAM] == before[pipeline.STREAM]
+    assert after["AGENT_REQUESTS"] == before["AGENT_REQUESTS"]
+    assert after[RESPONSES] == before[RESPONSES]
+    with contextlib.suppress(nats.js.errors.NotFoundError):
+        await js.delete_consumer(RESPONSES, name)
+    await admin.drain()
