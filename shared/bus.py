@@ -70,7 +70,7 @@ async def ensure_streams(js: JetStreamContext, response_ttl: float) -> None:
             await js.update_stream(config=cfg)
 
 
-class StreamsMissing(RuntimeError):
+class StreamsMissingError(RuntimeError):
     """A worker with a credential found a stream missing: it may not declare one."""
 
 
@@ -80,22 +80,26 @@ async def require_streams(js: JetStreamContext, response_ttl: float) -> None:
         try:
             await js.stream_info(cfg.name or "")
         except NotFoundError:
-            raise StreamsMissing(
+            raise StreamsMissingError(
                 f"stream {cfg.name} does not exist; an admin declares the streams "
                 "(`intentroute up` does) before the workers start"
             ) from None
 
 
-async def connect_and_declare(broker: NatsBroker, settings: CommonSettings) -> None:
-    """Connect the broker and make sure the streams exist before its subscribers start:
-    on an open server (no credential) the worker declares them, as it always has; a
-    worker with a credential only checks, since streams are the admin's."""
-    await broker.connect()
-    js = broker.config.connection_state.stream
+async def prepare_streams(js: JetStreamContext, settings: CommonSettings) -> None:
+    """Make sure the streams exist before a worker's consumers start: on an open server
+    (no credential) the worker declares them, as it always has; a worker with a
+    credential only checks, since streams are the admin's (`intentroute up`)."""
     if settings.nats_authenticated:
         await require_streams(js, settings.response_ttl)
     else:
         await ensure_streams(js, settings.response_ttl)
+
+
+async def connect_and_declare(broker: NatsBroker, settings: CommonSettings) -> None:
+    """Connect the broker and prepare the streams before its subscribers start."""
+    await broker.connect()
+    await prepare_streams(broker.config.connection_state.stream, settings)
 
 
 def broker_security(kwargs: dict[str, Any]) -> NatsSecurity | None:

@@ -30,15 +30,15 @@ class AgentError(Exception):
     """An agent operation that cannot be done; the message says why."""
 
 
-class InvalidAgentId(AgentError):
+class InvalidAgentIdError(AgentError):
     pass
 
 
-class AgentExists(AgentError):
+class AgentExistsError(AgentError):
     pass
 
 
-class UnknownAgent(AgentError):
+class UnknownAgentError(AgentError):
     pass
 
 
@@ -110,7 +110,7 @@ class AgentStore:
         """Create an agent; its credential (with the secret) is returned only here."""
         problem = agent_id_problem(agent_id)
         if problem:
-            raise InvalidAgentId(problem)
+            raise InvalidAgentIdError(problem)
         secret = secrets.token_urlsafe(32)
         secret_hash = await asyncio.to_thread(hash_secret, secret)
         status = await self._pool.execute(
@@ -119,7 +119,7 @@ class AgentStore:
             agent_id, secret_hash, trusted,
         )
         if status.endswith(" 0"):
-            raise AgentExists(f"agent {agent_id!r} exists (revoked agents keep their id)")
+            raise AgentExistsError(f"agent {agent_id!r} exists (revoked agents keep their id)")
         return new_credential(agent_id, secret)
 
     async def rotate(self, agent_id: str) -> Credential:
@@ -133,7 +133,7 @@ class AgentStore:
             agent_id, secret_hash,
         )
         if status.endswith(" 0"):
-            raise UnknownAgent(f"no active agent {agent_id!r}")
+            raise UnknownAgentError(f"no active agent {agent_id!r}")
         return new_credential(agent_id, secret)
 
     async def get(self, agent_id: str) -> AgentRecord | None:
@@ -150,7 +150,7 @@ class AgentStore:
             agent_id,
         )
         if row is None:
-            raise UnknownAgent(f"no agent {agent_id!r}")
+            raise UnknownAgentError(f"no agent {agent_id!r}")
         return _record(row)
 
     async def set_trusted(self, agent_id: str, trusted: bool) -> AgentRecord:
@@ -160,7 +160,7 @@ class AgentStore:
             agent_id, trusted,
         )
         if row is None:
-            raise UnknownAgent(f"no agent {agent_id!r}")
+            raise UnknownAgentError(f"no agent {agent_id!r}")
         return _record(row)
 
     async def active_hashes(self) -> builtins.list[tuple[str, str]]:

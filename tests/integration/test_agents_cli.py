@@ -20,7 +20,7 @@ from intentroute.stack import StackInfo, write_state
 from intentroute.stack.auth import AuthSync, auth_files
 from shared.natsconn import read_credential
 from shared.store import asyncpg_dsn
-from shared.store.agents import AgentExists, AgentStore, InvalidAgentId, UnknownAgent
+from shared.store.agents import AgentExistsError, AgentStore, InvalidAgentIdError, UnknownAgentError
 from tests.helpers.nats_auth import AuthStack, auth_stack, connect_eventually, connect_recording
 
 pytestmark = pytest.mark.integration
@@ -79,7 +79,8 @@ async def test_agent_add_prints_the_credential_once(stack: AuthStack) -> None:
     await conn.nc.close()
     listed = json.loads((await run_cli(stack, "agent", "list", "--json")).stdout)
     dave = next(a for a in listed if a["agent_id"] == "dave")
-    assert dave["trusted"] is True and dave["revoked_at"] is None
+    assert dave["trusted"] is True
+    assert dave["revoked_at"] is None
     table = (await run_cli(stack, "agent", "list")).stdout.splitlines()
     assert table[0].split() == ["AGENT", "TRUSTED", "CREATED", "REVOKED"]
     assert any(line.split()[:2] == ["dave", "yes"] for line in table[1:])
@@ -94,13 +95,15 @@ async def test_agent_add_refuses_reserved_and_malformed_names(
     stack: AuthStack, name: str, message: str
 ) -> None:
     res = await run_cli(stack, "agent", "add", name)
-    assert res.returncode == 1 and message in res.stderr, res.stderr
+    assert res.returncode == 1, res.stderr
+    assert message in res.stderr
 
 
 async def test_agent_add_refuses_an_existing_agent(stack: AuthStack) -> None:
     assert (await run_cli(stack, "agent", "add", "erin")).returncode == 0
     res = await run_cli(stack, "agent", "add", "erin")
-    assert res.returncode == 1 and "exists" in res.stderr
+    assert res.returncode == 1
+    assert "exists" in res.stderr
 
 
 async def test_a_revoked_agent_is_disconnected_and_refused_within_10s(stack: AuthStack) -> None:
@@ -128,7 +131,8 @@ async def test_a_revoked_agent_is_disconnected_and_refused_within_10s(stack: Aut
 
 async def test_unknown_agent_revoke_fails(stack: AuthStack) -> None:
     res = await run_cli(stack, "agent", "revoke", "nobody")
-    assert res.returncode == 1 and "no agent" in res.stderr
+    assert res.returncode == 1
+    assert "no agent" in res.stderr
 
 
 async def test_an_agent_revoked_by_sql_is_refused_within_10s(stack: AuthStack) -> None:
@@ -158,7 +162,8 @@ async def test_adding_an_agent_keeps_the_other_connections(stack: AuthStack) -> 
     worker = await connect_recording(stack.nats_url, **stack.service("classifier"))
     assert (await run_cli(stack, "agent", "add", "hank")).returncode == 0
     await asyncio.sleep(0.5)
-    assert worker.nc.is_connected and not worker.disconnected.is_set()
+    assert worker.nc.is_connected
+    assert not worker.disconnected.is_set()
     await worker.nc.close()
 
 
@@ -167,7 +172,9 @@ async def test_the_store_checks_bearer_tokens(stack: AuthStack) -> None:
     try:
         cred = await store.add("ivan")
         record = await store.verify_token(cred.token)
-        assert record is not None and record.agent_id == "ivan" and not record.trusted
+        assert record is not None
+        assert record.agent_id == "ivan"
+        assert not record.trusted
         agent_id, _, secret = cred.token.partition(".")
         for wrong in (f"{agent_id}.x{secret}", f"nobody.{secret}", secret, "", "ivan.",
                       f"ivan.{'a' * 100}", f"admin.{secret}"):
@@ -183,13 +190,13 @@ async def test_the_store_checks_bearer_tokens(stack: AuthStack) -> None:
         assert (await store.revoke("ivan")).revoked_at == first.revoked_at
         assert ("ivan", ) not in [(a,) for a, _ in await store.active_hashes()]
         assert (await store.get("ivan")) is not None  # the row stays
-        with pytest.raises(AgentExists):
+        with pytest.raises(AgentExistsError):
             await store.add("ivan")
-        with pytest.raises(InvalidAgentId):
+        with pytest.raises(InvalidAgentIdError):
             await store.add("intentroute")
-        with pytest.raises(UnknownAgent):
+        with pytest.raises(UnknownAgentError):
             await store.revoke("nobody")
-        with pytest.raises(UnknownAgent):
+        with pytest.raises(UnknownAgentError):
             await store.rotate("ivan")
     finally:
         await store.close()

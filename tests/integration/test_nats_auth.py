@@ -21,7 +21,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from intentroute.stack import nats_server_binary
 from intentroute.stack.auth import auth_files
 from shared import natsauth
-from shared.consumer import Delivery, StageConsumer, StageSpec, ensure_consumer
+from shared.consumer import StageConsumer, StageSpec, ensure_consumer
 from shared.contracts import pipeline
 from shared.contracts.response import STREAM as RESPONSES
 from shared.natsauth import STREAM_SUBJECTS
@@ -233,7 +233,7 @@ async def test_a_service_user_runs_its_durable_stage_consumer(stack: AuthStack) 
     received: asyncio.Queue[bytes] = asyncio.Queue()
     js = conn.nc.jetstream()
 
-    async def handle(msg: Delivery) -> None:
+    async def handle(msg: Any) -> None:  # StageConsumer hands a JetStream delivery
         await js.publish(pipeline.generate_subject("main"), msg.data)
         await received.put(msg.data)
 

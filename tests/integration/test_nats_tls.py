@@ -11,7 +11,7 @@ import ssl
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import nats
 import pytest
@@ -23,7 +23,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from intentroute.stack import NatsServer, ServerTls
 from intentroute.stack.auth import admin_kwargs, auth_files, reload_server, write_auth
 from shared import natsauth
-from shared.consumer import Delivery, StageConsumer, StageSpec, ensure_consumer
+from shared.consumer import StageConsumer, StageSpec, ensure_consumer
 from shared.contracts import request
 from shared.natsconn import credential_kwargs, tls_context
 from shared.settings import CommonSettings
@@ -150,7 +150,7 @@ async def test_a_request_and_its_answer_go_through_tls(
     spec = StageSpec(stream=request.STREAM, subject=natsauth.AGENT_REQUEST_ANY,
                      durable="gateway", max_inflight=2, ack_wait=5, max_deliver=2)
 
-    async def answer(msg: Delivery) -> None:
+    async def answer(msg: Any) -> None:  # StageConsumer hands a JetStream delivery
         rid = json.loads(msg.data)["request_id"]
         agent_id = msg.msg.subject.rsplit(".", 1)[1]
         await gateway.publish(f"agent.response.{agent_id}.{rid}", b"answered over TLS")

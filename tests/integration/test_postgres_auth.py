@@ -46,7 +46,8 @@ async def test_the_password_opens_the_database(pg: PostgresServer) -> None:
             "SELECT rolpassword FROM pg_authid WHERE rolname = 'postgres'")
     finally:
         await conn.close()
-    assert method == "scram-sha-256" and stored.startswith("SCRAM-SHA-256$")
+    assert method == "scram-sha-256"
+    assert stored.startswith("SCRAM-SHA-256$")
     assert pg.password_file.stat().st_mode & 0o777 == 0o600
     assert not hba_uses_trust((pg.pgdata / "pg_hba.conf").read_text())
 
@@ -68,12 +69,14 @@ def test_the_local_socket_asks_for_the_password_too(pg: PostgresServer) -> None:
     res = subprocess.run([psql, "-h", str(pg.data_dir / "sock"), "-p", str(pg.port), "-U",
                           "postgres", "-d", "postgres", "-w", "-tAc", "SELECT 1"],
                          capture_output=True, text=True, env=env)
-    assert res.returncode != 0 and "password" in res.stderr.lower(), res.stderr
+    assert res.returncode != 0
+    assert "password" in res.stderr.lower(), res.stderr
     env["PGPASSWORD"] = pg.password
     res = subprocess.run([psql, "-h", str(pg.data_dir / "sock"), "-p", str(pg.port), "-U",
                           "postgres", "-d", "postgres", "-w", "-tAc", "SELECT 1"],
                          capture_output=True, text=True, env=env)
-    assert res.returncode == 0 and res.stdout.strip() == "1", res.stderr
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "1"
 
 
 async def test_a_trust_data_dir_is_converted_on_start(tmp_path: Path) -> None:

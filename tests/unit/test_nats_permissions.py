@@ -52,7 +52,8 @@ def test_an_agent_may_touch_only_its_own_subjects() -> None:
 def test_an_agent_has_no_stream_api_nor_pipeline_subject() -> None:
     perms = agent_permissions("alice", legacy=False)
     joined = " ".join(perms.publish + perms.subscribe)
-    assert "$JS.API.STREAM" not in joined and "intentroute.stage" not in joined
+    assert "$JS.API.STREAM" not in joined
+    assert "intentroute.stage" not in joined
     assert "$JS.API.CONSUMER.CREATE.AGENT_RESPONSES.*.agent.response.alice.>" in perms.publish
 
 
@@ -165,7 +166,8 @@ def test_the_server_part_includes_auth_and_tls() -> None:
                    "ca_file": "/ca.pem", "verify": True}
     open_server = server_config(host="127.0.0.1", port=4222, store_dir="/s", pid_file="/p",
                                 auth=False)
-    assert "include" not in open_server and "tls" not in open_server
+    assert "include" not in open_server
+    assert "tls" not in open_server
 
 
 @pytest.mark.parametrize(("agent_id", "ok"), [
@@ -199,7 +201,8 @@ def test_the_broker_gets_the_same_credentials() -> None:
 
     ctx = ssl.create_default_context()
     user = broker_security({"user": "u", "password": "p", "tls": ctx})
-    assert isinstance(user, NatsUserPassword) and user.username == "u"
+    assert isinstance(user, NatsUserPassword)
+    assert user.username == "u"
     assert user.ssl_context is ctx
     assert isinstance(broker_security({"token": "t"}), NatsToken)
     assert isinstance(broker_security({"user_credentials": "/x.creds"}), NatsCredentials)
