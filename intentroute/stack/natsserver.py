@@ -75,11 +75,12 @@ class NatsServer:
             pid_file=str(self.data_dir / PID_FILE), tls=self.tls,
             auth=self.auth is not None,
         ))
-        log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [nats_server_binary(), "-c", str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
+        # The child keeps its own descriptor of the log; ours closes after the start.
+        with open(self.data_dir / "nats-server.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [nats_server_binary(), "-c", str(self.config_path)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
         wait_tcp("127.0.0.1", self.port, timeout, self.proc)
         self._wait_pid_file(timeout)
         return self

@@ -130,14 +130,14 @@ class PostgresServer:
         sock_dir = self.data_dir / "sock"
         sock_dir.mkdir(exist_ok=True)
         self._chown(sock_dir)
-        log = open(self.data_dir / "postgres.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [self._bin("postgres"), "-D", str(self.pgdata), "-p", str(self.port),
-             "-h", "127.0.0.1", "-k", str(sock_dir), "-c", "fsync=off",
-             "-c", "synchronous_commit=off", "-c", "max_connections=200",
-             "-c", "password_encryption=scram-sha-256"],
-            stdout=log, stderr=subprocess.STDOUT, user=self._user,
-        )
+        with open(self.data_dir / "postgres.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [self._bin("postgres"), "-D", str(self.pgdata), "-p", str(self.port),
+                 "-h", "127.0.0.1", "-k", str(sock_dir), "-c", "fsync=off",
+                 "-c", "synchronous_commit=off", "-c", "max_connections=200",
+                 "-c", "password_encryption=scram-sha-256"],
+                stdout=log, stderr=subprocess.STDOUT, user=self._user,
+            )
         wait_tcp("127.0.0.1", self.port, timeout, self.proc)
         if trusting:
             self._convert_from_trust(hba, timeout)
