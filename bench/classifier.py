@@ -60,9 +60,12 @@ async def _worker_throughput(nats_url: str, db_url: str, total: int, concurrency
 
     from services.classifier.app import create_app
     from services.classifier.settings import ClassifierSettings
+    from shared.admission import Admission
     from shared.bus import ensure_streams
     from shared.codec import decode_routed, encode
     from shared.contracts.pipeline import CLASSIFY_SUBJECT, Admitted
+
+    admission = Admission(b"")
 
     env = {**os.environ, "NATS_URL": nats_url, "DATABASE_URL": db_url, "LOG_LEVEL": "WARNING",
            "CLASSIFIER_BATCH": str(concurrency)}
@@ -91,7 +94,9 @@ async def _worker_throughput(nats_url: str, db_url: str, total: int, concurrency
                                agent_id="bench", query=texts[i])
             fut = loop.create_future()
             done[req.request_id] = fut
-            await js.publish(CLASSIFY_SUBJECT, encode(Admitted(request=req, accepted_at=0.0)))
+            env = Admitted(request=req, accepted_at=0.0)
+            admission.stamp(env)  # the workers here run without a key, as on an open server
+            await js.publish(CLASSIFY_SUBJECT, encode(env))
             await asyncio.wait_for(fut, 60)
 
     async with TestApp(app):
@@ -120,7 +125,7 @@ def run(total: int = 2000, concurrency: int = 64) -> dict[str, Any]:
         result[f"embedding_{key}_ms_p50"] = other["embedding_ms_p50"]
         result[f"embedding_{key}_ms_p99"] = other["embedding_ms_p99"]
     with tempfile.TemporaryDirectory(prefix="ir-bench-cls-") as tmp, embedded_stack(
-        Path(tmp)
+        Path(tmp), auth=False
     ) as (nats_url, db_url):
         migrate(db_url)
         result["worker_decisions_per_s"] = asyncio.run(

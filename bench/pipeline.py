@@ -175,7 +175,8 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
     with tempfile.TemporaryDirectory(prefix="ir-bench-") as tmp:
         state = Path(tmp)
         ingest(REPO / "kb" / "avap", state / "index", SentenceTransformerEncoder(), progress=False)
-        with embedded_stack(state) as (nats_url, db_url):
+        # Open server until the integrator switches this bench to auth (--no-auth stays open).
+        with embedded_stack(state, auth=False) as (nats_url, db_url):
             migrate(db_url)
             env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
                        INDEX_DIR=str(state / "index"), GENERATOR_BACKEND="echo",

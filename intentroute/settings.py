@@ -17,6 +17,11 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
     nats_url: str = ""
     database_url: str = ""
     index_dir: Path = Path(".intentroute/index")
+    # TLS for the embedded nats-server: its certificate and key; with a CA the server
+    # also verifies client certificates (mutual TLS).
+    nats_tls_server_cert: str = ""
+    nats_tls_server_key: str = ""
+    nats_tls_server_ca: str = ""
 
     @property
     def state_dir(self) -> Path:
@@ -30,4 +35,7 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
             nats_url=env_str("NATS_URL", "", environ),
             database_url=env_str("DATABASE_URL", "", environ),
             index_dir=Path(env_str("INDEX_DIR", str(common.state_dir / "index"), environ)),
+            nats_tls_server_cert=env_str("NATS_TLS_SERVER_CERT", "", environ),
+            nats_tls_server_key=env_str("NATS_TLS_SERVER_KEY", "", environ),
+            nats_tls_server_ca=env_str("NATS_TLS_SERVER_CA", "", environ),
         )

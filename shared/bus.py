@@ -12,8 +12,10 @@ Streams:
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from faststream.nats import NatsBroker
+from faststream.nats.security import NatsCredentials, NatsSecurity, NatsToken, NatsUserPassword
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
@@ -24,6 +26,7 @@ from shared.codec import decode_chunk, encode
 from shared.contracts import pipeline, request, response
 from shared.contracts.response import ChunkKind, ErrorInfo, ResponseChunk, response_subject
 from shared.contracts.routing import RoutingDecision
+from shared.natsconn import connect_kwargs
 from shared.ports import Publisher
 from shared.settings import CommonSettings
 
@@ -68,17 +71,61 @@ async def ensure_streams(js: JetStreamContext, response_ttl: float) -> None:
             await js.update_stream(config=cfg)
 
 
+class StreamsMissingError(RuntimeError):
+    """A worker with a credential found a stream missing: it may not declare one."""
+
+
+async def require_streams(js: JetStreamContext, response_ttl: float) -> None:
+    """Check the streams exist (a restricted user may look, not create)."""
+    for cfg in stream_configs(response_ttl):
+        try:
+            await js.stream_info(cfg.name or "")
+        except NotFoundError:
+            raise StreamsMissingError(
+                f"stream {cfg.name} does not exist; an admin declares the streams "
+                "(`intentroute up` does) before the workers start"
+            ) from None
+
+
+async def prepare_streams(js: JetStreamContext, settings: CommonSettings) -> None:
+    """Make sure the streams exist before a worker's consumers start: on an open server
+    (no credential) the worker declares them, as it always has; a worker with a
+    credential only checks, since streams are the admin's (`intentroute up`)."""
+    if settings.nats_authenticated:
+        await require_streams(js, settings.response_ttl)
+    else:
+        await ensure_streams(js, settings.response_ttl)
+
+
+def broker_security(kwargs: dict[str, Any]) -> NatsSecurity | None:
+    """`shared.natsconn.connect_kwargs` as FastStream's security object."""
+    tls = kwargs.get("tls")
+    if "user_credentials" in kwargs:
+        return NatsCredentials(kwargs["user_credentials"], ssl_context=tls)
+    if "user" in kwargs:
+        return NatsUserPassword(kwargs["user"], kwargs.get("password", ""), ssl_context=tls)
+    if "token" in kwargs:
+        return NatsToken(kwargs["token"], ssl_context=tls)
+    return NatsSecurity(ssl_context=tls) if tls is not None else None
+
+
 def make_broker(settings: CommonSettings) -> NatsBroker:
     """The worker's connection (FastStream owns connect, reconnect and shutdown);
     stages read through `shared.consumer.StageConsumer` and publish through `Bus`."""
     # FastStream logs two lines per message at INFO; that costs more than a hop.
     quiet = logging.getLogger("intentroute.faststream")
     quiet.setLevel(logging.WARNING)
+    kwargs = connect_kwargs(settings)
+    extra: dict[str, Any] = {}
+    if "inbox_prefix" in kwargs:
+        extra["inbox_prefix"] = kwargs["inbox_prefix"]
     return NatsBroker(
         settings.nats_url,
         logger=quiet,
         graceful_timeout=10.0,
         max_reconnect_attempts=-1,
+        security=broker_security(kwargs),
+        **extra,
     )
 
 

@@ -53,7 +53,10 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_deliver: int
 
     def consumer_config(self) -> ConsumerConfig:
+        # With a name nats-py creates through `CONSUMER.CREATE.<stream>.<name>.<filter>`,
+        # the form a per-user permission can pin to this consumer and filter.
         return ConsumerConfig(
+            name=self.durable,
             durable_name=self.durable,
             filter_subject=self.subject,
             deliver_policy=DeliverPolicy.ALL,

@@ -24,7 +24,8 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client
 from opentelemetry.trace import TracerProvider
 
-from shared.bus import Bus, ensure_streams, make_broker
+from shared.admission import Admission
+from shared.bus import Bus, make_broker, prepare_streams
 from shared.consumer import StageConsumer
 from shared.settings import CommonSettings
 from shared.stage import Stage, StageDeps
@@ -70,12 +71,18 @@ class Worker(Generic[D]):
         self.consumers: list[StageConsumer] = []
 
     async def start(self) -> None:
+        if self.common.nats_authenticated and not self.common.admission_key:
+            raise RuntimeError(
+                "INTENTROUTE_ADMISSION_KEY is not set: with NATS authentication on, every "
+                "worker needs the deployment's admission key (`intentroute up` generates "
+                "one in its state directory)")
         nc = await self.broker.connect()
-        await ensure_streams(nc.jetstream(), self.common.response_ttl)
+        await prepare_streams(nc.jetstream(), self.common)
         bus = Bus(nc, tracing=self._provider is not None)
         tracer = tracer_for(f"intentroute.{self.service}", self._provider)
         store = await Store.connect(self.common.database_url, tracer=tracer)
-        base = StageDeps(bus=bus, store=store, tracer=tracer)
+        base = StageDeps(bus=bus, store=store, tracer=tracer,
+                         admission=Admission(self.common.admission_key.encode()))
         base.exits.push_async_callback(store.close)
         try:
             self.deps = await self._make_deps(Wiring(base=base, nc=nc, store=store))

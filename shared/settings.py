@@ -47,6 +47,34 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     encoder_precision: str = "fp32"
     ingest_precision: str = "fp32"
     onnx_cache_dir: Path = Path.home() / ".cache" / "intentroute" / "onnx"
+    # NATS credentials (one kind at a time): user + password, a token, or a .creds file
+    # (decentralized JWT auth on an external server). Unset = anonymous (open servers only).
+    # HMAC key of the gateway's admission stamp (shared.admission); every worker of a
+    # deployment holds the same one. Required when NATS authentication is on.
+    admission_key: str = ""
+    nats_user: str = ""
+    nats_password: str = ""
+    nats_token: str = ""
+    nats_creds: str = ""
+    # Reply subjects start with this; "" = `_INBOX.<user>` when a user is set, which is
+    # the only inbox a user of the embedded stack may subscribe to.
+    nats_inbox_prefix: str = ""
+    # TLS for clients: the CA that signed the server's certificate, and a client
+    # certificate + key when the server verifies clients.
+    nats_tls_ca: str = ""
+    nats_tls_cert: str = ""
+    nats_tls_key: str = ""
+
+    @property
+    def nats_authenticated(self) -> bool:
+        """True when this connection carries a credential (streams are then the admin's)."""
+        return bool(self.nats_user or self.nats_token or self.nats_creds)
+
+    @property
+    def inbox_prefix(self) -> str:
+        if self.nats_inbox_prefix:
+            return self.nats_inbox_prefix
+        return f"_INBOX.{self.nats_user}" if self.nats_user else ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CommonSettings:
@@ -62,6 +90,15 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
             encoder_precision=env_str("INTENTROUTE_ENCODER_PRECISION", "fp32", environ),
             ingest_precision=env_str("INTENTROUTE_INGEST_PRECISION", "fp32", environ),
             onnx_cache_dir=_onnx_cache_dir(environ),
+            admission_key=env_str("INTENTROUTE_ADMISSION_KEY", "", environ),
+            nats_user=env_str("NATS_USER", "", environ),
+            nats_password=env_str("NATS_PASSWORD", "", environ),
+            nats_token=env_str("NATS_TOKEN", "", environ),
+            nats_creds=env_str("NATS_CREDS", "", environ),
+            nats_inbox_prefix=env_str("NATS_INBOX_PREFIX", "", environ),
+            nats_tls_ca=env_str("NATS_TLS_CA", "", environ),
+            nats_tls_cert=env_str("NATS_TLS_CERT", "", environ),
+            nats_tls_key=env_str("NATS_TLS_KEY", "", environ),
         )
 
 

@@ -27,6 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from opentelemetry.trace import Tracer
 
+from shared.admission import Admission
 from shared.bus import AnswerStream, publish_stage
 from shared.codec import encode
 from shared.consumer import Handler, StageSpec
@@ -72,12 +73,13 @@ class StageDeps:
     bus: Publisher
     store: TurnStore
     tracer: Tracer
+    admission: Admission
     exits: AsyncExitStack = field(default_factory=AsyncExitStack)
 
     def parts(self) -> dict[str, Any]:
         """The base fields, to build a subclass from: `MyDeps(**base.parts(), extra=...)`."""
         return {"bus": self.bus, "store": self.store, "tracer": self.tracer,
-                "exits": self.exits}
+                "admission": self.admission, "exits": self.exits}
 
     async def close(self) -> None:
         await self.exits.aclose()
@@ -151,6 +153,21 @@ async def report_undecodable(deps: StageDeps, msg: Delivery, exc: Exception) -> 
     await deps.bus.publish(INTERNAL_INVALID_SUBJECT, encode(chunk))
 
 
+async def report_not_admitted(deps: StageDeps, msg: Delivery, env: Admitted | Routed) -> None:
+    """An envelope that did not come through the gateway: nobody is answered (its
+    claimed agent may not have sent it), it is reported and acknowledged."""
+    req = env.request
+    log.error("envelope on %s without the gateway's admission (agent %r, request %r) "
+              "reported on %s", msg.subject, req.agent_id, req.request_id,
+              INTERNAL_INVALID_SUBJECT)
+    chunk = ResponseChunk(
+        request_id="", seq=0, kind=ChunkKind.FINAL, is_final=True,
+        error=ErrorInfo(ErrorCode.NOT_ADMITTED,
+                        f"{msg.subject}: envelope without the gateway's admission"),
+    )
+    await deps.bus.publish(INTERNAL_INVALID_SUBJECT, encode(chunk))
+
+
 @dataclass(frozen=True)
 class Stage(Generic[E, D]):
     """A stage a worker serves: its name, delivery settings, envelope decoder and logic."""
@@ -162,6 +179,8 @@ class Stage(Generic[E, D]):
     on_undecodable: Undecodable[D] = report_undecodable
     # Record `<name>.at` (time from acceptance to this stage) and the stage's own time.
     timed: bool = True
+    # Check the gateway's admission stamp (every stage but the gateway itself).
+    admitted_only: bool = True
 
     async def handle(self, msg: Delivery, deps: D) -> None:
         await run_stage(self, msg, deps)
@@ -188,6 +207,9 @@ async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
     except Exception as exc:  # decoding is pure: whatever it raises, the input is bad
         await stage.on_undecodable(deps, msg, exc)
         return
+    if stage.admitted_only and not deps.admission.admits(env):
+        await report_not_admitted(deps, msg, env)
+        return
     call = Call(msg, stage.name)
     if stage.timed:
         # Time from acceptance to this stage's start: queueing + transit, per stage.
@@ -197,6 +219,7 @@ async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
         if handoff is not None:
             if stage.timed:
                 call.mark(handoff.envelope, handoff.timing)
+            deps.admission.stamp(handoff.envelope)
             await publish_stage(
                 deps.bus, handoff.subject, encode(handoff.envelope),
                 msg_id=f"{env.request.agent_id}:{env.request.request_id}:{handoff.step}",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,15 +24,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The embedded stack with authentication on, as `intentroute up` runs it; its state
+    dir becomes INTENTROUTE_HOME, where workers find their service credentials."""
     from intentroute.stack import embedded_stack
     from shared.store import migrate
 
+    external = os.environ.get("INTENTROUTE_TEST_NATS_URL", "")
+    state_dir = tmp_path_factory.mktemp("stack")
     with embedded_stack(
-        tmp_path_factory.mktemp("stack"),
-        nats_url=os.environ.get("INTENTROUTE_TEST_NATS_URL", ""),
+        state_dir,
+        nats_url=external,
         database_url=os.environ.get("INTENTROUTE_TEST_DATABASE_URL", ""),
+        auth=not external,
     ) as (nats_url, database_url):
         migrate(database_url)
+        if not external:  # the admin declares the streams, as `intentroute up` does
+            import asyncio
+
+            from intentroute.stack.auth import admin_kwargs
+            from tests.helpers.nats_auth import declare_streams
+
+            asyncio.run(declare_streams(nats_url, admin_kwargs(state_dir)))
+        os.environ["INTENTROUTE_HOME"] = str(state_dir)
         yield nats_url, database_url
 
 
@@ -46,22 +60,58 @@ def database_url(stack: tuple[str, str]) -> str:
 
 
 @pytest.fixture(scope="session")
-async def agent_tokens(database_url: str) -> dict[str, str]:
-    """The test agents (tests/helpers/agents.py), created once; agent id -> token."""
-    from tests.helpers.agents import TEST_AGENTS, ensure_agent
+async def agents(stack: tuple[str, str]) -> dict[str, Any]:
+    """The test agents (tests/helpers/agents.py), added as `intentroute agent add`
+    adds them; agent id -> its credential."""
+    from tests.helpers.agents import add_test_agents
 
-    return {agent: await ensure_agent(database_url, agent, trusted=trusted)
-            for agent, trusted in TEST_AGENTS.items()}
+    return await add_test_agents(*stack)
+
+
+@pytest.fixture(scope="session")
+def agent_tokens(agents: dict[str, Any]) -> dict[str, str]:
+    """Agent id -> its bearer token (gRPC, HTTP)."""
+    return {agent: cred.token for agent, cred in agents.items()}
 
 
 @pytest.fixture
-async def nc(nats_url: str, agent_tokens: dict[str, str]) -> AsyncIterator[object]:
-    """A connection as the test agent `tests`."""
+async def connect_as(nats_url: str, agents: dict[str, Any]) -> AsyncIterator[Any]:
+    """`await connect_as(agent_id)`: a NATS connection with that agent's credential."""
     import nats
 
-    client = await nats.connect(nats_url)
+    opened = []
+
+    async def connect(agent_id: str) -> Any:
+        client = await nats.connect(nats_url, **agents[agent_id].nats)
+        opened.append(client)
+        return client
+
+    yield connect
+    for client in opened:
+        await client.drain()
+
+
+@pytest.fixture
+async def admin_nc(nats_url: str) -> AsyncIterator[Any]:
+    """A connection as the stack's admin (streams and consumers of its own), as
+    operator commands connect."""
+    import nats
+
+    home = Path(os.environ.get("INTENTROUTE_HOME", ""))
+    kwargs: dict[str, Any] = {}
+    if (home / "creds").is_dir():
+        from intentroute.stack.auth import admin_kwargs
+
+        kwargs = admin_kwargs(home)
+    client = await nats.connect(nats_url, **kwargs)
     yield client
     await client.drain()
+
+
+@pytest.fixture
+async def nc(connect_as: Any) -> Any:
+    """A connection as the (trusted) test agent `tests`."""
+    return await connect_as("tests")
 
 
 @pytest.fixture

@@ -5,19 +5,25 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from nats.aio.client import Client
 
-from intentroute.cli.apps import app, urls
+from intentroute.cli.apps import app, settings, urls
 
 
 @app.command()
 def ask(
     query: Annotated[str, typer.Argument(help="The question")],
     session: Annotated[str, typer.Option(help="Session id")] = "cli",
-    agent: Annotated[str, typer.Option(help="Agent (caller) id")] = "cli",
+    agent: Annotated[
+        str, typer.Option(help="Agent (caller) id; default: the credential's, else 'cli'")
+    ] = "",
+    creds: Annotated[
+        Path | None,
+        typer.Option(help="Agent credential file; default: the running stack's demo agent"),
+    ] = None,
     extra_context: Annotated[str, typer.Option(help="Platform data for PLATFORM")] = "",
     editor: Annotated[Path | None, typer.Option(help="File whose text is editor_context")] = None,
     query_type: Annotated[str, typer.Option(help="Caller-declared type")] = "",
@@ -29,14 +35,30 @@ def ask(
     if not nats_url:
         typer.echo("no NATS_URL and no running `intentroute up`", err=True)
         raise typer.Exit(2)
+    kwargs, creds_agent = caller_kwargs(creds)
 
     async def run() -> int:
         import nats
 
-        nc = await nats.connect(nats_url)
+        connecting = True
+
+        async def on_error(exc: Exception) -> None:
+            # nats-py awaits this inside connect(): raising ends its retries (two minutes
+            # by default) at once when the server refuses the credential.
+            if connecting and "authorization" in str(exc).lower():
+                raise exc
+            typer.secho(f"nats: {exc!r}", dim=True, err=True)
+
+        try:
+            nc = await nats.connect(nats_url, error_cb=on_error, **kwargs)
+        except nats.errors.Error as exc:
+            typer.echo(f"NATS at {nats_url} refused the connection: {exc}", err=True)
+            return 2
+        connecting = False
         try:
             return await ask_and_print(
-                nc, agent=agent, session=session, query=query, json_lines=json_lines,
+                nc, agent=agent or creds_agent or "cli", session=session, query=query,
+                json_lines=json_lines,
                 extra_context=extra_context, query_type=query_type or None, timeout=timeout,
                 editor_context=editor.read_text(encoding="utf-8") if editor else "",
             )
@@ -44,6 +66,22 @@ def ask(
             await nc.drain()
 
     raise typer.Exit(asyncio.run(run()))
+
+
+def caller_kwargs(creds: Path | None) -> tuple[dict[str, Any], str]:
+    """`nats.connect` kwargs and agent id of a caller: the credential file given, else
+    the running stack's demo agent (`<state>/creds/demo.json`), else the settings."""
+    from intentroute.stack.auth import DEMO_AGENT, auth_files
+    from shared.natsconn import connect_kwargs, credential_kwargs, read_credential
+
+    cli = settings()
+    if creds is None:
+        demo = auth_files(cli.state_dir).credential(DEMO_AGENT)
+        creds = demo if demo.exists() and not cli.common.nats_authenticated else None
+    if creds is None:
+        return connect_kwargs(cli.common), ""
+    cred = read_credential(creds)
+    return credential_kwargs(cred, cli.common), cred.agent_id
 
 
 async def ask_and_print(

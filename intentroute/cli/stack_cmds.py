@@ -10,15 +10,18 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from intentroute.cli.apps import app, settings, urls
 from intentroute.cli.ask_cmd import ask_and_print
 from intentroute.cli.data_cmds import ingest_into
-from intentroute.stack import StackInfo, embedded_stack, write_state
+from intentroute.settings import CliSettings
+from intentroute.stack import ServerTls, StackInfo, embedded_stack, write_state
+from intentroute.stack.auth import AuthSync, admin_kwargs, auth_files, server_pid, service_env
 from intentroute.workers import WORKERS, wait_for_consumers
+from shared.natsconn import connect_kwargs, credential_kwargs, read_credential, tls_kwargs
 
 DEMO_KB = Path(__file__).resolve().parent.parent.parent / "kb" / "avap"
 
@@ -59,32 +62,54 @@ def up(
     demo: Annotated[bool, typer.Option(help="Ask one sample question per type")] = False,
     exit_after_demo: Annotated[bool, typer.Option(help="Stop after the demo")] = False,
 ) -> None:
-    """Start the embedded stack if needed, migrate, and run every worker."""
+    """Start the embedded stack if needed, migrate, and run every worker.
+
+    The embedded nats-server admits credentials only: the admin (this process), one
+    service user per worker type, and the agents in the database (a `demo` agent is
+    created, its credential in <state>/creds/demo.json); agents added or revoked while
+    it runs take effect within seconds."""
     counts = parse_replicas(replicas or [])
     cli = settings()
     state_dir = cli.state_dir
-    with embedded_stack(state_dir, nats_url=cli.nats_url, database_url=cli.database_url) as (
-        nats_url, db_url
-    ):
+    embedded_nats = not cli.nats_url
+    tls = (ServerTls(cli.nats_tls_server_cert, cli.nats_tls_server_key, cli.nats_tls_server_ca)
+           if cli.nats_tls_server_cert else None)
+    with embedded_stack(state_dir, nats_url=cli.nats_url, database_url=cli.database_url,
+                        tls=tls) as (nats_url, db_url):
         from shared.store import migrate
 
         migrate(db_url)
-        asyncio.run(_declare_streams(nats_url, cli.common.response_ttl))
         env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
                    INDEX_DIR=str(cli.index_dir))
+        nats_pid, sync = 0, None
+        if embedded_nats:
+            files = auth_files(state_dir)
+            nats_pid = server_pid(files)
+            admin = {**admin_kwargs(state_dir), **tls_kwargs(cli.common)}
+            asyncio.run(_prepare_agents(state_dir, db_url, nats_pid))
+            sync = AuthSync(state_dir, db_url, pid=nats_pid).start()
+            for key in ("NATS_TOKEN", "NATS_CREDS"):
+                env.pop(key, None)
+        else:
+            admin = connect_kwargs(cli.common)
+        asyncio.run(_declare_streams(nats_url, admin, cli.common.response_ttl))
         kb = ingest_path or (DEMO_KB if not (cli.index_dir / "CURRENT").exists() else None)
         if kb is not None:
             ingest_into(kb, cli.index_dir)
         procs: list[subprocess.Popen[bytes]] = list(_start_parser(env))
         for name, count in counts.items():
+            worker_env = {**env, **service_env(state_dir, name)} if embedded_nats else env
             for _ in range(count):
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "intentroute.cli", "worker", name], env=env
+                    [sys.executable, "-m", "intentroute.cli", "worker", name], env=worker_env
                 ))
-        write_state(state_dir, StackInfo(nats_url=nats_url, database_url=db_url,
-                                         parser_url=env.get("AVAP_PARSER_URL", ""),
-                                         pid=os.getpid()))
-        typer.echo(f"intentroute up: NATS {nats_url}  Postgres {db_url}  "
+        write_state(state_dir, StackInfo(
+            nats_url=nats_url, database_url=db_url, parser_url=env.get("AVAP_PARSER_URL", ""),
+            pid=os.getpid(),
+            nats_config=str(auth_files(state_dir).config) if embedded_nats else "",
+            nats_pid=nats_pid,
+        ))
+        typer.echo(f"intentroute up: NATS {nats_url}  Postgres {_redacted(db_url)}  "
                    f"workers {', '.join(f'{n}x{c}' for n, c in counts.items())}", err=True)
         stop = {"flag": False}
 
@@ -95,7 +120,7 @@ def up(
         signal.signal(signal.SIGINT, _stop)
         try:
             if demo:
-                asyncio.run(_demo(nats_url))
+                asyncio.run(_demo(nats_url, admin, _demo_kwargs(state_dir, cli) or admin))
                 if exit_after_demo:
                     stop["flag"] = True
             while not stop["flag"]:
@@ -113,7 +138,42 @@ def up(
                     p.wait(15)
                 except subprocess.TimeoutExpired:
                     p.kill()
+            if sync is not None:
+                sync.stop()
             (state_dir / "stack.json").unlink(missing_ok=True)
+
+
+def _redacted(url: str) -> str:
+    """A database URL for a log line: the password left out."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
+
+
+async def _prepare_agents(state_dir: Path, db_url: str, nats_pid: int) -> None:
+    """The demo agent and its credential file, then every active agent into NATS."""
+    from intentroute.stack.auth import DEMO_AGENT, apply_agents, ensure_agent_file
+    from shared.store.agents import AgentStore
+
+    store = await AgentStore.connect(db_url)
+    try:
+        await ensure_agent_file(store, state_dir, DEMO_AGENT)
+        await apply_agents(store, state_dir, pid=nats_pid)
+    finally:
+        await store.close()
+
+
+def _demo_kwargs(state_dir: Path, cli: CliSettings) -> dict[str, Any]:
+    """The demo agent's connection when the embedded stack wrote its credential."""
+    from intentroute.stack.auth import DEMO_AGENT
+
+    path = auth_files(state_dir).credential(DEMO_AGENT)
+    if cli.nats_url or not path.exists():
+        return {}
+    return credential_kwargs(read_credential(path), cli.common)
 
 
 def _start_parser(env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
@@ -129,26 +189,31 @@ def _start_parser(env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
     )]
 
 
-async def _declare_streams(nats_url: str, response_ttl: float) -> None:
+async def _declare_streams(nats_url: str, admin: dict[str, Any], response_ttl: float) -> None:
     import nats
 
     from shared.bus import ensure_streams
 
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(nats_url, **admin)
     try:
         await ensure_streams(nc.jetstream(), response_ttl)
     finally:
         await nc.drain()
 
 
-async def _demo(nats_url: str) -> None:
+async def _demo(nats_url: str, admin: dict[str, Any], caller: dict[str, Any]) -> None:
+    """Wait for the workers (as the admin: consumer info), then ask as the demo agent."""
     import nats
 
-    nc = await nats.connect(nats_url)
-    session = f"demo-{uuid.uuid4().hex[:8]}"
+    admin_nc = await nats.connect(nats_url, **admin)
     try:
         typer.echo("waiting for the workers...", err=True)
-        await wait_for_consumers(nc, list(WORKERS))
+        await wait_for_consumers(admin_nc, list(WORKERS))
+    finally:
+        await admin_nc.drain()
+    nc = await nats.connect(nats_url, **caller)
+    session = f"demo-{uuid.uuid4().hex[:8]}"
+    try:
         for sample in SAMPLE_QUESTIONS:
             typer.secho(f"\n> {sample['query']}", bold=True)
             await ask_and_print(nc, agent="demo", session=session, json_lines=False,
@@ -162,11 +227,18 @@ async def _demo(nats_url: str) -> None:
 def worker(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(WORKERS)}")]) -> None:
     """Run one worker (for ops: scale a stage by running more of these)."""
     nats_url, db_url = urls()
-    # The worker builds its settings from the environment: hand it the running stack's.
+    # The worker builds its settings from the environment: hand it the running stack's,
+    # with its service user's credential when the environment carries none.
     if nats_url:
         os.environ["NATS_URL"] = nats_url
     if db_url:
         os.environ["DATABASE_URL"] = db_url
+    cli = settings()
+    if not cli.common.nats_authenticated and name in WORKERS:
+        from shared.natsauth import service_user
+
+        if auth_files(cli.state_dir).credential(service_user(name)).exists():
+            os.environ.update(service_env(cli.state_dir, name))
     import uvloop
 
     from intentroute.workers import create_worker

@@ -107,4 +107,5 @@ def build_stage(settings: GatewaySettings) -> Stage[Admitted, GatewayDeps]:
         logic=on_request,
         on_undecodable=reject_input,
         timed=False,
+        admitted_only=False,
     )

@@ -38,8 +38,10 @@ class Admitted(msgspec.Struct, kw_only=True):
     # Per-stage latency in milliseconds, stage name -> ms.
     timings: dict[str, float] = {}
     # The gateway's reading of the agents table: may this agent declare a query_type
-    # and use the RC-01 platform prefix? Only service users can publish envelopes.
+    # and use the RC-01 platform prefix?
     trusted: bool = False
+    # HMAC of the request's identity and trust under the workers' key (shared.admission).
+    admission: str = ""
 
 
 class Routed(msgspec.Struct, kw_only=True):
@@ -60,6 +62,7 @@ class Routed(msgspec.Struct, kw_only=True):
     # Next free seq on the response subject (a stage that sent status chunks moves it).
     seq: int = 0
     timings: dict[str, float] = {}
+    admission: str = ""
 
     @classmethod
     def from_admitted(cls, admitted: Admitted, decision: RoutingDecision) -> Routed:

@@ -54,6 +54,8 @@ class ErrorCode(enum.StrEnum):
     UNKNOWN_QUERY_TYPE = "UNKNOWN_QUERY_TYPE"
     # A stage could not read the envelope it was handed.
     BAD_ENVELOPE = "BAD_ENVELOPE"
+    # An envelope without the gateway's admission (not from the pipeline): dropped.
+    NOT_ADMITTED = "NOT_ADMITTED"
     # A stage kept failing: answered after its last allowed delivery.
     STAGE_FAILED = "STAGE_FAILED"
     # RC-04: a PLATFORM / CONVERSATIONAL request reached the retriever.

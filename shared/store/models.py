@@ -88,3 +88,6 @@ request_log = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
     sa.Index("ix_request_log_agent_time", "agent_id", "created_at"),
 )
+
+# Callers of the bus. The secret is stored only as its bcrypt hash (which is also the
+# NATS password hash); a revoked agent keeps its row so its id is never reissued.

@@ -3,7 +3,9 @@ it wrote, and a delivery as its consumer would hand it over."""
 
 from __future__ import annotations
 
-from shared.codec import decode_chunk
+from shared.admission import Admission
+from shared.codec import decode_chunk, encode
+from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ResponseChunk
 from shared.contracts.routing import (
@@ -19,6 +21,14 @@ from shared.settings import CommonSettings
 from shared.store.rows import Row
 
 COMMON = CommonSettings(nats_url="nats://unused:4222")
+# The workers' shared key: envelopes a test hands to a stage carry the gateway's stamp.
+ADMISSION = Admission(b"contract-tests")
+
+
+def stamped(env: Admitted | Routed) -> bytes:
+    """`env` on the wire as the previous stage hands it over: admitted, encoded."""
+    ADMISSION.stamp(env)
+    return encode(env)
 
 
 class FakeStore:

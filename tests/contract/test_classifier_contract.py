@@ -10,17 +10,18 @@ from opentelemetry.trace import NoOpTracer
 from services.classifier.cascade import Cascade
 from services.classifier.handlers import ClassifierDeps, build_stage
 from services.classifier.settings import ClassifierSettings
-from shared.codec import decode_chunk, decode_routed, encode
+from shared.codec import decode_chunk, decode_routed
 from shared.contracts.pipeline import Admitted
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import HistoryEntry, QueryType
 from shared.stage import history_row
 from shared.store.rows import HistoryRow
-from tests.contract.fakes import COMMON, FakeDelivery, FakeStore, RecordingBus
+from tests.contract.fakes import ADMISSION, COMMON, FakeDelivery, FakeStore, RecordingBus, stamped
 
 
 def deps_for(cascade: Cascade, store: FakeStore, bus: RecordingBus) -> ClassifierDeps:
-    return ClassifierDeps(bus=bus, store=store, tracer=NoOpTracer(), cascade=cascade)
+    return ClassifierDeps(bus=bus, store=store, tracer=NoOpTracer(),
+        admission=ADMISSION, cascade=cascade)
 
 
 async def test_classifier_routes_platform_past_the_retriever_despite_history() -> None:
@@ -32,7 +33,7 @@ async def test_classifier_routes_platform_past_the_retriever_despite_history() -
                              query="cuántas llamadas llevo este mes?"),
         accepted_at=0.0,
     )
-    await stage.handle(FakeDelivery(encode(env)), deps_for(Cascade(), store, bus))
+    await stage.handle(FakeDelivery(stamped(env)), deps_for(Cascade(), store, bus))
 
     assert bus.subjects() == [
         ("intentroute.stage.generate.conversational", "INTENTROUTE_PIPELINE")]
@@ -66,7 +67,7 @@ async def _route_unsure(policy_by_agent: dict[str, str]) -> tuple[dict[str, byte
     env = Admitted(request=AgentRequest(request_id="u-1", session_id="s", agent_id="widget",
                                         query="tell me about the thing"), accepted_at=0.0)
     await build_stage(settings).handle(
-        FakeDelivery(encode(env)), deps_for(Cascade(layer2=UnsureLayer2()), store, bus))
+        FakeDelivery(stamped(env)), deps_for(Cascade(layer2=UnsureLayer2()), store, bus))
     seen = {"retrieve" if subj == "intentroute.stage.retrieve" else
             "answer" if subj == "agent.response.widget.u-1" else subj: payload
             for subj, _, _, payload in bus.sent}
@@ -115,7 +116,7 @@ async def test_only_the_gateways_trust_stamp_lets_a_declared_type_through() -> N
                                             query="cuántas llamadas llevo este mes?",
                                             query_type="RETRIEVAL"),
                        accepted_at=0.0, trusted=trusted)
-        await stage.handle(FakeDelivery(encode(env)), deps_for(Cascade(), FakeStore(), bus))
+        await stage.handle(FakeDelivery(stamped(env)), deps_for(Cascade(), FakeStore(), bus))
         ((_, _, _, payload),) = bus.sent
         decided[trusted] = decode_routed(payload).decision
     assert (decided[True].type, decided[True].layer) == (QueryType.RETRIEVAL, "declared")

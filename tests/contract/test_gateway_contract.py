@@ -12,12 +12,19 @@ from services.gateway.settings import GatewaySettings
 from shared.codec import decode_admitted, decode_chunk, encode
 from shared.contracts.request import AgentRequest
 from shared.ports import AgentInfo
-from tests.contract.fakes import COMMON, FakeAgents, FakeDelivery, FakeStore, RecordingBus
+from tests.contract.fakes import (
+    ADMISSION,
+    COMMON,
+    FakeAgents,
+    FakeDelivery,
+    FakeStore,
+    RecordingBus,
+)
 
 
 def setup(*agents: AgentInfo) -> tuple[RecordingBus, FakeStore, GatewayDeps]:
     bus, store = RecordingBus(), FakeStore()
-    deps = GatewayDeps(bus=bus, store=store, tracer=NoOpTracer(),
+    deps = GatewayDeps(bus=bus, store=store, tracer=NoOpTracer(), admission=ADMISSION,
                        agents=FakeAgents(*agents or (AgentInfo("a"),)))
     return bus, store, deps
 

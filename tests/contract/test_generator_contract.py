@@ -12,17 +12,19 @@ from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.prompts import ChatMessage
 from services.generator.settings import GeneratorSettings
 from shared.client import assemble
-from shared.codec import decode_routed, encode
+from shared.codec import decode_routed
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import ModelSlot, QueryType
 from shared.store.rows import RequestLogRow, TurnRow
 from tests.contract.fakes import (
+    ADMISSION,
     COMMON,
     FakeDelivery,
     FakeStore,
     RecordingBus,
     request,
     routed_decision,
+    stamped,
 )
 
 
@@ -46,7 +48,8 @@ class Scripted:
 
 def deps_for(bus: RecordingBus, store: FakeStore, backend: ChatBackend | None
              ) -> GeneratorDeps:
-    return GeneratorDeps(bus=bus, store=store, tracer=NoOpTracer(), backend=backend,
+    return GeneratorDeps(bus=bus, store=store, tracer=NoOpTracer(),
+        admission=ADMISSION, backend=backend,
                          model="m" if backend else "")
 
 
@@ -60,7 +63,7 @@ async def test_conversational_answer_streams_and_the_turn_is_stored_first() -> N
     stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
     assert stage.spec.subject == "intentroute.stage.generate.conversational"
     backend = Scripted("Loop ", "with ", "startLoop.")
-    await stage.handle(FakeDelivery(encode(conversational("v-1"))), deps_for(bus, store, backend))
+    await stage.handle(FakeDelivery(stamped(conversational("v-1"))), deps_for(bus, store, backend))
 
     chunks = bus.chunks("v-1")
     assert [c.seq for c in chunks] == list(range(len(chunks)))
@@ -87,7 +90,7 @@ async def test_code_is_collected_and_handed_to_the_validator_not_streamed() -> N
                  decision=routed_decision(QueryType.CODE_GENERATION),
                  passages=[Passage("d", "Loops", "startLoop(i, 1, 5)", 1.0)])
     stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.MAIN))
-    await stage.handle(FakeDelivery(encode(env)),
+    await stage.handle(FakeDelivery(stamped(env)),
                        deps_for(bus, store, Scripted("```avap\n", "addResult(1)\n```")))
 
     assert bus.subjects() == [("intentroute.stage.validate", "INTENTROUTE_PIPELINE")]
@@ -102,7 +105,7 @@ async def test_code_is_collected_and_handed_to_the_validator_not_streamed() -> N
 async def test_a_backend_failing_mid_answer_restarts_it_extractively() -> None:
     bus, store = RecordingBus(), FakeStore(previous="Use addVar(name, value).")
     stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
-    await stage.handle(FakeDelivery(encode(conversational("x-1"))),
+    await stage.handle(FakeDelivery(stamped(conversational("x-1"))),
                        deps_for(bus, store, Scripted("half ", "an ", "answer", fail_after=True)))
     chunks = bus.chunks("x-1")
     assert "reset" in [c.kind for c in chunks]
@@ -113,7 +116,7 @@ async def test_a_backend_failing_mid_answer_restarts_it_extractively() -> None:
 async def test_a_redelivered_answer_resets_after_what_was_already_stored() -> None:
     bus, store = RecordingBus(stored_seq=3), FakeStore(previous="Use addVar(name, value).")
     stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
-    await stage.handle(FakeDelivery(encode(conversational("r-1")), deliveries=2),
+    await stage.handle(FakeDelivery(stamped(conversational("r-1")), deliveries=2),
                        deps_for(bus, store, None))
     chunks = bus.chunks("r-1")
     assert chunks[0].kind == "reset"

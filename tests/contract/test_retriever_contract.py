@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import msgspec
 from opentelemetry.trace import NoOpTracer
 
 from services.retriever.handlers import RetrieverDeps, build_stage
 from services.retriever.index import SearchResult
 from services.retriever.settings import RetrieverSettings
-from shared.codec import decode_routed, encode
+from shared.codec import decode_chunk, decode_routed, encode
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import QueryType
 from tests.contract.fakes import (
+    ADMISSION,
     COMMON,
     FakeDelivery,
     FakeStore,
     RecordingBus,
     request,
     routed_decision,
+    stamped,
 )
 
 PASSAGE = Passage("loops#1", "Loops > startLoop", "startLoop(i, 1, 5) counts 1..5.", 1.0)
@@ -42,7 +45,8 @@ class FakeRetrieval:
 def setup(turns: list[tuple[str, str]] | None = None
           ) -> tuple[RecordingBus, FakeStore, FakeRetrieval, RetrieverDeps]:
     bus, store, retrieval = RecordingBus(), FakeStore(turns=turns), FakeRetrieval()
-    deps = RetrieverDeps(bus=bus, store=store, tracer=NoOpTracer(), retrieval=retrieval)
+    deps = RetrieverDeps(bus=bus, store=store, tracer=NoOpTracer(),
+        admission=ADMISSION, retrieval=retrieval)
     return bus, store, retrieval, deps
 
 
@@ -54,7 +58,7 @@ async def test_code_request_is_handed_to_the_main_slot_with_its_passages() -> No
     bus, store, retrieval, deps = setup()
     env = Routed(request=request("c-1", "write a loop from 1 to 5 with startLoop"),
                  accepted_at=0.0, decision=routed_decision(QueryType.CODE_GENERATION))
-    await build_stage(settings()).handle(FakeDelivery(encode(env)), deps)
+    await build_stage(settings()).handle(FakeDelivery(stamped(env)), deps)
 
     assert bus.subjects() == [("intentroute.stage.generate.main", "INTENTROUTE_PIPELINE")]
     assert bus.sent[0][2] == "a:c-1:retrieved"
@@ -72,7 +76,7 @@ async def test_follow_up_is_searched_with_the_previous_question() -> None:
                                            ("assistant", "Use addVar(name, value).")])
     env = Routed(request=request("f-1", "and in a loop?"), accepted_at=0.0,
                  decision=routed_decision(QueryType.RETRIEVAL))
-    await build_stage(settings()).handle(FakeDelivery(encode(env)), deps)
+    await build_stage(settings()).handle(FakeDelivery(stamped(env)), deps)
     (query,) = retrieval.queries
     assert "addVar" in query
     assert "loop" in query
@@ -83,7 +87,7 @@ async def test_platform_request_reaching_the_retriever_is_answered_rc04() -> Non
     bus, store, retrieval, deps = setup()
     env = Routed(request=request("p-1", "how is my quota"), accepted_at=0.0,
                  decision=routed_decision(QueryType.PLATFORM))
-    delivery = FakeDelivery(encode(env))
+    delivery = FakeDelivery(stamped(env))
     await build_stage(settings()).handle(delivery, deps)
 
     assert retrieval.queries == []
@@ -102,17 +106,39 @@ async def test_a_failing_search_is_retried_then_answered_on_the_last_delivery() 
             raise ConnectionError("index unreachable")
 
     bus, store = RecordingBus(), FakeStore()
-    deps = RetrieverDeps(bus=bus, store=store, tracer=NoOpTracer(), retrieval=Broken())
+    deps = RetrieverDeps(bus=bus, store=store, tracer=NoOpTracer(),
+        admission=ADMISSION, retrieval=Broken())
     env = Routed(request=request("b-1", "what does addVar do"), accepted_at=0.0,
                  decision=routed_decision(QueryType.RETRIEVAL))
     stage = build_stage(settings())
-    first = FakeDelivery(encode(env), deliveries=1)
+    first = FakeDelivery(stamped(env), deliveries=1)
     await stage.handle(first, deps)
     assert first.nacked
     assert bus.sent == []
-    last = FakeDelivery(encode(env), deliveries=stage.spec.max_deliver)
+    last = FakeDelivery(stamped(env), deliveries=stage.spec.max_deliver)
     await stage.handle(last, deps)
     (chunk,) = bus.chunks("b-1")
     assert chunk.error is not None
     assert chunk.error.code == "STAGE_FAILED"
     assert not last.nacked
+
+
+async def test_an_envelope_without_the_gateways_admission_is_dropped() -> None:
+    """A forged hand-off (its stamp missing, or made for another agent) answers nobody,
+    writes nothing and is acknowledged; it is reported for ops."""
+    bus, store, retrieval, deps = setup()
+    genuine = Routed(request=request("f-1", "what does addVar do", agent_id="alice"),
+                     accepted_at=1.0, decision=routed_decision(QueryType.RETRIEVAL))
+    stamped(genuine)
+    forged = msgspec.structs.replace(
+        genuine, request=msgspec.structs.replace(genuine.request, agent_id="mallory"))
+    for env in (Routed(request=genuine.request, accepted_at=1.0, decision=genuine.decision),
+                forged):
+        delivery = FakeDelivery(encode(env))
+        await build_stage(settings()).handle(delivery, deps)
+        assert not delivery.nacked
+    assert retrieval.queries == []
+    assert store.rows == []
+    reports = [decode_chunk(p) for p in bus.on("intentroute.invalid")]
+    assert [r.error.code for r in reports if r.error] == ["NOT_ADMITTED", "NOT_ADMITTED"]
+    assert [s for s, _ in bus.subjects()] == ["intentroute.invalid"] * 2

@@ -8,18 +8,20 @@ from services.validator.handlers import ValidatorDeps, build_stage
 from services.validator.parser_client import CheckResult, CheckStatus
 from services.validator.settings import ValidatorSettings
 from shared.client import assemble
-from shared.codec import decode_routed, encode
+from shared.codec import decode_routed
 from shared.contracts.parser import TraceCode, TraceLine
 from shared.contracts.pipeline import Routed
 from shared.contracts.routing import QueryType
 from shared.store.rows import RequestLogRow
 from tests.contract.fakes import (
+    ADMISSION,
     COMMON,
     FakeDelivery,
     FakeStore,
     RecordingBus,
     request,
     routed_decision,
+    stamped,
 )
 
 ANSWER = "Here it is:\n```avap\naddVar(x, 1)\ngetSHA256(x)\n```"
@@ -46,8 +48,9 @@ def generated(rid: str, attempt: int = 0, seq: int = 0) -> Routed:
 
 async def run(env: Routed, checker: FakeChecker) -> tuple[RecordingBus, FakeStore]:
     bus, store = RecordingBus(), FakeStore()
-    deps = ValidatorDeps(bus=bus, store=store, tracer=NoOpTracer(), checker=checker)
-    await build_stage(ValidatorSettings(common=COMMON)).handle(FakeDelivery(encode(env)), deps)
+    deps = ValidatorDeps(bus=bus, store=store, tracer=NoOpTracer(),
+        admission=ADMISSION, checker=checker)
+    await build_stage(ValidatorSettings(common=COMMON)).handle(FakeDelivery(stamped(env)), deps)
     return bus, store
 
 

@@ -1,31 +1,56 @@
-"""Agents for the tests, created as `intentroute agent add` creates them: a row in the
-`agents` table with the bcrypt hash of a fresh secret."""
+"""The agents the integration tests ask as, added as `intentroute agent add` adds them
+(a row in `agents` with the bcrypt hash of a fresh secret, and, with auth on, a NATS
+user once the stack's auth sync has reloaded the server)."""
 
 from __future__ import annotations
 
-import secrets
+import asyncio
+import os
+from pathlib import Path
 
-import asyncpg
-import bcrypt
+import nats
 
-from shared.store import asyncpg_dsn
+from shared.natsconn import Credential
+from shared.store.agents import AgentStore
 
-# The agents the integration tests ask as; "tests" is trusted (it declares query types).
+# "tests" is trusted: it declares query types. The others are ordinary agents.
 TEST_AGENTS = {"tests": True, "agent-a": False, "agent-b": False, "grpc": False,
                "untrusted": False}
 
 
-async def ensure_agent(database_url: str, agent_id: str, *, trusted: bool = False) -> str:
-    """Create (or re-key and un-revoke) `agent_id`; returns its bearer token."""
-    secret = secrets.token_urlsafe(24)
-    secret_hash = bcrypt.hashpw(secret.encode(), bcrypt.gensalt(rounds=10)).decode()
-    conn = await asyncpg.connect(asyncpg_dsn(database_url))
+async def add_test_agents(nats_url: str, database_url: str) -> dict[str, Credential]:
+    store = await AgentStore.connect(database_url)
     try:
-        await conn.execute(
-            "INSERT INTO agents (agent_id, secret_hash, trusted) VALUES ($1, $2, $3) "
-            "ON CONFLICT (agent_id) DO UPDATE SET secret_hash = EXCLUDED.secret_hash, "
-            "trusted = EXCLUDED.trusted, revoked_at = NULL, updated_at = now()",
-            agent_id, secret_hash, trusted)
+        creds = {}
+        for agent, trusted in TEST_AGENTS.items():
+            if await store.get(agent) is not None:  # a reused external database
+                creds[agent] = await store.rotate(agent)
+                await store.set_trusted(agent, trusted)
+            else:
+                creds[agent] = await store.add(agent, trusted=trusted)
     finally:
-        await conn.close()
-    return f"{agent_id}.{secret}"
+        await store.close()
+    home = os.environ.get("INTENTROUTE_HOME", "")
+    if home and (Path(home) / "nats").exists():
+        from intentroute.stack.auth import sync_agents
+
+        await sync_agents(Path(home), database_url)
+        for cred in creds.values():
+            await wait_admitted(nats_url, cred)
+    return creds
+
+
+async def wait_admitted(nats_url: str, cred: Credential, timeout: float = 10.0) -> None:
+    """Until the server has applied the reload that adds this agent."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            nc = await nats.connect(nats_url, **cred.nats, allow_reconnect=False,
+                                    max_reconnect_attempts=0)
+            await nc.close()
+            return
+        except Exception:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -40,6 +41,8 @@ class RecordingRetrieval:
 
 def base_env(nats_url: str, database_url: str, index_dir: Path, **extra: str) -> dict[str, str]:
     env = {
+        # The test stack's state: the workers' service credentials live there.
+        "INTENTROUTE_HOME": os.environ.get("INTENTROUTE_HOME", ".intentroute"),
         "NATS_URL": nats_url,
         "DATABASE_URL": database_url,
         "INDEX_DIR": str(index_dir),
@@ -69,13 +72,24 @@ async def running(
                 from services.retriever.app import create_app
                 from services.retriever.settings import RetrieverSettings
 
-                app = create_app(RetrieverSettings.from_env(env), retrieval=retrievals.pop(0),
+                app = create_app(RetrieverSettings.from_env(worker_env(env, name)),
+                                 retrieval=retrievals.pop(0),
                                  tracer_provider=tracer_provider)
             else:
-                app = create_worker(name, env, tracer_provider=tracer_provider)
+                app = create_worker(name, worker_env(env, name), tracer_provider=tracer_provider)
             await stack.enter_async_context(TestApp(app))
             apps.append(app)
         yield apps
+
+
+def worker_env(env: Mapping[str, str], name: str) -> dict[str, str]:
+    """`env` plus the worker's service credential when the stack runs with auth."""
+    home = Path(env.get("INTENTROUTE_HOME", ""))
+    if not (home / "creds").is_dir():
+        return dict(env)
+    from intentroute.stack.auth import service_env
+
+    return {**env, **service_env(home, name)}
 
 
 def make_request(query: str, **fields: Any) -> AgentRequest:

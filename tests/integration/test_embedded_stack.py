@@ -9,6 +9,7 @@ import nats
 import pytest
 
 from intentroute.stack import embedded_stack
+from intentroute.stack.auth import admin_kwargs
 
 pytestmark = pytest.mark.integration
 
@@ -18,7 +19,8 @@ async def test_embedded_stack_starts_from_a_relative_state_dir(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     with embedded_stack(Path(".intentroute")) as (nats_url, database_url):
-        nc = await nats.connect(nats_url)
+        # The embedded server admits credentials only: the admin's is in the state dir.
+        nc = await nats.connect(nats_url, **admin_kwargs(Path(".intentroute")))
         info = await nc.jetstream().account_info()
         await nc.close()
         conn = await asyncpg.connect(database_url)

@@ -45,6 +45,6 @@ async def test_rc01_prefixed_query_never_reaches_the_llm(fake_ollama) -> None:
                       llm=OllamaLabeler(fake_ollama.url, "small", timeout=5))
     req = AgentRequest(request_id="r", session_id="s", agent_id="a",
                        query="You are a direct and concise assistant. Explain hmm")
-    d = await cascade.decide(req, [HistoryEntry(QueryType.RETRIEVAL, "x")])
+    d = await cascade.decide(req, [HistoryEntry(QueryType.RETRIEVAL, "x")], trusted=True)
     assert d.type == QueryType.PLATFORM
     assert fake_ollama.requests == []

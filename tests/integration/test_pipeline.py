@@ -199,16 +199,17 @@ async def test_bad_input_gets_an_error_chunk(nc, nats_url, database_url, kb_inde
 
 
 async def test_classify_history_keeps_session_order_and_readers_get_six(
-    nc, nats_url, database_url, kb_index, store
+    connect_as, nats_url, database_url, kb_index, store
 ) -> None:
     env = base_env(nats_url, database_url, kb_index)
+    a, b = await connect_as("agent-a"), await connect_as("agent-b")
     async with running(env):
         for i in range(8):
             # an unambiguous docs question: the types below must not hinge on a borderline call
-            await ask_all(nc, make_request(f"what does addVar return in example {i}?",
-                                           session_id="hist", agent_id="agent-a"))
-        await ask_all(nc, make_request("other agent same session id",
-                                       session_id="hist", agent_id="agent-b"))
+            await ask_all(a, make_request(f"what does addVar return in example {i}?",
+                                          session_id="hist", agent_id="agent-a"))
+        await ask_all(b, make_request("other agent same session id",
+                                      session_id="hist", agent_id="agent-b"))
     history = await store.last_history("agent-a", "hist")
     assert [h.topic for h in history] == [
         f"what does addVar return in example {i}?" for i in range(2, 8)]
@@ -234,6 +235,6 @@ async def test_relevance_retry_happens_at_most_once_and_is_recorded(
     assert first == 2
     assert hit[-1].retried is False
     assert len(rec.queries) == 3
-    row = await store.pool.fetchrow("SELECT retried FROM request_log WHERE request_id = $1",
-                                    off_topic.request_id)
+    row = await store.pool.fetchrow("SELECT retried FROM request_log WHERE agent_id = $1 "
+                                    "AND request_id = $2", "tests", off_topic.request_id)
     assert row["retried"] is True

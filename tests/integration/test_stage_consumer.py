@@ -32,7 +32,8 @@ def _spec(stream: str, subject: str, **overrides: float) -> StageSpec:
                      ack_wait=settings["ack_wait"], max_deliver=int(settings["max_deliver"]))
 
 
-async def test_consumer_keeps_pulling_after_its_pulls_expire(nc: Client) -> None:
+async def test_consumer_keeps_pulling_after_its_pulls_expire(admin_nc: Client) -> None:
+    nc = admin_nc  # streams of its own: the admin's
     stream, subject = await _stream(nc)
     got: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -50,8 +51,9 @@ async def test_consumer_keeps_pulling_after_its_pulls_expire(nc: Client) -> None
 
 
 async def test_replicas_share_the_durable_consumer_and_each_message_is_handled_once(
-    nc: Client,
+    admin_nc: Client,
 ) -> None:
+    nc = admin_nc  # streams of its own: the admin's
     stream, subject = await _stream(nc)
     handled: Counter[bytes] = Counter()
     by_replica: Counter[int] = Counter()
@@ -87,8 +89,9 @@ async def test_replicas_share_the_durable_consumer_and_each_message_is_handled_o
 
 
 async def test_nacked_and_failed_messages_come_back_with_their_delivery_count(
-    nc: Client,
+    admin_nc: Client,
 ) -> None:
+    nc = admin_nc  # streams of its own: the admin's
     stream, subject = await _stream(nc)
     seen: list[tuple[bytes, int]] = []
     done = asyncio.Event()

@@ -1,4 +1,4 @@
-"""agents: credentials (bcrypt hashes), trust, revocation
+"""agents
 
 Revision ID: 0002
 Revises: 0001

@@ -1,0 +1,210 @@
+"""The permission matrix and the nats-server config rendered from it (no server)."""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from intentroute.stack.natsconf import ServerTls, User, auth_config, server_config, stack_users
+from intentroute.stack.postgres import hba_to_scram, hba_uses_trust
+from shared.bus import broker_security
+from shared.contracts.routing import ModelSlot
+from shared.identity import split_token
+from shared.natsauth import (
+    ADMIN_USER,
+    SERVICE_USERS,
+    WORKER_GRANTS,
+    agent_id_problem,
+    agent_permissions,
+    consumer_grants,
+    service_permissions,
+)
+from shared.natsconn import connect_kwargs
+from shared.settings import CommonSettings
+
+HASHES = {name: f"$2b$10$hash-of-{name}" for name in [ADMIN_USER, *SERVICE_USERS]}
+
+
+def _auth_json(text: str) -> Any:
+    prefix = "authorization: "
+    assert text.startswith(prefix)
+    return json.loads(text[len(prefix):])
+
+
+def test_an_agent_may_touch_only_its_own_subjects() -> None:
+    perms = agent_permissions("alice")
+    for subject in (*perms.publish, *perms.subscribe):
+        assert "alice" in subject.split("."), subject
+    # Wildcards come after its own id only (the `*` in the consumer API subject is the
+    # consumer's name; the filter after it is checked by the server against the body).
+    assert set(perms.publish) == {
+        "agent.request.alice", "agent.feedback.alice",
+        "$JS.API.CONSUMER.CREATE.AGENT_RESPONSES.*.agent.response.alice.>"}
+    assert set(perms.subscribe) == {"agent.response.alice.>", "_INBOX.alice.>"}
+
+
+def test_an_agent_has_no_stream_api_nor_pipeline_subject() -> None:
+    perms = agent_permissions("alice")
+    joined = " ".join(perms.publish + perms.subscribe)
+    assert "$JS.API.STREAM" not in joined
+    assert "intentroute.stage" not in joined
+    assert "$JS.API.CONSUMER.CREATE.AGENT_RESPONSES.*.agent.response.alice.>" in perms.publish
+
+
+@pytest.mark.parametrize("worker", list(WORKER_GRANTS))
+def test_a_worker_never_manages_streams_and_reads_only_its_inbox(worker: str) -> None:
+    perms = service_permissions(worker)
+    for verb in ("CREATE", "UPDATE", "DELETE", "PURGE", "NAMES", "LIST"):
+        assert not any(p.startswith(f"$JS.API.STREAM.{verb}") for p in perms.publish)
+    assert f"_INBOX.intentroute-{worker}.>" in perms.subscribe
+    assert not any(s.startswith("_INBOX.") and worker not in s for s in perms.subscribe)
+    assert not any(p.startswith("_INBOX") for p in perms.publish)
+    assert not perms.allow_responses
+
+
+def test_stage_hand_offs_follow_the_pipeline() -> None:
+    def stage_publishes(worker: str) -> set[str]:
+        return {p for p in service_permissions(worker).publish
+                if p.startswith("intentroute.stage.")}
+
+    assert stage_publishes("gateway") == {"intentroute.stage.classify"}
+    assert stage_publishes("classifier") == {"intentroute.stage.retrieve",
+                                             "intentroute.stage.generate.*"}
+    assert stage_publishes("retriever") == {"intentroute.stage.generate.main",
+                                            "intentroute.stage.generate.conversational"}
+    assert stage_publishes("generator-main") == {"intentroute.stage.validate"}
+    assert stage_publishes("generator-conversational") == set()
+    assert stage_publishes("validator") == {"intentroute.stage.generate.main"}
+    readers = {w for w in WORKER_GRANTS
+               if "$JS.API.STREAM.MSG.GET.AGENT_RESPONSES"
+               in service_permissions(w).publish}
+    assert readers == {"generator-main", "generator-conversational"}
+
+
+def _service_specs() -> dict[str, tuple[str, str, str]]:
+    from services.classifier.handlers import build_stage as classifier
+    from services.classifier.settings import ClassifierSettings
+    from services.gateway.handlers import build_stage as gateway
+    from services.gateway.settings import GatewaySettings
+    from services.generator.handlers import build_stage as generator
+    from services.generator.settings import GeneratorSettings
+    from services.retriever.handlers import build_stage as retriever
+    from services.retriever.settings import RetrieverSettings
+    from services.validator.handlers import build_stage as validator
+    from services.validator.settings import ValidatorSettings
+
+    stages: dict[str, Any] = {
+        "gateway": gateway(GatewaySettings.from_env({})),
+        "classifier": classifier(ClassifierSettings.from_env({})),
+        "retriever": retriever(RetrieverSettings.from_env({})),
+        "generator-main": generator(GeneratorSettings.from_env({}, slot=ModelSlot.MAIN)),
+        "generator-conversational": generator(
+            GeneratorSettings.from_env({}, slot=ModelSlot.CONVERSATIONAL)),
+        "validator": validator(ValidatorSettings.from_env({})),
+    }
+    return {w: (s.spec.stream, s.spec.durable, s.spec.subject) for w, s in stages.items()}
+
+
+@pytest.mark.parametrize(("worker", "spec"), list(_service_specs().items()))
+def test_each_worker_may_create_exactly_the_consumer_its_stage_declares(
+    worker: str, spec: tuple[str, str, str]
+) -> None:
+    stream, durable, subject = spec
+    perms = service_permissions(worker)  # as deployed (today's subjects included)
+    create, info, pull, ack = consumer_grants(stream, durable, subject)
+    assert {create, info, pull, ack} <= set(perms.publish)
+    # ... and the subject nats-py sends for that config is the granted one.
+    from shared.consumer import StageSpec
+
+    config = StageSpec(stream=stream, subject=subject, durable=durable, max_inflight=1,
+                       ack_wait=1, max_deliver=1).consumer_config()
+    assert f"$JS.API.CONSUMER.CREATE.{stream}.{config.name}.{config.filter_subject}" == create
+
+
+def test_the_auth_part_lists_every_user_with_quoted_hashes() -> None:
+    text = auth_config(stack_users(HASHES, [("alice", "$2b$10$alice")]))
+    users = {u["user"]: u for u in _auth_json(text)["users"]}
+    assert set(users) == {ADMIN_USER, *SERVICE_USERS, "alice"}
+    assert "permissions" not in users[ADMIN_USER]
+    assert users["alice"]["password"] == "$2b$10$alice"
+    assert users["alice"]["permissions"]["allow_responses"] is True
+    assert re.search(r'"password": "\$2b\$10\$alice"', text)  # never an unquoted `$`
+    assert "no_auth_user" not in text
+
+
+def test_agents_with_reserved_or_malformed_ids_are_left_out() -> None:
+    users = stack_users(HASHES, [("admin", "h"), ("intentroute-gateway", "h"), ("a.b", "h"),
+                                 ("ok_agent-1", "h")])
+    assert [u.name for u in users if u.name not in HASHES] == ["ok_agent-1"]
+    with pytest.raises(ValueError, match="duplicate"):
+        auth_config([User("x", "h", None), User("x", "h", None)])
+
+
+def test_the_server_part_includes_auth_and_tls() -> None:
+    text = server_config(host="127.0.0.1", port=4222, store_dir="/s", pid_file="/p",
+                         tls=ServerTls("/c.pem", "/k.pem", ca="/ca.pem"))
+    assert 'include "auth.conf"' in text
+    tls = json.loads(text.split("tls: ", 1)[1].split("\ninclude")[0])
+    assert tls == {"cert_file": "/c.pem", "key_file": "/k.pem", "timeout": 5,
+                   "ca_file": "/ca.pem", "verify": True}
+    open_server = server_config(host="127.0.0.1", port=4222, store_dir="/s", pid_file="/p",
+                                auth=False)
+    assert "include" not in open_server
+    assert "tls" not in open_server
+
+
+@pytest.mark.parametrize(("agent_id", "ok"), [
+    ("alice", True), ("A_b-9", True), ("x" * 64, True), ("x" * 65, False), ("", False),
+    ("a.b", False), ("a>", False), ("admin", False), ("intentroute", False),
+    ("IntentRoute-x", False), ("administrator", True),
+])
+def test_agent_ids(agent_id: str, ok: bool) -> None:
+    assert (agent_id_problem(agent_id) == "") is ok
+
+
+def test_a_token_splits_at_the_first_dot() -> None:
+    assert split_token("alice.se.cret") == ("alice", "se.cret")
+    assert split_token("nodot") == ("nodot", "")
+
+
+def test_connect_kwargs_from_settings(tmp_path: Path) -> None:
+    common = CommonSettings(nats_user="intentroute-retriever", nats_password="pw")
+    assert connect_kwargs(common) == {"user": "intentroute-retriever", "password": "pw",
+                                      "inbox_prefix": "_INBOX.intentroute-retriever"}
+    assert connect_kwargs(CommonSettings(nats_token="t")) == {"token": "t"}
+    assert connect_kwargs(CommonSettings()) == {}
+    assert connect_kwargs(CommonSettings(nats_creds="/x.creds", nats_inbox_prefix="_I.x")) == {
+        "user_credentials": "/x.creds", "inbox_prefix": "_I.x"}
+    assert CommonSettings.from_env({"NATS_USER": "u", "NATS_PASSWORD": "p"}).nats_authenticated
+    assert not CommonSettings.from_env({}).nats_authenticated
+
+
+def test_the_broker_gets_the_same_credentials() -> None:
+    from faststream.nats.security import NatsCredentials, NatsToken, NatsUserPassword
+
+    ctx = ssl.create_default_context()
+    user = broker_security({"user": "u", "password": "p", "tls": ctx})
+    assert isinstance(user, NatsUserPassword)
+    assert user.username == "u"
+    assert user.ssl_context is ctx
+    assert isinstance(broker_security({"token": "t"}), NatsToken)
+    assert isinstance(broker_security({"user_credentials": "/x.creds"}), NatsCredentials)
+    assert broker_security({}) is None
+
+
+def test_trust_rules_become_scram() -> None:
+    hba = ("# TYPE DATABASE USER ADDRESS METHOD\n"
+           "# local all all trust\n"
+           "local   all             all                                     trust\n"
+           "host    all             all             127.0.0.1/32            trust\n"
+           "host    replication     all             ::1/128                 trust  # x\n")
+    assert hba_uses_trust(hba)
+    converted = hba_to_scram(hba)
+    assert not hba_uses_trust(converted)
+    assert "# local all all trust" in converted  # comments untouched
+    assert converted.count("scram-sha-256") == 3
