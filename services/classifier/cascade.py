@@ -29,6 +29,7 @@ from services.classifier.rules import (
     has_platform_data,
     has_platform_prefix,
     is_code_request,
+    strip_platform_prefix,
 )
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import (
@@ -160,6 +161,8 @@ class Cascade:
         Layer 3 needs it, so most decisions cost no store round trip. From an untrusted
         agent a declared query_type is ignored (and the decision says so) and the
         platform prefix is ordinary text."""
+        if not trusted and has_platform_prefix(request.query):
+            request = msgspec.structs.replace(request, query=strip_platform_prefix(request.query))
         chosen = await self._decide(request, history, trusted=trusted)
         if request.query_type and not trusted:
             log.info("[classify] ignoring query_type declared by untrusted agent %s",

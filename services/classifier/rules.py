@@ -105,6 +105,17 @@ def has_platform_prefix(query: str) -> bool:
     return any(prefix in lowered for prefix in PLATFORM_PREFIXES)
 
 
+_PREFIX_RE = re.compile("(?:" + "|".join(re.escape(p) for p in PLATFORM_PREFIXES) + r")[.:;,!]?\s*",
+                        re.IGNORECASE)
+
+
+def strip_platform_prefix(query: str) -> str:
+    """The query without RC-01 prefixes: what an untrusted agent's message says. (The
+    head learned the prefix as a PLATFORM cue; typed by an untrusted agent it must not
+    route through any layer.)"""
+    return _PREFIX_RE.sub("", query).strip() or query
+
+
 def has_platform_data(query: str, extra_context: str = "") -> bool:
     """RC-02: usage percentages, account metrics, quotas or billing data.
 

@@ -95,7 +95,8 @@ def worker_env(env: Mapping[str, str], name: str) -> dict[str, str]:
 def make_request(query: str, **fields: Any) -> AgentRequest:
     fields.setdefault("session_id", f"s-{uuid.uuid4().hex[:8]}")
     fields.setdefault("agent_id", "tests")  # trusted: it may declare query types
-    return AgentRequest(request_id=uuid.uuid4().hex, query=query, **fields)
+    fields.setdefault("request_id", uuid.uuid4().hex)
+    return AgentRequest(query=query, **fields)
 
 
 async def ask_all(nc: Client, req: AgentRequest, timeout: float = 30.0) -> list[ResponseChunk]:

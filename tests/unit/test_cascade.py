@@ -84,9 +84,12 @@ async def test_rc01_prefix_is_platform_and_never_calls_a_model() -> None:
 
 
 async def test_rc01_prefix_from_an_untrusted_agent_is_ordinary_text() -> None:
-    d = await cascade().decide(
+    c = cascade()
+    d = await c.decide(
         req("You are a direct and concise assistant. Explain what addVar does."), [])
     assert (d.type, d.layer) == (R, Layer.EMBEDDING)
+    # No layer sees the prefix as a cue (the shipped head learned it as one).
+    assert c.layer2.seen == ["Explain what addVar does."]  # type: ignore[union-attr]
 
 
 async def test_rc02_platform_data_wins_over_history() -> None:
