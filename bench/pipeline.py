@@ -2,7 +2,11 @@
 
 Every worker runs as its own process (as in production) on the embedded servers,
 with the generator on the instant echo backend and the retriever on BM25, so the
-figures measure the bus, the stores and the workers' own overhead.
+figures measure the bus, the stores and the workers' own overhead. As in production,
+authentication and permissions are on: the workers connect as their service users,
+the requests come from two agents (`bench-seq` for latency, `bench-load` for
+throughput) with their own credentials; `auth=False` (`--no-auth`) runs the same on
+an open server.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from shared.bus import ensure_streams
 from shared.client import publish_request
 from shared.codec import decode_chunk
 from shared.contracts.request import AgentRequest
+from shared.contracts.response import agent_responses
 
 REPO = Path(__file__).resolve().parent.parent
+AGENTS = ("bench-load", "bench-seq")
 # One of each type; CODE_GENERATION adds the validator hop.
 MIX: list[dict[str, str | None]] = [
     {"query": "What does addParam do?"},
@@ -47,11 +53,11 @@ def _pct(values: list[float], q: float) -> float:
     return round(values[min(len(values) - 1, int(q * len(values)))], 3)
 
 
-async def _floor(nc: Client, n: int = 500) -> float:
+async def _floor(nc: Client, admin: dict[str, Any], n: int = 500) -> float:
     async def echo(msg: Msg) -> None:
         await msg.respond(msg.data)
 
-    responder = await nats.connect(nc.connected_url.geturl())  # type: ignore[union-attr]
+    responder = await nats.connect(nc.connected_url.geturl(), **admin)  # type: ignore[union-attr]
     await responder.subscribe("bench.echo", cb=echo)
     await responder.flush()
     for _ in range(50):  # until the server routes the requester's first request there
@@ -90,43 +96,39 @@ def _request(i: int, agent: str = "bench-load") -> AgentRequest:
     )
 
 
-async def _measure(nats_url: str, db_url: str, requests: int, load: int, window: int
-                   ) -> dict[str, Any]:
-    nc = await nats.connect(nats_url)
-    await ensure_streams(nc.jetstream(), 3600)
-    await wait_for_consumers(nc, list(WORKERS))
+async def _measure(nats_url: str, db_url: str, requests: int, load: int, window: int,
+                   creds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    admin = await nats.connect(nats_url, **creds["admin"])
+    await wait_for_consumers(admin, list(WORKERS))
+    floor = await _floor(admin, creds["admin"])
+    callers = {agent: await nats.connect(nats_url, **creds[agent]) for agent in AGENTS}
     waiter = Waiter()
-    await nc.subscribe("agent.response.>", cb=waiter.on_chunk)
+    for agent, nc in callers.items():
+        await nc.subscribe(agent_responses(agent), cb=waiter.on_chunk)
     loop = asyncio.get_running_loop()
-    floor = await _floor(nc)
+
+    async def ask(req: AgentRequest) -> float:
+        # Keep the future: the answer may arrive (and leave `pending`) before the ack.
+        fut = waiter.pending[req.request_id] = loop.create_future()
+        t = time.perf_counter()
+        await publish_request(callers[req.agent_id], req)
+        return (await asyncio.wait_for(fut, 60) - t) * 1000
+
     # Warm-up: every worker has fetched, connected its pool and filled caches.
     for i in range(40):
-        req = _request(i)
-        waiter.pending[req.request_id] = loop.create_future()
-        await publish_request(nc, req)
-        await asyncio.wait_for(waiter.pending[req.request_id], 60)
-    latencies = []
-    for i in range(requests):
-        req = _request(i, "bench-seq")
-        fut = loop.create_future()
-        waiter.pending[req.request_id] = fut
-        t = time.perf_counter()
-        await publish_request(nc, req)
-        latencies.append((await asyncio.wait_for(fut, 30) - t) * 1000)
+        await ask(_request(i))
+    latencies = [await ask(_request(i, "bench-seq")) for i in range(requests)]
     sem = asyncio.Semaphore(window)
 
     async def one(i: int) -> None:
         async with sem:
-            req = _request(i)
-            fut = loop.create_future()
-            waiter.pending[req.request_id] = fut
-            await publish_request(nc, req)
-            await asyncio.wait_for(fut, 60)
+            await ask(_request(i))
 
     t = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(load)))
     elapsed = time.perf_counter() - t
-    await nc.drain()
+    for nc in (*callers.values(), admin):
+        await nc.drain()
     stages = await _stage_breakdown(db_url)
     return {
         "floor_rtt_ms_p50": floor,
@@ -164,10 +166,41 @@ async def _stage_breakdown(db_url: str) -> dict[str, float]:
     return {k: round(statistics.median(v), 3) for k, v in sorted(values.items())}
 
 
-def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: bool = False
-        ) -> dict[str, Any]:
+async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool
+                      ) -> dict[str, dict[str, Any]]:
+    """The bench's agents (trusted: the mix declares types), added as users add them,
+    and the connect kwargs of each caller and of the admin."""
+    from intentroute.stack.auth import admin_kwargs, sync_agents
+    from shared.store.agents import AgentStore
+
+    store = await AgentStore.connect(db_url)
+    try:
+        creds = {agent: await store.add(agent, trusted=True) for agent in AGENTS}
+    finally:
+        await store.close()
+    if not auth:
+        return {name: {} for name in (*AGENTS, "admin")}
+    await sync_agents(state, db_url)
+    kwargs: dict[str, dict[str, Any]] = {"admin": admin_kwargs(state)}
+    for agent, cred in creds.items():
+        kwargs[agent] = dict(cred.nats)
+        for _ in range(100):  # until the reload that admits it has been applied
+            try:
+                await (await nats.connect(nats_url, **kwargs[agent],
+                                          max_reconnect_attempts=0)).close()
+                break
+            except Exception:
+                await asyncio.sleep(0.05)
+    async with await nats.connect(nats_url, **kwargs["admin"]) as admin:
+        await ensure_streams(admin.jetstream(), 3600)
+    return kwargs
+
+
+def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: bool = False,
+        auth: bool = True) -> dict[str, Any]:
     """models=False measures the transport: rules-only classifier, BM25 retriever.
     models=True runs the production cascade (Layer 2) and hybrid retrieval."""
+    from intentroute.stack.auth import service_env
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.embeddings import SentenceTransformerEncoder
     from shared.store import migrate
@@ -175,22 +208,24 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
     with tempfile.TemporaryDirectory(prefix="ir-bench-") as tmp:
         state = Path(tmp)
         ingest(REPO / "kb" / "avap", state / "index", SentenceTransformerEncoder(), progress=False)
-        # Open server until the integrator switches this bench to auth (--no-auth stays open).
-        with embedded_stack(state, auth=False) as (nats_url, db_url):
+        with embedded_stack(state, auth=auth) as (nats_url, db_url):
             migrate(db_url)
+            creds = asyncio.run(_add_agents(state, db_url, nats_url, auth))
             env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
-                       INDEX_DIR=str(state / "index"), GENERATOR_BACKEND="echo",
-                       AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="WARNING")
+                       INTENTROUTE_HOME=str(state), INDEX_DIR=str(state / "index"),
+                       GENERATOR_BACKEND="echo", AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="WARNING")
             if not models:
                 env.update(RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="")
             procs = [
                 subprocess.Popen([sys.executable, "-m", "intentroute.cli", "worker", name],
-                                 env=env)
+                                 env={**env, **(service_env(state, name) if auth else {})})
                 for name in WORKERS
             ]
             try:
-                result = uvloop.run(_measure(nats_url, db_url, requests, load, window))
+                result = uvloop.run(
+                    _measure(nats_url, db_url, requests, load, window, creds))
                 result["models"] = models
+                result["auth"] = auth
                 return result
             finally:
                 for p in procs:

@@ -23,11 +23,15 @@ def bench_pipeline(
     models: Annotated[
         bool, typer.Option(help="Layer-2 classifier and hybrid retrieval instead of rules/BM25")
     ] = False,
+    no_auth: Annotated[
+        bool, typer.Option("--no-auth", help="An open server: no credentials, no permissions")
+    ] = False,
 ) -> None:
-    """End-to-end latency and throughput with the echo generator, all workers here."""
+    """End-to-end latency and throughput with the echo generator, all workers here, with
+    authentication and per-subject permissions on (as `intentroute up` runs them)."""
     from bench.pipeline import run
 
-    emit(run(requests=requests, load=load, models=models), json_out)
+    emit(run(requests=requests, load=load, models=models, auth=not no_auth), json_out)
 
 
 @bench_app.command("classifier")
