@@ -102,9 +102,10 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
     # Warm-up: every worker has fetched, connected its pool and filled caches.
     for i in range(40):
         req = _request(i)
-        waiter.pending[req.request_id] = loop.create_future()
+        # Keep the future: the answer may arrive (and leave `pending`) before the ack.
+        warm = waiter.pending[req.request_id] = loop.create_future()
         await publish_request(nc, req)
-        await asyncio.wait_for(waiter.pending[req.request_id], 60)
+        await asyncio.wait_for(warm, 60)
     latencies = []
     for i in range(requests):
         req = _request(i, "bench-seq")
