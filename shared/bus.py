@@ -23,7 +23,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import propagate
 
 from shared.codec import decode_chunk, encode
-from shared.contracts import pipeline, request, response
+from shared.contracts import deadletter, pipeline, request, response
 from shared.contracts.response import ChunkKind, ErrorInfo, ResponseChunk, response_subject
 from shared.contracts.routing import RoutingDecision
 from shared.natsconn import connect_kwargs
@@ -58,6 +58,14 @@ def stream_configs(response_ttl: float) -> list[StreamConfig]:
             storage=StorageType.FILE,
             max_age=response_ttl,
             duplicate_window=120,
+        ),
+        # Messages that exhausted their deliveries, kept a week for an operator.
+        StreamConfig(
+            name=deadletter.STREAM,
+            subjects=[f"{deadletter.SUBJECT_PREFIX}.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=7 * 24 * 3600,
         ),
     ]
 
@@ -162,13 +170,14 @@ class Bus:
         if ack.stream != stream:
             raise WrongStreamError(f"{subject} was stored in {ack.stream!r}, not {stream!r}")
 
-    async def last_seq(self, subject: str, stream: str) -> int:
-        """Next free seq on a response subject (used when a redelivered stage resumes)."""
+    async def last_chunk(self, subject: str, stream: str) -> ResponseChunk | None:
+        """The last chunk stored on a response subject (a redelivered stage resumes
+        after it, or finds its answer already given)."""
         try:
             msg = await self.js.get_last_msg(stream, subject)
         except NotFoundError:
-            return 0
-        return decode_chunk(msg.data or b"").seq + 1
+            return None
+        return decode_chunk(msg.data or b"")
 
 
 class WrongStreamError(RuntimeError):

@@ -27,6 +27,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Tracer
 
+from shared.contracts import deadletter
 from shared.ports import Delivery
 
 log = logging.getLogger("intentroute.consumer")
@@ -62,17 +63,23 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
             deliver_policy=DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait,
-            max_deliver=self.max_deliver,
+            # Headroom over the stage's own bound: a replica killed on the last allowed
+            # delivery leaves the message to one more, which answers it (run_stage).
+            max_deliver=self.max_deliver + 2,
         )
 
 
 class JsDelivery:
     """A JetStream message as the `Delivery` a stage handler sees."""
 
-    __slots__ = ("msg",)
+    __slots__ = ("dlq_subject", "js", "msg", "touched")
 
-    def __init__(self, msg: Msg) -> None:
+    def __init__(self, msg: Msg, js: JetStreamContext, dlq_subject: str) -> None:
         self.msg = msg
+        self.js = js
+        self.dlq_subject = dlq_subject
+        # Loop time of the last sign of life sent for it (or of its arrival).
+        self.touched = 0.0
 
     @property
     def data(self) -> bytes:
@@ -95,6 +102,16 @@ class JsDelivery:
 
     async def in_progress(self) -> None:
         await self.msg.in_progress()
+
+    async def dead_letter(self, stage: str, reason: str) -> None:
+        await self.js.publish(
+            self.dlq_subject, self.msg.data, stream=deadletter.STREAM,
+            headers={deadletter.STAGE_HEADER: stage, deadletter.REASON_HEADER: reason[:1000],
+                     deadletter.SUBJECT_HEADER: self.msg.subject,
+                     deadletter.DELIVERIES_HEADER: str(self.deliveries),
+                     **{k: v for k, v in (self.msg.headers or {}).items()
+                        if k.lower().startswith("traceparent")}})
+        await self.msg.ack()
 
 
 Handler = Callable[[Delivery], Awaitable[None]]
@@ -132,12 +149,18 @@ class StageConsumer:
         self._last_seen = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.Task[None] | None = None
+        self._held: set[JsDelivery] = set()
+        self._reconnects = 0
+        self._repull: asyncio.TimerHandle | None = None
+        self._dlq_subject = deadletter.dead_letter_subject(spec.durable)
+        self._js = nc.jetstream()
 
     async def start(self) -> None:
         await ensure_consumer(self.nc.jetstream(), self.spec)
         self._inbox = self.nc.new_inbox()
         self._sub = await self.nc.subscribe(self._inbox, cb=self._on_message)
         self._last_seen = asyncio.get_running_loop().time()
+        self._reconnects = self.nc.stats.get("reconnects", 0)
         self._watchdog = asyncio.create_task(self._watch(), name=f"{self.spec.durable}-watch")
         await self._pull()
 
@@ -191,7 +214,8 @@ class StageConsumer:
         status = headers.get("Status", "")
         if status == "100":  # idle heartbeat: the pull is alive
             return
-        # 408: a pull expired; 409: the server ended it (limits, leadership change).
+        # 408: a pull expired; 409: the server ended it (limits, leadership change);
+        # 503: no JetStream responder (a server restarting).
         pending = headers.get("Nats-Pending-Messages")
         if pending is not None:
             self._outstanding = max(0, self._outstanding - int(pending))
@@ -199,12 +223,25 @@ class StageConsumer:
             self._outstanding = 0
         if status == "408":
             await self._pull()
-        else:
-            log.warning("[%s] pull ended with %s %s", self.spec.durable, status,
-                        headers.get("Description", ""))
+            return
+        log.warning("[%s] pull ended with %s %s", self.spec.durable, status,
+                    headers.get("Description", ""))
+        self._pull_soon()
+
+    def _pull_soon(self, delay: float = 0.25) -> None:
+        """Ask again shortly (not at once: a server that just refused may need a moment)."""
+        if self._repull is None or self._repull.cancelled():
+            loop = asyncio.get_running_loop()
+            self._repull = loop.call_later(delay, lambda: asyncio.ensure_future(self._repull_now()))
+
+    async def _repull_now(self) -> None:
+        self._repull = None
+        await self._pull()
 
     async def _run(self, msg: Msg) -> None:
-        delivery = JsDelivery(msg)
+        delivery = JsDelivery(msg, self._js, self._dlq_subject)
+        delivery.touched = asyncio.get_running_loop().time()
+        self._held.add(delivery)
         try:
             if self._tracer is None:
                 await self._handler(delivery)
@@ -212,16 +249,27 @@ class StageConsumer:
                 await self._traced(delivery)
             if not delivery.settled:
                 await msg.ack()
-        except Exception:
-            # stage_guard sorts the expected errors; this is a bug or a dead connection.
-            log.exception("[%s] handler failed; message goes back for redelivery",
-                          self.spec.durable)
-            if not delivery.settled:
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=1.0)
+        except Exception as exc:
+            # run_stage sorts the expected errors; this is a dead connection or a bug.
+            await self._handler_failed(delivery, exc)
         finally:
+            self._held.discard(delivery)
             self._inflight -= 1
             await self._pull()
+
+    async def _handler_failed(self, delivery: JsDelivery, exc: Exception) -> None:
+        """Redeliver; after the last allowed delivery, dead-letter: never a silent drop,
+        never a message left unacknowledged in its stream."""
+        if delivery.settled:
+            return
+        last = delivery.deliveries >= self.spec.max_deliver
+        log.error("[%s] handler failed on delivery %d%s: %r", self.spec.durable,
+                  delivery.deliveries, " (the last): dead-lettered" if last else "", exc)
+        with contextlib.suppress(Exception):
+            if last:
+                await delivery.dead_letter(self.spec.durable, f"handler failed: {exc!r}")
+            else:
+                await delivery.nack(delay=1.0)
 
     async def _traced(self, delivery: JsDelivery) -> None:
         assert self._tracer is not None
@@ -243,13 +291,29 @@ class StageConsumer:
             otel_context.detach(token)
 
     async def _watch(self) -> None:
-        """A pull lost to a reconnect or a server restart is noticed by the missing
-        heartbeats, and asked again."""
+        """Every quarter second: after a reconnect, ask again at once (the server lost
+        the pulls, and waiting for missing heartbeats would stall for seconds); a pull
+        whose heartbeats stopped is asked again; messages still being handled get a
+        sign of life, so a short ack_wait redelivers a dead replica's messages fast
+        while a long answer keeps its own."""
         loop = asyncio.get_running_loop()
+        keepalive = max(0.5, self.spec.ack_wait / 3)
         while not self._stopping:
-            await asyncio.sleep(self._heartbeat)
-            silent = loop.time() - self._last_seen
-            if silent > 2 * self._heartbeat + 1:
+            await asyncio.sleep(0.25)
+            now = loop.time()
+            reconnects = self.nc.stats.get("reconnects", 0)
+            if reconnects != self._reconnects and self.nc.is_connected:
+                self._reconnects = reconnects
+                log.info("[%s] reconnected: pulling again", self.spec.durable)
                 self._outstanding = 0
-                self._last_seen = loop.time()
+                self._last_seen = now
                 await self._pull()
+            elif now - self._last_seen > 2 * self._heartbeat + 1:
+                self._outstanding = 0
+                self._last_seen = now
+                await self._pull()
+            for delivery in list(self._held):
+                if now - delivery.touched >= keepalive and not delivery.settled:
+                    delivery.touched = now
+                    with contextlib.suppress(Exception):
+                        await delivery.in_progress()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from shared.contracts import feedback, pipeline, request, response
+from shared.contracts import deadletter, feedback, pipeline, request, response
 from shared.contracts.routing import ModelSlot
 from shared.natsconn import inbox_prefix
 
@@ -39,6 +39,7 @@ STREAM_SUBJECTS: dict[str, tuple[str, ...]] = {
     request.STREAM: (AGENT_REQUEST_ANY,),
     pipeline.STREAM: (f"{pipeline.SUBJECT_PREFIX}.>",),
     response.STREAM: (f"{response.SUBJECT_PREFIX}.>",),
+    deadletter.STREAM: (f"{deadletter.SUBJECT_PREFIX}.>",),
 }
 
 
@@ -58,7 +59,6 @@ class WorkerGrant(NamedTuple):
     filter_subject: str
     publish: tuple[str, ...]
     subscribe: tuple[str, ...] = ()
-    reads_responses: bool = False
 
 
 WORKER_GRANTS: dict[str, WorkerGrant] = {
@@ -81,12 +81,12 @@ WORKER_GRANTS: dict[str, WorkerGrant] = {
     "generator-main": WorkerGrant(
         stream=pipeline.STREAM, durable="generator-main",
         filter_subject=pipeline.generate_subject(ModelSlot.MAIN),
-        publish=(pipeline.VALIDATE_SUBJECT,), reads_responses=True,
+        publish=(pipeline.VALIDATE_SUBJECT,),
     ),
     "generator-conversational": WorkerGrant(
         stream=pipeline.STREAM, durable="generator-conversational",
         filter_subject=pipeline.generate_subject(ModelSlot.CONVERSATIONAL),
-        publish=(), reads_responses=True,
+        publish=(),
     ),
     # RC-08: one trace-guided retry goes back to the main generator.
     "validator": WorkerGrant(
@@ -131,10 +131,12 @@ def service_permissions(worker: str) -> Permissions:
         *grant.publish,
         AGENT_RESPONSE_ANY,
         response.INTERNAL_INVALID_SUBJECT,
+        # Its own messages that exhausted their deliveries.
+        deadletter.dead_letter_subject(grant.durable),
+        # The last stored chunk of an answer: resumed after a redelivery, or found final.
+        f"$JS.API.STREAM.MSG.GET.{response.STREAM}",
+        f"$JS.API.DIRECT.GET.{response.STREAM}.>",
     ]
-    if grant.reads_responses:  # the last stored chunk of an answer being resumed
-        publish += [f"$JS.API.STREAM.MSG.GET.{response.STREAM}",
-                    f"$JS.API.DIRECT.GET.{response.STREAM}.>"]
     subscribe = (*grant.subscribe, f"{inbox_prefix(service_user(worker))}.>")
     return Permissions(publish=_unique(publish), subscribe=subscribe)
 

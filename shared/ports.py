@@ -7,6 +7,7 @@ from typing import Protocol
 
 import msgspec
 
+from shared.contracts.response import ResponseChunk
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry
 from shared.store.rows import Row
 
@@ -22,8 +23,8 @@ class Publisher(Protocol):
     ) -> None:
         """JetStream publish that returns once stored; `msg_id` makes a resend a no-op."""
 
-    async def last_seq(self, subject: str, stream: str) -> int:
-        """The next free `seq` on a response subject (0 if nothing is stored there)."""
+    async def last_chunk(self, subject: str, stream: str) -> ResponseChunk | None:
+        """The last chunk stored on a response subject (None if there is none)."""
 
 
 class HistoryReader(Protocol):
@@ -44,8 +45,9 @@ class TurnStore(HistoryReader, Protocol):
     ) -> list[tuple[str, str]]:
         """The session's last `n` messages as (role, content), oldest first."""
 
-    async def write(self, *rows: Row) -> None:
-        """Returns once every row is committed; raises StoreUnavailableError otherwise."""
+    async def write(self, *rows: Row, deadline: float | None = None) -> None:
+        """Returns once every row is committed, retrying an unreachable store until
+        `deadline` (epoch seconds); raises a StoreError otherwise."""
 
 
 class Delivery(Protocol):
@@ -70,6 +72,10 @@ class Delivery(Protocol):
 
     async def in_progress(self) -> None:
         """Reset the redelivery timer: the handler is alive, just slow."""
+
+    async def dead_letter(self, stage: str, reason: str) -> None:
+        """Park the message in the dead-letter stream with its stage and reason, and
+        acknowledge it: it is never delivered again (`intentroute dlq replay` can)."""
 
 
 class AgentInfo(msgspec.Struct, frozen=True):

@@ -32,10 +32,14 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     nats_url: str = "nats://127.0.0.1:4222"
     database_url: str = ""
-    # Seconds a stage may hold a message before JetStream redelivers it elsewhere.
-    ack_wait: float = 30.0
-    # Deliveries before a message is treated as poison and answered with an error.
-    max_deliver: int = 5
+    # Seconds a stage may hold a message without a sign of life before JetStream
+    # redelivers it to another replica (a busy stage keeps its messages alive).
+    ack_wait: float = 3.0
+    # Deliveries before a message is treated as poison, answered and dead-lettered
+    # (retries are bounded by the request's deadline first).
+    max_deliver: int = 20
+    # Seconds a request may take end to end (callers may ask for less: `timeout_ms`).
+    request_deadline: float = 120.0
     # How long answers stay readable for late subscribers.
     response_ttl: float = 3600.0
     otlp_endpoint: str = ""
@@ -81,8 +85,9 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
         return cls(
             nats_url=env_str("NATS_URL", "nats://127.0.0.1:4222", environ),
             database_url=env_str("DATABASE_URL", "", environ),
-            ack_wait=env_float("STAGE_ACK_WAIT", 30.0, environ),
-            max_deliver=env_int("STAGE_MAX_DELIVER", 5, environ),
+            ack_wait=env_float("STAGE_ACK_WAIT", 3.0, environ),
+            max_deliver=env_int("STAGE_MAX_DELIVER", 20, environ),
+            request_deadline=env_float("REQUEST_DEADLINE", 120.0, environ),
             response_ttl=env_float("RESPONSE_TTL", 3600.0, environ),
             otlp_endpoint=env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "", environ),
             log_level=env_str("LOG_LEVEL", "INFO", environ),

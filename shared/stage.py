@@ -4,16 +4,19 @@ A stage is its delivery settings (`StageSpec`), a decoder for its envelope and a
 function. `run_stage` does the rest, the same way for every stage:
 
 * an envelope that does not decode is reported (the stage's `on_undecodable`) and
-  acknowledged, never retried;
+  acknowledged, never retried; one whose ids cannot make a subject, or that lacks the
+  gateway's admission, is reported and acknowledged too (there is nobody to answer);
+* a redelivered envelope whose answer already went out is dropped; one past its
+  deadline is answered DEADLINE_EXCEEDED;
 * `<stage>.at` records when the stage started (ms after the gateway accepted it);
 * the logic returns a `Handoff` (the next subject and envelope) or None when it answered
   the caller itself; a hand-off records the stage's time and is published durably with a
   msg id that makes a re-publish after a crash a no-op;
 * errors are either permanent (`PermanentError`: the caller gets a final error chunk and
   the message is acknowledged) or retryable (anything else: nack with backoff so another
-  delivery, possibly on another replica, tries again). On the last allowed delivery a
-  retryable error becomes an error answer too, so a poison message ends as a reply,
-  never as a loop.
+  delivery, possibly on another replica, tries again, until the request's deadline).
+  On the last allowed delivery a retryable error becomes an error answer too and the
+  message is dead-lettered, so a poison message ends as a reply, never as a loop.
 """
 
 from __future__ import annotations
@@ -28,23 +31,22 @@ from typing import Any, Generic, Protocol, TypeVar
 from opentelemetry.trace import Tracer
 
 from shared.admission import Admission
-from shared.bus import AnswerStream, publish_stage
+from shared.answers import answer_error, finish_turn, history_row, report_invalid
+from shared.bus import publish_stage
 from shared.codec import encode
 from shared.consumer import Handler, StageSpec
+from shared.contracts import response
+from shared.contracts.ids import id_problem
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import (
-    INTERNAL_INVALID_SUBJECT,
-    ChunkKind,
-    ErrorCode,
-    ErrorInfo,
-    ResponseChunk,
-)
-from shared.contracts.routing import RoutingDecision, topic_snippet
+from shared.contracts.response import ErrorCode, response_subject
+from shared.deadline import bounded_by, time_left
 from shared.ports import Delivery, Publisher, TurnStore
 from shared.settings import CommonSettings
-from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
-from shared.store.stores import StoreUnavailableError
+
+# Re-exported: what a stage's logic calls to end a turn.
+__all__ = ["Call", "Decode", "Handoff", "PermanentError", "Stage", "StageDeps", "answer_error",
+           "finish_turn", "history_row", "payload", "run_stage", "stage_spec"]
 
 log = logging.getLogger("intentroute.stage")
 
@@ -114,7 +116,14 @@ class Call:
 
     delivery: Delivery
     stage: str
+    # The request's deadline (epoch seconds, 0: none): calls to models, indexes and the
+    # parser are bounded by what is left of it.
+    deadline: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+
+    def remaining(self, cap: float) -> float:
+        """Seconds a call may take: `cap`, or less if the deadline is nearer."""
+        return time_left(cap)
 
     def elapsed_ms(self) -> float:
         return round((time.perf_counter() - self.started) * 1000, 3)
@@ -139,33 +148,9 @@ def payload(decoder: Callable[[bytes], E]) -> Decode[E]:
 
 
 async def report_undecodable(deps: StageDeps, msg: Delivery, exc: Exception) -> None:
-    """An envelope no stage can read has no caller to answer: it is reported on the
-    internal invalid subject and acknowledged."""
-    log.error("undecodable envelope on %s reported on %s: %s", msg.subject,
-              INTERNAL_INVALID_SUBJECT, exc)
-    chunk = ResponseChunk(
-        request_id="",
-        seq=0,
-        kind=ChunkKind.FINAL,
-        is_final=True,
-        error=ErrorInfo(ErrorCode.BAD_ENVELOPE, f"envelope does not decode: {exc}"),
-    )
-    await deps.bus.publish(INTERNAL_INVALID_SUBJECT, encode(chunk))
-
-
-async def report_not_admitted(deps: StageDeps, msg: Delivery, env: Admitted | Routed) -> None:
-    """An envelope that did not come through the gateway: nobody is answered (its
-    claimed agent may not have sent it), it is reported and acknowledged."""
-    req = env.request
-    log.error("envelope on %s without the gateway's admission (agent %r, request %r) "
-              "reported on %s", msg.subject, req.agent_id, req.request_id,
-              INTERNAL_INVALID_SUBJECT)
-    chunk = ResponseChunk(
-        request_id="", seq=0, kind=ChunkKind.FINAL, is_final=True,
-        error=ErrorInfo(ErrorCode.NOT_ADMITTED,
-                        f"{msg.subject}: envelope without the gateway's admission"),
-    )
-    await deps.bus.publish(INTERNAL_INVALID_SUBJECT, encode(chunk))
+    """An envelope no stage can read has no caller to answer: reported and acknowledged."""
+    await report_invalid(deps.bus, msg.subject, ErrorCode.BAD_ENVELOPE,
+                         f"envelope does not decode: {exc}")
 
 
 @dataclass(frozen=True)
@@ -202,136 +187,89 @@ def stage_spec(
 
 
 async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
+    """Decode, check, run the logic, hand off; errors end as answers (module doc).
+
+    A failure of this function itself (the bus unreachable while answering) reaches the
+    consumer, which redelivers the message, and dead-letters it after its last
+    delivery: a message always ends, as an answer or in the dead-letter stream."""
     try:
         env = stage.decode(msg)
     except Exception as exc:  # decoding is pure: whatever it raises, the input is bad
         await stage.on_undecodable(deps, msg, exc)
         return
-    if stage.admitted_only and not deps.admission.admits(env):
-        await report_not_admitted(deps, msg, env)
+    req = env.request
+    if stage.admitted_only:
+        problem = id_problem("agent_id", req.agent_id) or id_problem(
+            "request_id", req.request_id) or id_problem("session_id", req.session_id)
+        if problem:  # no subject can be built from it: nobody to answer
+            await report_invalid(deps.bus, msg.subject, ErrorCode.INVALID_FIELD, problem)
+            return
+        if not deps.admission.admits(env):
+            await report_invalid(deps.bus, msg.subject, ErrorCode.NOT_ADMITTED,
+                                 f"agent {req.agent_id!r} request {req.request_id!r}: "
+                                 "envelope without the gateway's admission")
+            return
+    if msg.deliveries > 1 and await answered(deps.bus, env):
+        # Redelivered after its answer went out (the worker died before acking): done.
+        log.warning("[%s] %s already answered; redelivery dropped", stage.name, req.request_id)
         return
-    call = Call(msg, stage.name)
+    if env.deadline and time.time() >= env.deadline:
+        await answer_error(deps.bus, deps.store, env, ErrorCode.DEADLINE_EXCEEDED,
+                           f"the request's deadline passed before {stage.name}")
+        return
+    call = Call(msg, stage.name, deadline=env.deadline)
     if stage.timed:
         # Time from acceptance to this stage's start: queueing + transit, per stage.
         env.timings[f"{stage.name}.at"] = round((time.time() - env.accepted_at) * 1000, 3)
     try:
-        handoff = await stage.logic(env, call, deps)
+        with bounded_by(env.deadline):
+            handoff = await stage.logic(env, call, deps)
         if handoff is not None:
             if stage.timed:
                 call.mark(handoff.envelope, handoff.timing)
             deps.admission.stamp(handoff.envelope)
             await publish_stage(
                 deps.bus, handoff.subject, encode(handoff.envelope),
-                msg_id=f"{env.request.agent_id}:{env.request.request_id}:{handoff.step}",
+                msg_id=f"{req.agent_id}:{req.request_id}:{handoff.step}",
             )
     except PermanentError as exc:
-        log.warning("[%s] %s permanent error %s: %s", stage.name, env.request.request_id,
+        log.warning("[%s] %s permanent error %s: %s", stage.name, req.request_id,
                     exc.code, exc.message)
         await answer_error(deps.bus, deps.store, env, exc.code, exc.message)
     except Exception as exc:
-        attempt = msg.deliveries
-        if attempt >= stage.spec.max_deliver:
-            log.error("[%s] %s failed on delivery %d/%d, answering with an error: %r",
-                      stage.name, env.request.request_id, attempt, stage.spec.max_deliver, exc)
-            await answer_error(
-                deps.bus, deps.store, env, ErrorCode.STAGE_FAILED,
-                f"{stage.name} failed after {attempt} attempts: {exc}",
-            )
-            return
-        log.warning("[%s] %s retryable error on delivery %d: %r",
-                    stage.name, env.request.request_id, attempt, exc)
-        await msg.nack(delay=min(0.2 * attempt, 2.0))
+        await _retry_or_answer(stage, msg, deps, env, exc)
 
 
-def decision_of(env: Admitted | Routed) -> RoutingDecision | None:
-    return env.decision if isinstance(env, Routed) else None
+def backoff(attempt: int) -> float:
+    """Seconds before delivery `attempt + 1`: 0.2, 0.4, 0.8, 1.6, then 2."""
+    return float(min(0.2 * 2 ** (attempt - 1), 2.0))
 
 
-def history_row(env: Routed) -> HistoryRow:
-    """The turn's classify_history entry: type plus a <=60-character topic (RC-06)."""
-    req, dec = env.request, env.decision
-    return HistoryRow(
-        agent_id=req.agent_id,
-        session_id=req.session_id,
-        request_id=req.request_id,
-        type=dec.type.value,
-        topic=topic_snippet(req.query),
-        layer=dec.layer.value,
-        confidence=dec.confidence,
-    )
-
-
-def request_log_row(env: Admitted | Routed, outcome: str, **fields: Any) -> RequestLogRow:
-    """The request-log row of `env`: ids, routing decision and stage timings, plus
-    whatever the finishing stage knows (`answered_by`, `validation_status`, ...)."""
-    req = env.request
-    dec = decision_of(env)
-    return RequestLogRow(
-        request_id=req.request_id,
-        agent_id=req.agent_id,
-        session_id=req.session_id,
-        outcome=outcome,
-        query_type=dec.type.value if dec else "",
-        layer=dec.layer.value if dec else "",
-        confidence=dec.confidence if dec else None,
-        model_slot=dec.model_slot.value if dec else "",
-        stage_ms=env.timings,
-        **fields,
-    )
-
-
-async def answer_error(
-    bus: Publisher,
-    store: TurnStore,
-    env: Admitted | Routed,
-    code: str,
-    message: str,
+async def _retry_or_answer(
+    stage: Stage[E, D], msg: Delivery, deps: D, env: E, exc: Exception
 ) -> None:
-    """Final error chunk to the caller plus the turn's history and request-log rows."""
+    """A retryable failure (an outage, a timeout) is retried with backoff until the
+    request's deadline, and `max_deliver` deliveries at most; then it is answered
+    (DEADLINE_EXCEEDED or STAGE_FAILED) and the message dead-lettered for ops."""
     req = env.request
-    start_seq = env.seq if isinstance(env, Routed) else 0
-    await AnswerStream(bus, req.agent_id, req.request_id, start_seq=start_seq).error(
-        code, message, decision=decision_of(env)
-    )
-    rows: list[Row] = [request_log_row(env, f"error:{code}")]
-    if isinstance(env, Routed):
-        rows.append(history_row(env))
-    try:
-        await store.write(*rows)
-    except StoreUnavailableError as exc:
-        # The caller has its answer; a store that keeps failing must not turn it into a loop.
-        log.error("[%s] error rows not stored: %s", req.request_id, exc)
+    attempt = msg.deliveries
+    remaining = env.deadline - time.time() if env.deadline else float("inf")
+    if remaining <= backoff(attempt) or attempt >= stage.spec.max_deliver:
+        expired = remaining <= backoff(attempt)
+        code = ErrorCode.DEADLINE_EXCEEDED if expired else ErrorCode.STAGE_FAILED
+        reason = f"{stage.name} failed on delivery {attempt}: {exc!r}"
+        log.error("[%s] %s %s, answering %s", stage.name, req.request_id, reason, code)
+        await answer_error(deps.bus, deps.store, env, code, reason)
+        await msg.dead_letter(stage.name, reason)
+        return
+    log.warning("[%s] %s retryable error on delivery %d: %r", stage.name, req.request_id,
+                attempt, exc)
+    await msg.nack(delay=min(backoff(attempt), remaining))
 
 
-async def finish_turn(
-    store: TurnStore,
-    env: Routed,
-    *,
-    answer: str,
-    answered_by: str,
-    validation_status: str = "",
-    retried: bool = False,
-) -> None:
-    """Store the turn, its classify_history entry and its request-log row in one
-    write before the final chunk goes out, so the next turn of the session already
-    sees this answer and this turn's type."""
-    req, dec = env.request, env.decision
-    await store.write(
-        history_row(env),
-        TurnRow(
-            agent_id=req.agent_id,
-            session_id=req.session_id,
-            request_id=req.request_id,
-            query=req.query,
-            answer=answer,
-            query_type=dec.type.value,
-        ),
-        request_log_row(
-            env,
-            "ok",
-            answered_by=answered_by,
-            total_ms=round((time.time() - env.accepted_at) * 1000, 3),
-            validation_status=validation_status,
-            retried=retried or env.retrieval_retried,
-        ),
-    )
+async def answered(bus: Publisher, env: Admitted | Routed) -> bool:
+    """Is the request's final chunk stored already?"""
+    req = env.request
+    last = await bus.last_chunk(response_subject(req.agent_id, req.request_id),
+                                response.STREAM)
+    return last is not None and last.is_final

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from services.classifier.cascade import Cascade
 from services.classifier.settings import ClassifierSettings
+from shared.answers import request_log_row
 from shared.bus import AnswerStream
 from shared.codec import decode_admitted
 from shared.contracts import pipeline
@@ -31,7 +32,6 @@ from shared.stage import (
     StageDeps,
     history_row,
     payload,
-    request_log_row,
     stage_spec,
 )
 

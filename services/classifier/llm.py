@@ -11,6 +11,7 @@ from string import Template
 from typing import Protocol
 
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
+from shared.deadline import time_left
 
 log = logging.getLogger("intentroute.classifier")
 
@@ -78,7 +79,7 @@ class OllamaLabeler:
                     options={"temperature": 0},
                     stream=False,
                 ),
-                self._timeout,
+                time_left(self._timeout),
             )
             return QueryType(json.loads(response.message.content or "{}")["type"])
         except (TimeoutError, httpx.HTTPError, ollama.ResponseError, ConnectionError) as exc:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from services.gateway.settings import GatewaySettings
 from services.gateway.validation import InputError, parse_request, salvage_field
+from shared.answers import write_after_answer
 from shared.bus import AnswerStream
 from shared.codec import encode
 from shared.contracts import request as request_contract
@@ -28,7 +29,7 @@ from shared.contracts.response import (
     response_subject,
 )
 from shared.ports import AgentDirectory, Delivery
-from shared.stage import Call, Handoff, PermanentError, Stage, StageDeps, stage_spec
+from shared.stage import Call, Decode, Handoff, PermanentError, Stage, StageDeps, stage_spec
 from shared.store.rows import RequestLogRow
 
 log = logging.getLogger("intentroute.gateway")
@@ -45,12 +46,20 @@ class InvalidRequestError(ValueError):
         self.error = error
 
 
-def admit(msg: Delivery) -> Admitted:
-    """The gateway's decoder: the checked request of the subject's agent, or InvalidRequestError."""
-    parsed = parse_request(msg.data, agent_of(msg.subject))
-    if isinstance(parsed, InputError):
-        raise InvalidRequestError(parsed)
-    return Admitted(request=parsed, accepted_at=time.time())
+def admitter(budget: float) -> Decode[Admitted]:
+    """The gateway's decoder: the checked request of the subject's agent, or
+    InvalidRequestError; its deadline is `budget` seconds from now, or sooner if the
+    caller asked for less (`timeout_ms`)."""
+
+    def admit(msg: Delivery) -> Admitted:
+        parsed = parse_request(msg.data, agent_of(msg.subject))
+        if isinstance(parsed, InputError):
+            raise InvalidRequestError(parsed)
+        now = time.time()
+        asked = parsed.timeout_ms / 1000 if parsed.timeout_ms > 0 else budget
+        return Admitted(request=parsed, accepted_at=now, deadline=now + min(budget, asked))
+
+    return admit
 
 
 async def reject_input(deps: GatewayDeps, msg: Delivery, exc: Exception) -> None:
@@ -62,14 +71,12 @@ async def reject_input(deps: GatewayDeps, msg: Delivery, exc: Exception) -> None
                 error.code, error.message)
     if error.request_id:
         await AnswerStream(deps.bus, agent, error.request_id).error(error.code, error.message)
-        await deps.store.write(
-            RequestLogRow(
-                request_id=error.request_id,
-                agent_id=agent,
-                session_id=salvage_field(msg.data, "session_id"),
-                outcome=f"error:{error.code}",
-            )
-        )
+        await write_after_answer(deps.store, [RequestLogRow(
+            request_id=error.request_id,
+            agent_id=agent,
+            session_id=salvage_field(msg.data, "session_id"),
+            outcome=f"error:{error.code}",
+        )], error.request_id)
         return
     # No request_id to address: answer on the agent's invalid subject with an excerpt.
     chunk = ResponseChunk(
@@ -103,7 +110,7 @@ def build_stage(settings: GatewaySettings) -> Stage[Admitted, GatewayDeps]:
             durable="gateway",
             max_inflight=settings.batch_size,
         ),
-        decode=admit,
+        decode=admitter(settings.common.request_deadline),
         logic=on_request,
         on_undecodable=reject_input,
         timed=False,

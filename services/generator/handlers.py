@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -37,10 +37,12 @@ async def produce(
     previous_answer: str,
     sink: Sink,
     on_restart: Callable[[], Awaitable[None]],
-    keepalive: Callable[[], Awaitable[None]],
+    timeout: float,
 ) -> str:
-    """Stream the answer into `sink`; fall back to the extractive answerer. Returns
-    `answered_by`."""
+    """Stream the answer into `sink`; fall back to the extractive answerer when the
+    model server fails or takes longer than `timeout` (its own, or what is left of the
+    request's deadline). Returns `answered_by`. (The consumer keeps the message alive
+    while a long answer streams.)"""
     if deps.backend is not None and deps.model:
         sent = False
         try:
@@ -48,13 +50,13 @@ async def produce(
             with deps.tracer.start_as_current_span(
                 f"{deps.backend.name}.chat", attributes={"model": deps.model}
             ):
-                async for token in deps.backend.stream(deps.model, messages):
-                    await sink(token)
-                    sent = True
-                    await keepalive()
+                async with asyncio.timeout(timeout):
+                    async for token in deps.backend.stream(deps.model, messages):
+                        await sink(token)
+                        sent = True
             return f"{deps.backend.name}:{deps.model}"
-        except BackendUnavailableError as exc:
-            log.warning("[generate] %s unavailable, answering extractively: %s",
+        except (BackendUnavailableError, TimeoutError) as exc:
+            log.warning("[generate] %s unavailable, answering extractively: %r",
                         deps.backend.name, exc)
             if sent:
                 await on_restart()
@@ -89,15 +91,7 @@ async def generate(
     previous = ""
     if decision.type == QueryType.CONVERSATIONAL:
         previous = await deps.store.previous_answer(req.agent_id, req.session_id) or ""
-
-    last_keepalive = time.monotonic()
-
-    async def keepalive() -> None:
-        # Long answers: tell JetStream we are alive so it does not redeliver mid-stream.
-        nonlocal last_keepalive
-        if time.monotonic() - last_keepalive > settings.common.ack_wait / 3:
-            await call.delivery.in_progress()
-            last_keepalive = time.monotonic()
+    timeout = call.remaining(settings.ollama_timeout)
 
     if decision.type == QueryType.CODE_GENERATION:
         # RC-07: code is not delivered before validation; collect it for the validator.
@@ -110,20 +104,21 @@ async def generate(
             parts.clear()
 
         env.answered_by = await produce(deps, env, previous_answer=previous, sink=collect,
-                                        on_restart=restart, keepalive=keepalive)
+                                        on_restart=restart, timeout=timeout)
         env.answer = "".join(parts)
         return Handoff(VALIDATE_SUBJECT, env, f"generated:{env.attempt}")
 
     start_seq = env.seq
     redelivered = call.delivery.deliveries > 1
     if redelivered:
-        start_seq = max(start_seq, await deps.bus.last_seq(
-            response_subject(req.agent_id, req.request_id), response.STREAM))
+        last = await deps.bus.last_chunk(response_subject(req.agent_id, req.request_id),
+                                         response.STREAM)
+        start_seq = max(start_seq, last.seq + 1 if last else 0)
     out = AnswerStream(deps.bus, req.agent_id, req.request_id, start_seq=start_seq)
     if redelivered and start_seq > env.seq:
         await out.reset()
     answered_by = await produce(deps, env, previous_answer=previous, sink=out.text,
-                                on_restart=out.reset, keepalive=keepalive)
+                                on_restart=out.reset, timeout=timeout)
     call.mark(env)
     await finish_turn(deps.store, env, answer=out.answer, answered_by=answered_by)
     await out.final(decision=decision, answered_by=answered_by,

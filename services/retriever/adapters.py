@@ -12,6 +12,7 @@ from string import Template
 from typing import Protocol
 
 from shared.contracts.pipeline import Passage
+from shared.deadline import time_left
 
 log = logging.getLogger("intentroute.retriever")
 
@@ -51,7 +52,7 @@ class OllamaRelevanceJudge:
         try:
             response = await asyncio.wait_for(self._client.generate(
                 model=self._model, prompt=render_relevance_prompt(query, passages),
-                options={"temperature": 0}, stream=False), self._timeout)
+                options={"temperature": 0}, stream=False), time_left(self._timeout))
         except (TimeoutError, httpx.HTTPError, ollama.ResponseError, ConnectionError) as exc:
             log.warning("[retrieve] relevance judge unavailable: %r", exc)
             return None

@@ -30,6 +30,7 @@ from services.retriever.port import SearchResult, check_method
 from services.retriever.rrf import FusionSettings, rrf
 from services.retriever.settings import RetrieverSettings
 from shared.contracts.pipeline import Passage
+from shared.deadline import time_left
 from shared.embeddings import Encoder
 
 # HNSW candidates per shard = k x this factor.
@@ -78,7 +79,9 @@ class ElasticsearchRetrieval:
         return False  # the cluster always serves the latest refresh
 
     async def _search(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        resp = await call(self.client.search(index=self.index, body=body))
+        # Bounded by what is left of the request's deadline (and ES's own 30 s).
+        client = self.client.options(request_timeout=time_left(30.0))
+        resp = await call(client.search(index=self.index, body=body))
         return list(resp["hits"]["hits"])
 
     def _num_candidates(self, k: int) -> int:

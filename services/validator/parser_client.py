@@ -19,6 +19,7 @@ import msgspec
 from services.validator.breaker import CircuitBreaker
 from services.validator.feedback import render_parser_feedback
 from shared.contracts.parser import TraceLine
+from shared.deadline import time_left
 from shared.grpc import avap_parser_pb2, avap_parser_pb2_grpc
 
 log = logging.getLogger("intentroute.validator")
@@ -159,7 +160,7 @@ class GuardedParser:
         if not self.breaker.allow():
             return self._unavailable("circuit_open")
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(time_left(self.timeout)):
                 outcome = await self.client.validate(code, strict=self.strict)
         except asyncio.CancelledError:
             self.breaker.release()

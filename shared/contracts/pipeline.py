@@ -42,6 +42,8 @@ class Admitted(msgspec.Struct, kw_only=True):
     trusted: bool = False
     # HMAC of the request's identity and trust under the workers' key (shared.admission).
     admission: str = ""
+    # Epoch seconds after which no stage works on the request (0: none).
+    deadline: float = 0.0
 
 
 class Routed(msgspec.Struct, kw_only=True):
@@ -63,10 +65,11 @@ class Routed(msgspec.Struct, kw_only=True):
     seq: int = 0
     timings: dict[str, float] = {}
     admission: str = ""
+    deadline: float = 0.0
 
     @classmethod
     def from_admitted(cls, admitted: Admitted, decision: RoutingDecision) -> Routed:
         return cls(request=admitted.request, accepted_at=admitted.accepted_at,
-                   decision=decision, timings=admitted.timings)
+                   decision=decision, timings=admitted.timings, deadline=admitted.deadline)
 
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.contracts.ids import MAX_ID_CHARS
+
+__all__ = ["MAX_ID_CHARS", "AgentRequest", "agent_of", "request_subject"]
+
 SUBJECT_PREFIX = "agent.request"
 # What the AGENT_REQUESTS stream captures and the gateway's consumer reads.
 SUBJECTS = f"{SUBJECT_PREFIX}.*"
@@ -14,7 +18,6 @@ STREAM = "AGENT_REQUESTS"
 # Input bounds checked by the gateway.
 MAX_QUERY_CHARS = 8_000
 MAX_CONTEXT_CHARS = 32_000
-MAX_ID_CHARS = 128
 
 
 def request_subject(agent_id: str) -> str:
@@ -39,3 +42,6 @@ class AgentRequest(msgspec.Struct, frozen=True, kw_only=True):
     extra_context: str = ""
     user_info: str = ""
     editor_context: str = ""
+    # The caller's time budget in ms (0: the server's REQUEST_DEADLINE); it may only
+    # shorten the server's.
+    timeout_ms: int = 0

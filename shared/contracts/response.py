@@ -58,6 +58,8 @@ class ErrorCode(enum.StrEnum):
     NOT_ADMITTED = "NOT_ADMITTED"
     # A stage kept failing: answered after its last allowed delivery.
     STAGE_FAILED = "STAGE_FAILED"
+    # The request's deadline passed before an answer could be made.
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
     # RC-04: a PLATFORM / CONVERSATIONAL request reached the retriever.
     RC04_VIOLATION = "RC04_VIOLATION"
     # The body names another agent than the credential that published it.

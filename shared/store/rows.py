@@ -43,3 +43,28 @@ class RequestLogRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 Row = HistoryRow | TurnRow | RequestLogRow
+
+
+_ID_COLUMN = 128  # varchar(128) of every id column
+
+
+def _clean(text: str, limit: int | None = None) -> str:
+    text = text.replace("\x00", "")
+    return text[:limit] if limit is not None else text
+
+
+def storable(row: Row) -> Row:
+    """`row` with values the database cannot hold made storable (NUL characters
+    dropped, ids cut to their column): for the rows of an error answer, which may
+    describe exactly such input. Valid rows come back unchanged."""
+    if isinstance(row, RequestLogRow):
+        return msgspec.structs.replace(
+            row, request_id=_clean(row.request_id, _ID_COLUMN),
+            agent_id=_clean(row.agent_id, _ID_COLUMN),
+            session_id=_clean(row.session_id, _ID_COLUMN))
+    if isinstance(row, HistoryRow):
+        return msgspec.structs.replace(
+            row, request_id=_clean(row.request_id, _ID_COLUMN),
+            agent_id=_clean(row.agent_id, _ID_COLUMN),
+            session_id=_clean(row.session_id, _ID_COLUMN), topic=_clean(row.topic, 60))
+    return row

@@ -53,7 +53,7 @@ class FakeStore:
                          ) -> list[tuple[str, str]]:
         return self._turns[-n:]
 
-    async def write(self, *rows: Row) -> None:
+    async def write(self, *rows: Row, deadline: float | None = None) -> None:
         self.rows.extend(rows)
 
     def kinds(self) -> list[str]:
@@ -74,8 +74,16 @@ class RecordingBus:
                               msg_id: str) -> None:
         self.sent.append((subject, stream, msg_id, payload))
 
-    async def last_seq(self, subject: str, stream: str) -> int:
-        return self._stored_seq
+    async def last_chunk(self, subject: str, stream: str) -> ResponseChunk | None:
+        """What the response stream holds: a text chunk at `stored_seq - 1` if any, or
+        the final chunk this bus published there."""
+        finals = [c for c in (decode_chunk(p) for s, _, _, p in self.sent if s == subject)
+                  if c.is_final]
+        if finals:
+            return finals[-1]
+        if self._stored_seq:
+            return ResponseChunk(request_id="", seq=self._stored_seq - 1, text="...")
+        return None
 
     def on(self, subject: str) -> list[bytes]:
         return [payload for subj, _, _, payload in self.sent if subj == subject]
@@ -94,6 +102,7 @@ class FakeDelivery:
         self.deliveries = deliveries
         self.settled = False
         self.nacked: list[float | None] = []
+        self.dead_lettered: list[tuple[str, str]] = []
         self.progress = 0
 
     async def nack(self, delay: float | None = None) -> None:
@@ -102,6 +111,10 @@ class FakeDelivery:
 
     async def in_progress(self) -> None:
         self.progress += 1
+
+    async def dead_letter(self, stage: str, reason: str) -> None:
+        self.dead_lettered.append((stage, reason))
+        self.settled = True
 
 
 def request(rid: str, query: str, **fields: str) -> AgentRequest:

@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from shared.store import stores
+from shared.store import writer
 from shared.store.rows import RequestLogRow
-from shared.store.stores import Store, StoreUnavailableError
+from shared.store.stores import Store, StoreError
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ def log_row(request_id: str) -> RequestLogRow:
 
 
 async def test_writer_survives_an_unexpected_failure(store: Store, monkeypatch) -> None:
-    real = stores._write_batch
+    real = writer._write_batch
     calls = {"n": 0}
 
     async def broken_once(conn, rows):  # type: ignore[no-untyped-def]
@@ -29,9 +29,9 @@ async def test_writer_survives_an_unexpected_failure(store: Store, monkeypatch) 
             raise RuntimeError("injected: not a database error")
         await real(conn, rows)
 
-    monkeypatch.setattr(stores, "_write_batch", broken_once)
+    monkeypatch.setattr(writer, "_write_batch", broken_once)
     first, second = uuid.uuid4().hex, uuid.uuid4().hex
-    with pytest.raises(StoreUnavailableError, match="injected"):
+    with pytest.raises(StoreError, match="injected"):
         await store.write(log_row(first))
     await store.write(log_row(second))  # would wait forever if the writer had died
     stored = {r["request_id"] for r in await store.pool.fetch(

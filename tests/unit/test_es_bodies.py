@@ -111,6 +111,9 @@ class _FakeES:
             return None
         return {k: v for k, v in doc.items() if k in spec} if isinstance(spec, list) else doc
 
+    def options(self, **_: object) -> "_FakeES":
+        return self
+
     async def search(self, index: str, body: dict) -> dict:
         self.searches.append(body)
         hits: list[dict] = []

@@ -1,0 +1,216 @@
+"""Group commit: concurrent callers' rows written in one statement per round trip.
+
+Callers await their rows; a batch is one `INSERT ... WITH` statement (one implicit
+transaction), so nothing is acknowledged before it is stored and under load many
+requests share one round trip. A failure is sorted:
+
+* the database is unreachable (connection refused, dropped, shutting down): every
+  caller of the batch gets StoreUnavailableError, which they retry (the store does,
+  with backoff, until their deadline);
+* the database refuses the statement (a value it cannot hold, a constraint): the batch
+  is retried caller by caller, so only the callers whose rows are bad fail, with
+  StoreRejectedError (permanent: retrying the same rows cannot help);
+* anything else (a bug) fails the batch's callers with StoreError; the writer itself
+  never dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from shared.store.rows import HistoryRow, Row, TurnRow
+
+log = logging.getLogger("intentroute.store")
+
+
+class StoreError(Exception):
+    """A write did not happen (an unexpected failure: not retried)."""
+
+
+class StoreUnavailableError(StoreError):
+    """The database could not be reached for a write (retryable)."""
+
+
+class StoreRejectedError(StoreError):
+    """The database refused these rows (permanent: the same rows would fail again)."""
+
+
+# Errors that say nothing about the rows: the connection or the server is the problem.
+_UNREACHABLE = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.OperatorInterventionError,
+)
+
+# One statement writes a whole batch: one round trip and one implicit transaction,
+# where BEGIN + an executemany per table + COMMIT took six. Arrays keep their order
+# (WITH ORDINALITY), so ids follow the order the rows were written in.
+_SQL_BATCH = """
+WITH new_sessions AS (
+    INSERT INTO sessions (agent_id, session_id)
+    SELECT * FROM unnest($1::text[], $2::text[])
+    ON CONFLICT (agent_id, session_id) DO UPDATE SET updated_at = now()
+), new_history AS (
+    INSERT INTO classify_history
+        (agent_id, session_id, request_id, type, topic, layer, confidence)
+    SELECT a, s, r, t, tp, l, c
+    FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+                $9::float8[]) WITH ORDINALITY AS u(a, s, r, t, tp, l, c, n)
+    ORDER BY n
+    ON CONFLICT (agent_id, request_id) DO NOTHING
+), new_messages AS (
+    INSERT INTO messages (agent_id, session_id, request_id, role, content, query_type)
+    SELECT a, s, r, ro, co, t
+    FROM unnest($10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
+        WITH ORDINALITY AS u(a, s, r, ro, co, t, n)
+    ORDER BY n
+    ON CONFLICT (agent_id, request_id, role) DO NOTHING
+)
+INSERT INTO request_log
+    (request_id, agent_id, session_id, query_type, layer, confidence, model_slot,
+     answered_by, stage_ms, total_ms, outcome, validation_status, retried)
+SELECT r, a, s, t, l, c, ms, ab, sm::jsonb, tm, o, vs, rt
+FROM unnest($16::text[], $17::text[], $18::text[], $19::text[], $20::text[], $21::float8[],
+            $22::text[], $23::text[], $24::text[], $25::float8[], $26::text[], $27::text[],
+            $28::bool[]) AS u(r, a, s, t, l, c, ms, ab, sm, tm, o, vs, rt)
+ON CONFLICT (agent_id, request_id) DO UPDATE SET
+    query_type = EXCLUDED.query_type, layer = EXCLUDED.layer,
+    confidence = EXCLUDED.confidence, model_slot = EXCLUDED.model_slot,
+    answered_by = EXCLUDED.answered_by, stage_ms = EXCLUDED.stage_ms,
+    total_ms = EXCLUDED.total_ms, outcome = EXCLUDED.outcome,
+    validation_status = EXCLUDED.validation_status, retried = EXCLUDED.retried
+"""
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    return [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+
+
+async def _write_batch(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
+    sessions: dict[tuple[str, str], None] = {}
+    history: list[tuple[Any, ...]] = []
+    messages: list[tuple[Any, ...]] = []
+    # One log row per request (the latest wins): ON CONFLICT DO UPDATE may not touch
+    # a row twice in one statement.
+    logs: dict[tuple[str, str], tuple[Any, ...]] = {}
+    for row in rows:
+        if isinstance(row, HistoryRow):
+            history.append(
+                (row.agent_id, row.session_id, row.request_id, row.type,
+                 row.topic[:60], row.layer, row.confidence)
+            )
+        elif isinstance(row, TurnRow):
+            sessions[(row.agent_id, row.session_id)] = None
+            messages.append(
+                (row.agent_id, row.session_id, row.request_id, "user", row.query,
+                 row.query_type)
+            )
+            messages.append(
+                (row.agent_id, row.session_id, row.request_id, "assistant", row.answer,
+                 row.query_type)
+            )
+        else:
+            key = (row.agent_id, row.request_id)
+            logs.pop(key, None)
+            logs[key] = (
+                row.request_id, row.agent_id, row.session_id, row.query_type, row.layer,
+                row.confidence, row.model_slot, row.answered_by, json.dumps(row.stage_ms),
+                row.total_ms, row.outcome, row.validation_status, row.retried,
+            )
+    await conn.execute(
+        _SQL_BATCH,
+        *_columns(list(sessions), 2),
+        *_columns(history, 7),
+        *_columns(messages, 6),
+        *_columns(list(logs.values()), 13),
+    )
+
+
+Pending = tuple[tuple[Row, ...], "asyncio.Future[None]"]
+
+
+class GroupCommitWriter:
+    """Batches rows from concurrent callers into one statement per round trip."""
+
+    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 256) -> None:
+        self._pool = pool
+        self._queue: asyncio.Queue[Pending] = asyncio.Queue()
+        self._max_batch = max_batch
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="group-commit-writer")
+
+    async def write(self, *rows: Row) -> None:
+        """Returns once every row is committed (one attempt; see the module doc)."""
+        self.start()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((rows, fut))
+        await fut
+
+    async def _run(self) -> None:
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._flush(batch)
+            except Exception as exc:
+                # A driver bug or a row the code cannot encode: the callers of this
+                # batch get an error and the writer goes on (a dead writer would leave
+                # every later write waiting forever).
+                log.exception("store write failed unexpectedly")
+                _fail(batch, StoreError(f"write failed: {exc!r}"))
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _execute(self, rows: Sequence[Row]) -> None:
+        async with self._pool.acquire() as conn:
+            await _write_batch(conn, rows)
+
+    async def _flush(self, batch: list[Pending]) -> None:
+        try:
+            await self._execute([row for rows, _ in batch for row in rows])
+        except _UNREACHABLE as exc:
+            _fail(batch, StoreUnavailableError(f"{type(exc).__name__}: {exc}"))
+            return
+        except asyncpg.PostgresError as exc:
+            if len(batch) == 1:
+                _fail(batch, StoreRejectedError(f"{type(exc).__name__}: {exc}"))
+                return
+            # One caller's rows poisoned the statement: find whose, one by one.
+            log.warning("batch of %d refused (%s); retrying caller by caller", len(batch), exc)
+            for pending in batch:
+                await self._flush([pending])
+            return
+        for _, fut in batch:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def close(self) -> None:
+        """Flush what is queued, then stop."""
+        if self._task is None:
+            return
+        await self._queue.join()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+
+
+def _fail(batch: list[Pending], error: Exception) -> None:
+    for _, fut in batch:
+        if not fut.done():
+            fut.set_exception(error)
