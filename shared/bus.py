@@ -132,6 +132,10 @@ def make_broker(settings: CommonSettings) -> NatsBroker:
         logger=quiet,
         graceful_timeout=10.0,
         max_reconnect_attempts=-1,
+        # Try again soon after a server restart: the consumers pull again as soon as the
+        # connection is back, so this is most of a restart's stall.
+        # (FastStream annotates it int; nats-py takes seconds as a float.)
+        reconnect_time_wait=0.25,  # type: ignore[arg-type]
         security=broker_security(kwargs),
         **extra,
     )

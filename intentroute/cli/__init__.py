@@ -2,7 +2,7 @@
 
 One module per group of commands; importing them registers their commands on `app`."""
 
-from intentroute.cli import agent_cmds, ask_cmd, bench_cmds, data_cmds, stack_cmds
+from intentroute.cli import agent_cmds, ask_cmd, bench_cmds, data_cmds, dlq_cmds, stack_cmds
 from intentroute.cli.apps import app
 
-__all__ = ["agent_cmds", "app", "ask_cmd", "bench_cmds", "data_cmds", "stack_cmds"]
+__all__ = ["agent_cmds", "app", "ask_cmd", "bench_cmds", "data_cmds", "dlq_cmds", "stack_cmds"]

@@ -33,6 +33,19 @@ def urls(cli: CliSettings | None = None) -> tuple[str, str]:
     return nats_url, db_url
 
 
+def operator_kwargs(cli: CliSettings | None = None) -> dict[str, object]:
+    """`nats.connect` kwargs of an operator command: the running embedded stack's admin,
+    or the NATS_* settings (an external server)."""
+    from intentroute.stack.auth import admin_kwargs, auth_files
+    from shared.natsauth import ADMIN_USER
+    from shared.natsconn import connect_kwargs, tls_kwargs
+
+    cli = cli or settings()
+    if not cli.nats_url and auth_files(cli.state_dir).credential(ADMIN_USER).exists():
+        return {**admin_kwargs(cli.state_dir), **tls_kwargs(cli.common)}
+    return dict(connect_kwargs(cli.common))
+
+
 def require_db() -> str:
     _, db_url = urls()
     if not db_url:

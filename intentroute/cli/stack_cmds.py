@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -20,6 +19,7 @@ from intentroute.cli.data_cmds import ingest_into
 from intentroute.settings import CliSettings
 from intentroute.stack import ServerTls, StackInfo, embedded_stack, write_state
 from intentroute.stack.auth import AuthSync, admin_kwargs, auth_files, server_pid, service_env
+from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS, wait_for_consumers
 from shared.natsconn import connect_kwargs, credential_kwargs, read_credential, tls_kwargs
 
@@ -96,13 +96,15 @@ def up(
         kb = ingest_path or (DEMO_KB if not (cli.index_dir / "CURRENT").exists() else None)
         if kb is not None:
             ingest_into(kb, cli.index_dir)
-        procs: list[subprocess.Popen[bytes]] = list(_start_parser(env))
+        supervisor = Supervisor()
+        parser_argv = _parser_argv(env)
+        if parser_argv:
+            supervisor.add("parser", parser_argv, env)
         for name, count in counts.items():
             worker_env = {**env, **service_env(state_dir, name)} if embedded_nats else env
             for _ in range(count):
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "intentroute.cli", "worker", name], env=worker_env
-                ))
+                supervisor.add(name, [sys.executable, "-m", "intentroute.cli", "worker", name],
+                               worker_env)
         write_state(state_dir, StackInfo(
             nats_url=nats_url, database_url=db_url, parser_url=env.get("AVAP_PARSER_URL", ""),
             pid=os.getpid(),
@@ -123,21 +125,12 @@ def up(
                 asyncio.run(_demo(nats_url, admin, _demo_kwargs(state_dir, cli) or admin))
                 if exit_after_demo:
                     stop["flag"] = True
+            # A worker that dies is restarted (with backoff); only a stop ends them all.
             while not stop["flag"]:
-                dead = [p for p in procs if p.poll() is not None]
-                if dead:
-                    typer.echo(f"a worker exited with {dead[0].returncode}; stopping", err=True)
-                    raise typer.Exit(1)
-                time.sleep(0.5)
+                supervisor.poll()
+                time.sleep(0.1)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            supervisor.stop()
             if sync is not None:
                 sync.stop()
             (state_dir / "stack.json").unlink(missing_ok=True)
@@ -176,17 +169,16 @@ def _demo_kwargs(state_dir: Path, cli: CliSettings) -> dict[str, Any]:
     return credential_kwargs(read_credential(path), cli.common)
 
 
-def _start_parser(env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
-    """The reference AVAP parser service, unless AVAP_PARSER_URL points elsewhere."""
+def _parser_argv(env: dict[str, str]) -> list[str]:
+    """The reference AVAP parser service's command (it listens on a port chosen here,
+    which the workers' env names), unless AVAP_PARSER_URL points elsewhere."""
     if env.get("AVAP_PARSER_URL") or env.get("AVAP_PARSER_TIMEOUT", "").strip() in ("0", "0.0"):
         return []
     from intentroute.stack import free_port
 
     port = free_port()
     env["AVAP_PARSER_URL"] = f"127.0.0.1:{port}"
-    return [subprocess.Popen(
-        [sys.executable, "-m", "intentroute.cli", "parser", "--port", str(port)], env=env
-    )]
+    return [sys.executable, "-m", "intentroute.cli", "parser", "--port", str(port)]
 
 
 async def _declare_streams(nats_url: str, admin: dict[str, Any], response_ttl: float) -> None:

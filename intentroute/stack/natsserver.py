@@ -69,7 +69,8 @@ class NatsServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.auth is not None:
             ensure_service_users(self.auth)
-            write_auth(self.auth, agents=[])
+            if not self.auth.auth.exists():  # a restart keeps the agents it had
+                write_auth(self.auth, agents=[])
         write_private(self.config_path, server_config(
             host="127.0.0.1", port=self.port, store_dir=str(self.data_dir / "jetstream"),
             pid_file=str(self.data_dir / PID_FILE), tls=self.tls,

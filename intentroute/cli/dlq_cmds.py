@@ -1,0 +1,114 @@
+"""`dlq list` / `dlq replay`: the messages that exhausted their deliveries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Annotated, Any
+
+import typer
+
+from intentroute.cli.apps import app, emit, operator_kwargs, settings, urls
+
+dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters: look and retry.")
+app.add_typer(dlq_app, name="dlq")
+
+
+async def _connect() -> Any:
+    import nats
+
+    nats_url, _ = urls()
+    if not nats_url:
+        typer.echo("no NATS_URL and no running `intentroute up`", err=True)
+        raise typer.Exit(2)
+    return await nats.connect(nats_url, **operator_kwargs())
+
+
+async def dead_letters(nc: Any) -> list[dict[str, Any]]:
+    from nats.js.errors import NotFoundError
+
+    from shared.contracts import deadletter
+
+    js = nc.jetstream()
+    info = await js.stream_info(deadletter.STREAM)
+    rows = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            msg = await js.get_msg(deadletter.STREAM, seq)
+        except NotFoundError:  # deleted (replayed)
+            continue
+        headers = msg.headers or {}
+        rows.append({
+            "id": seq,
+            "stage": headers.get(deadletter.STAGE_HEADER, ""),
+            "subject": headers.get(deadletter.SUBJECT_HEADER, ""),
+            "deliveries": int(headers.get(deadletter.DELIVERIES_HEADER, "0") or 0),
+            "reason": headers.get(deadletter.REASON_HEADER, ""),
+            "payload": (msg.data or b"")[:200].decode("utf-8", "replace"),
+        })
+    return rows
+
+
+@dlq_app.command("list")
+def dlq_list(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Every dead letter: id, stage, original subject, deliveries, reason."""
+
+    async def run() -> list[dict[str, Any]]:
+        nc = await _connect()
+        try:
+            return await dead_letters(nc)
+        finally:
+            await nc.drain()
+
+    rows = asyncio.run(run())
+    if json_out:
+        emit({"dead_letters": rows}, True)
+        return
+    for row in rows:
+        typer.echo(f"{row['id']:>6}  {row['stage']:<24} {row['subject']:<40} "
+                   f"x{row['deliveries']}  {row['reason'][:80]}")
+    typer.echo(f"{len(rows)} dead letter(s)", err=True)
+
+
+def fresh_deadline(payload: bytes, budget: float) -> bytes:
+    """An envelope's deadline moved to `budget` seconds from now (a replay is a new
+    attempt); a request (no deadline field) gets its deadline at the gateway."""
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return payload
+    if isinstance(body, dict) and "deadline" in body and "request" in body:
+        body["deadline"] = time.time() + budget
+        return json.dumps(body, separators=(",", ":")).encode()
+    return payload
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    dlq_id: Annotated[int, typer.Argument(metavar="ID", help="The id `dlq list` shows")],
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Publish a dead letter again on its original subject (with a fresh deadline) and
+    remove it from the dead-letter stream."""
+    from shared.contracts import deadletter
+
+    budget = settings().common.request_deadline
+
+    async def run() -> dict[str, Any]:
+        nc = await _connect()
+        js = nc.jetstream()
+        try:
+            msg = await js.get_msg(deadletter.STREAM, dlq_id)
+            headers = msg.headers or {}
+            subject = headers.get(deadletter.SUBJECT_HEADER, "")
+            if not subject:
+                raise typer.BadParameter(f"dead letter {dlq_id} names no original subject")
+            ack = await js.publish(subject, fresh_deadline(msg.data or b"", budget),
+                                   headers={"Nats-Msg-Id": f"dlq-replay:{dlq_id}"})
+            await js.delete_msg(deadletter.STREAM, dlq_id)
+            return {"id": dlq_id, "subject": subject, "stream": ack.stream, "seq": ack.seq}
+        finally:
+            await nc.drain()
+
+    emit(asyncio.run(run()), json_out)
