@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from intentroute.supervisor import Supervisor
 from shared.client import ask, assemble
 from shared.contracts.response import ChunkKind
 from shared.grpc import agent_pb2, agent_pb2_grpc
@@ -22,19 +23,29 @@ from tests.helpers.pipeline import ask_all, base_env, make_request, running
 pytestmark = pytest.mark.integration
 
 
-async def test_worker_killed_mid_answer_request_is_still_answered(
+async def test_worker_killed_mid_answer_is_restarted_and_the_request_answered_within_5s(
     nc, nats_url, database_url, kb_index, fake_ollama
 ) -> None:
-    """The generator dies after streaming part of the answer; after ack_wait JetStream
-    redelivers to a fresh replica, which restarts the answer (RESET) and finishes."""
+    """The generator, a process under `up`'s supervisor, is killed after streaming part
+    of the answer: the supervisor restarts it, JetStream redelivers the message after
+    the short ack_wait (the dead process no longer keeps it alive), and the new process
+    restarts the answer (RESET) and finishes it, within 5 s of the kill."""
     fake_ollama.token_delay = 0.3
     fake_ollama.responder = lambda body: [f"tok{i} " for i in range(8)]
     env = base_env(nats_url, database_url, kb_index, OLLAMA_HOST=fake_ollama.url,
                    OLLAMA_MODEL_NAME="big:1.7b")
-    doomed = subprocess.Popen(  # noqa: ASYNC220 (a real process, so it can be killed)
-        [sys.executable, "-m", "intentroute.cli", "worker", "generator-main"],
-        env={**os.environ, **env},
-    )
+    supervisor = Supervisor()
+    slot = supervisor.add("generator-main",
+                          [sys.executable, "-m", "intentroute.cli", "worker", "generator-main"],
+                          {**os.environ, **env})
+    watching = True
+
+    async def supervise() -> None:
+        while watching:
+            supervisor.poll()
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(supervise())
     try:
         async with running(env, ("gateway", "classifier", "retriever")):
             req = make_request("what does addResult do?")
@@ -50,20 +61,24 @@ async def test_worker_killed_mid_answer_request_is_still_answered(
             answer = asyncio.create_task(collect())
             # Kill only once part of the answer has reached the caller.
             await asyncio.wait_for(first_text.wait(), 60)
-            doomed.send_signal(signal.SIGKILL)
-            doomed.wait(10)
+            assert slot.proc is not None
+            slot.proc.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
             fake_ollama.token_delay = 0.0
-            async with running(env, ("generator-main",)):
-                await answer
+            await asyncio.wait_for(answer, 30)
+            recovered = time.monotonic() - killed
     finally:
-        if doomed.poll() is None:
-            doomed.kill()
+        watching = False
+        await watcher
+        supervisor.stop(timeout=10)
+    assert slot.restarts == 1
     assert chunks[-1].is_final
     assert chunks[-1].error is None
     assert sum(c.is_final for c in chunks) == 1
     assert any(c.kind == ChunkKind.RESET for c in chunks)
     assert assemble(chunks) == "".join(f"tok{i} " for i in range(8))
     assert len(fake_ollama.requests) == 2
+    assert recovered < 5.0, f"answered {recovered:.1f}s after the kill"
 
 
 async def test_one_request_one_trace_across_the_five_workers(
