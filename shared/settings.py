@@ -34,7 +34,7 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     database_url: str = ""
     # Seconds a stage may hold a message without a sign of life before JetStream
     # redelivers it to another replica (a busy stage keeps its messages alive).
-    ack_wait: float = 3.0
+    ack_wait: float = 2.0
     # Deliveries before a message is treated as poison, answered and dead-lettered
     # (retries are bounded by the request's deadline first).
     max_deliver: int = 20
@@ -85,7 +85,7 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
         return cls(
             nats_url=env_str("NATS_URL", "nats://127.0.0.1:4222", environ),
             database_url=env_str("DATABASE_URL", "", environ),
-            ack_wait=env_float("STAGE_ACK_WAIT", 3.0, environ),
+            ack_wait=env_float("STAGE_ACK_WAIT", 2.0, environ),
             max_deliver=env_int("STAGE_MAX_DELIVER", 20, environ),
             request_deadline=env_float("REQUEST_DEADLINE", 120.0, environ),
             response_ttl=env_float("RESPONSE_TTL", 3600.0, environ),

@@ -34,6 +34,20 @@ def bench_pipeline(
     emit(run(requests=requests, load=load, models=models, auth=not no_auth), json_out)
 
 
+@bench_app.command("chaos")
+def bench_chaos(
+    json_out: JsonFlag = False,
+    requests: Annotated[int, typer.Option(help="Requests of all four types")] = 1000,
+    rate: Annotated[float, typer.Option(help="Requests per second")] = 40.0,
+    deadline: Annotated[float, typer.Option(help="Each request's deadline, seconds")] = 60.0,
+) -> None:
+    """Kill a replica of every worker type, restart nats-server and Postgres under load:
+    lost, duplicated and error answers, failover and stall times, missing rows."""
+    from bench.chaos import run
+
+    emit(run(requests=requests, rate=rate, deadline=deadline), json_out)
+
+
 @bench_app.command("classifier")
 def bench_classifier(
     json_out: JsonFlag = False,

@@ -14,7 +14,7 @@ from shared.runtime import Wiring, build_app
 def choose_backend(settings: GeneratorSettings) -> ChatBackend | None:
     """None means the extractive answerer answers on its own."""
     if settings.backend == "echo":
-        return EchoBackend()
+        return EchoBackend(settings.echo_delay)
     if settings.backend == "extractive" or not settings.ollama_host:
         return None
     return OllamaBackend(settings.ollama_host, timeout=settings.ollama_timeout)

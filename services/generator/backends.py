@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
@@ -50,9 +51,20 @@ class OllamaBackend:
 
 
 class EchoBackend:
-    """Instant backend for the pipeline benchmark: repeats the query."""
+    """Backend of the benchmarks: repeats the query, at once or (`delay` seconds) in
+    four pieces spread over that time, like a model's stream."""
 
     name = "echo"
 
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+
     async def stream(self, model: str, messages: list[ChatMessage]) -> AsyncIterator[str]:
-        yield messages[-1].content
+        text = messages[-1].content
+        if self.delay <= 0:
+            yield text
+            return
+        step = max(1, len(text) // 4)
+        for start in range(0, len(text), step):
+            await asyncio.sleep(self.delay / 4)
+            yield text[start:start + step]

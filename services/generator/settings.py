@@ -18,6 +18,9 @@ class GeneratorSettings(msgspec.Struct, frozen=True, kw_only=True):
     ollama_timeout: float = 120.0
     # "auto" (Ollama when OLLAMA_HOST is set, else extractive) | "extractive" | "echo"
     backend: str = "auto"
+    # The echo backend's answer time (chaos benchmark: answers in flight long enough to
+    # be caught by a kill).
+    echo_delay: float = 0.0
     # Concurrent answers per replica (answers stream for seconds; do not serialise them).
     concurrency: int = 16
 
@@ -39,5 +42,6 @@ class GeneratorSettings(msgspec.Struct, frozen=True, kw_only=True):
             model_conversational=env_str("OLLAMA_MODEL_NAME_CONVERSATIONAL", "", environ),
             ollama_timeout=env_float("OLLAMA_TIMEOUT", 120.0, environ),
             backend=env_str("GENERATOR_BACKEND", "auto", environ),
+            echo_delay=env_float("GENERATOR_ECHO_DELAY", 0.0, environ),
             concurrency=env_int("GENERATOR_CONCURRENCY", 16, environ),
         )

@@ -12,7 +12,7 @@ from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.registry import HeadRegistry
 from services.classifier.offline.promote import HeadWriter, train_and_promote
 from shared.store.export import export_history
-from shared.store.stores import HistoryRow
+from shared.store.rows import HistoryRow
 
 pytestmark = pytest.mark.integration
 

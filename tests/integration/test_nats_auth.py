@@ -193,7 +193,7 @@ async def test_an_agent_receives_its_live_answer(stack: AuthStack, alice: Record
      ("validator", f"$JS.API.STREAM.DELETE.{RESPONSES}"),
      ("classifier", "$JS.API.CONSUMER.CREATE.INTENTROUTE_PIPELINE.retriever."
                     "intentroute.stage.retrieve"),
-     ("classifier", f"$JS.API.STREAM.MSG.GET.{RESPONSES}"),
+     ("classifier", "intentroute.dlq.retriever"),
      ("retriever", "_INBOX.alice.x")],
 )
 async def test_a_service_user_cannot_act_outside_its_stage(

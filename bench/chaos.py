@@ -1,0 +1,291 @@
+"""Chaos benchmark: steady load through 2 replicas of every worker type while replicas
+are killed, nats-server and Postgres restart (and, with a 3-node cluster, a NATS node
+dies); counts what the promise "every request ends in exactly one final chunk, no
+committed turn is lost" survived.
+
+Loopback only, bounded: a fixed number of requests at a fixed rate, a fixed schedule of
+faults, a deadline; everything it started is stopped and its state removed.
+
+Keys: sent, answered_once, lost (no final chunk within the deadline), duplicate_finals,
+error_finals (by code), failover_s_p50 / failover_s_p99 (kill -> answer, for the
+requests in flight at each kill), stall_s (per server restart: server back -> first
+answer after it), history_rows_missing / history_rows_doubled (ok answers whose
+classify_history row is missing / there twice), log_rows_missing (final chunks without
+a request-log row).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from intentroute.stack import NatsServer, PostgresServer
+from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
+from intentroute.supervisor import Supervisor
+from intentroute.workers import WORKERS, wait_for_consumers
+from shared.bus import ensure_streams
+from shared.client import publish_request
+from shared.codec import decode_chunk
+from shared.contracts import response
+from shared.contracts.request import AgentRequest
+from shared.contracts.response import agent_responses
+from shared.store import asyncpg_dsn, migrate
+from shared.store.agents import AgentStore
+
+AGENT = "chaos"
+MIX: list[dict[str, str | None]] = [
+    {"query": "What does addParam do?", "query_type": "RETRIEVAL"},
+    {"query": "how many calls do I have left?", "extra_context": "calls_used=10"},
+    {"query": "en menos palabras", "query_type": "CONVERSATIONAL"},
+    {"query": "endpoint that returns the user id", "query_type": "CODE_GENERATION"},
+]
+REPLICAS = 2
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))], 3)
+
+
+class Tally:
+    """Final chunks as the caller sees them live, per request id."""
+
+    def __init__(self) -> None:
+        self.finals: dict[str, list[tuple[float, str]]] = defaultdict(list)
+        self.first_after: dict[str, float] = {}
+
+    async def on_chunk(self, msg: Msg) -> None:
+        chunk = decode_chunk(msg.data)
+        if chunk.is_final:
+            code = chunk.error.code if chunk.error else ""
+            self.finals[chunk.request_id].append((time.monotonic(), code))
+
+
+class Chaos:
+    def __init__(self, state: Path, requests: int, rate: float, deadline: float) -> None:
+        self.state = state
+        self.requests = requests
+        self.rate = rate
+        self.deadline = deadline
+        self.nats = NatsServer(state / "nats", creds_dir=auth_files(state).creds_dir)
+        self.pg = PostgresServer(state / "postgres")
+        self.supervisor = Supervisor()
+        self.tally = Tally()
+        self.sent: dict[str, float] = {}
+        self.kills: list[float] = []
+        self.stalls: dict[str, float] = {}
+        self.t0 = 0.0
+
+    def start_servers(self) -> None:
+        self.nats.start()
+        self.pg.start()
+        migrate(self.pg.url)
+
+    async def prepare(self) -> Any:
+        store = await AgentStore.connect(self.pg.url)
+        try:
+            cred = await store.add(AGENT, trusted=True)
+        finally:
+            await store.close()
+        await sync_agents(self.state, self.pg.url)
+        async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
+            await ensure_streams(admin.jetstream(), 3600)
+        return cred
+
+    def start_workers(self) -> None:
+        env = dict(os.environ, NATS_URL=self.nats.url, DATABASE_URL=self.pg.url,
+                   INTENTROUTE_HOME=str(self.state), INDEX_DIR=str(self.state / "index"),
+                   RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="", GENERATOR_BACKEND="echo",
+                   GENERATOR_ECHO_DELAY="0.4", AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="ERROR",
+                   REQUEST_DEADLINE=str(self.deadline))
+        for name in WORKERS:
+            for _ in range(REPLICAS):
+                self.supervisor.add(name, [sys.executable, "-m", "intentroute.cli", "worker",
+                                           name], {**env, **service_env(self.state, name)})
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.supervisor.poll()
+            await asyncio.sleep(0.05)
+
+    async def load(self, nc: Any) -> None:
+        self.t0 = time.monotonic()
+        for i in range(self.requests):
+            sample = MIX[i % len(MIX)]
+            req = AgentRequest(
+                request_id=uuid.uuid4().hex, session_id=f"chaos-{i % 40}", agent_id=AGENT,
+                query=str(sample["query"]), query_type=sample.get("query_type"),
+                extra_context=str(sample.get("extra_context") or ""))
+            self.sent[req.request_id] = time.monotonic()
+            try:
+                await publish_request(nc, req)
+            except Exception:  # the server restarting: the client publishes it again
+                await asyncio.sleep(0.5)
+                await publish_request(nc, req)
+            await asyncio.sleep(1 / self.rate)
+
+    def kill_one(self, name: str) -> None:
+        pids = self.supervisor.pids(name)
+        if pids:
+            os.kill(pids[0], signal.SIGKILL)
+            self.kills.append(time.monotonic())
+
+    async def restart_server(self, name: str, stop: Any, start: Any, down: float) -> None:
+        await asyncio.to_thread(stop)
+        await asyncio.sleep(down)
+        await asyncio.to_thread(start)
+        back = time.monotonic()
+        # The stall: from the server being back to the first answer after it.
+        while time.monotonic() - back < 30:
+            if any(t > back for finals in list(self.tally.finals.values()) for t, _ in finals):
+                self.stalls[name] = round(
+                    min(t for finals in self.tally.finals.values() for t, _ in finals
+                        if t > back) - back, 3)
+                return
+            await asyncio.sleep(0.05)
+        self.stalls[name] = 30.0
+
+    async def faults(self) -> None:
+        await asyncio.sleep(2.0)
+        for name in WORKERS:
+            self.kill_one(name)
+            await asyncio.sleep(1.5)
+        await self.restart_server("nats", self.nats.stop, self.nats.start, 1.0)
+        await asyncio.sleep(2.0)
+        await self.restart_server("postgres", self.pg.stop, self.pg.start, 2.0)
+
+    async def stored_finals(self) -> dict[str, int]:
+        """Final chunks per request as the response stream stored them."""
+        counts: Counter[str] = Counter()
+        async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
+            js = admin.jetstream()
+            inbox = admin.new_inbox()
+            sub = await admin.subscribe(inbox)
+            await js.add_consumer(response.STREAM, ConsumerConfig(
+                name=f"chaos-count-{uuid.uuid4().hex[:6]}", filter_subject=agent_responses(AGENT),
+                deliver_subject=inbox, deliver_policy=DeliverPolicy.ALL,
+                ack_policy=AckPolicy.NONE, inactive_threshold=10.0, mem_storage=True))
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=1.0)
+                except nats.errors.TimeoutError:
+                    break
+                chunk = decode_chunk(msg.data)
+                if chunk.is_final:
+                    counts[chunk.request_id] += 1
+        return dict(counts)
+
+    async def rows(self) -> tuple[Counter[str], set[str]]:
+        import asyncpg
+
+        conn = await asyncpg.connect(asyncpg_dsn(self.pg.url))
+        try:
+            history = Counter(r["request_id"] for r in await conn.fetch(
+                "SELECT request_id FROM classify_history WHERE agent_id = $1", AGENT))
+            logged = {r["request_id"] for r in await conn.fetch(
+                "SELECT request_id FROM request_log WHERE agent_id = $1", AGENT)}
+        finally:
+            await conn.close()
+        return history, logged
+
+    async def run(self) -> dict[str, Any]:
+        cred = await self.prepare()
+        self.start_workers()
+        stop = asyncio.Event()
+        supervising = asyncio.create_task(self.supervise(stop))
+        try:
+            async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
+                await wait_for_consumers(admin, list(WORKERS))
+            nc = await nats.connect(self.nats.url, **cred.nats, reconnect_time_wait=0.1,
+                                    max_reconnect_attempts=-1)
+            await nc.subscribe(agent_responses(AGENT), cb=self.tally.on_chunk)
+            await asyncio.gather(self.load(nc), self.faults())
+            # Everything ends within the deadline (a request published last, plus it).
+            for _ in range(int((self.deadline + 5) / 0.25)):
+                if all(rid in self.tally.finals for rid in self.sent):
+                    break
+                await asyncio.sleep(0.25)
+            await asyncio.sleep(1.0)  # late duplicates would arrive now
+            await nc.drain()
+            stored = await self.stored_finals()
+            history, logged = await self.rows()
+        finally:
+            stop.set()
+            await supervising
+            self.supervisor.stop(timeout=15)
+        return self.report(stored, history, logged)
+
+    def report(self, stored: dict[str, int], history: Counter[str], logged: set[str]
+               ) -> dict[str, Any]:
+        live = self.tally.finals
+        answered = {rid for rid in self.sent if live.get(rid) or stored.get(rid)}
+        duplicates = [rid for rid in self.sent
+                      if max(len(live.get(rid, [])), stored.get(rid, 0)) > 1]
+        errors: Counter[str] = Counter(
+            code for rid in self.sent for _, code in live.get(rid, [])[:1] if code)
+        ok = {rid for rid in answered if not any(code for _, code in live.get(rid, []))}
+        failovers = []
+        for kill in self.kills:
+            for rid, sent_at in self.sent.items():
+                finals = live.get(rid, [])
+                if sent_at < kill and finals and finals[0][0] > kill:
+                    failovers.append(finals[0][0] - kill)
+        return {
+            "sent": len(self.sent),
+            "answered_once": sum(1 for rid in answered if rid not in duplicates),
+            "lost": len(self.sent) - len(answered),
+            "duplicate_finals": len(duplicates),
+            "error_finals": dict(errors),
+            "failover_s_p50": _pct(failovers, 0.5),
+            "failover_s_p99": _pct(failovers, 0.99),
+            "stall_s": self.stalls,
+            "history_rows_missing": sum(1 for rid in ok if history[rid] == 0),
+            "history_rows_doubled": sum(1 for rid in ok if history[rid] > 1),
+            "log_rows_missing": sum(1 for rid in answered if rid not in logged),
+            "kills": len(self.kills),
+            # Why a promise broke, when it did: each duplicate's finals (seconds after the
+            # first request) and the faults' times.
+            "duplicates_detail": [
+                {"request_id": rid, "finals": [round(t - self.t0, 2) for t, _ in live[rid]],
+                 "stored": stored.get(rid, 0), "sent": round(self.sent[rid] - self.t0, 2)}
+                for rid in duplicates[:10]],
+            "faults_at": [round(t - self.t0, 2) for t in self.kills],
+        }
+
+
+def run(requests: int = 1000, rate: float = 40.0, deadline: float = 60.0) -> dict[str, Any]:
+    """`requests` at `rate` per second through the chaos; see the module doc."""
+    from services.retriever.indexing.embedded_ingest import ingest
+    from shared.embeddings import SentenceTransformerEncoder
+
+    with tempfile.TemporaryDirectory(prefix="ir-chaos-") as tmp:
+        state = Path(tmp)
+        ingest(Path(__file__).resolve().parent.parent / "kb" / "avap", state / "index",
+               SentenceTransformerEncoder(), progress=False)
+        chaos = Chaos(state, requests, rate, deadline)
+        chaos.start_servers()
+        try:
+            return asyncio.run(chaos.run())
+        finally:
+            chaos.nats.stop()
+            chaos.pg.stop()
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(run()))
