@@ -12,6 +12,7 @@ Streams:
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from typing import Any
 
 from faststream.nats import NatsBroker
@@ -31,6 +32,11 @@ from shared.ports import Publisher
 from shared.settings import CommonSettings
 
 log = logging.getLogger("intentroute.bus")
+
+# Set while a stage handles a redelivered message: its final chunk is sent only if no
+# other delivery's is stored (checked at the last moment, the race being a delivery
+# that lost its connection mid-answer and the server's redelivery of it).
+REDELIVERED: ContextVar[bool] = ContextVar("intentroute_redelivered", default=False)
 
 
 def stream_configs(response_ttl: float) -> list[StreamConfig]:
@@ -276,6 +282,12 @@ class AnswerStream:
             answered_by=answered_by,
             retried=retried,
         )
+        if REDELIVERED.get() and await self._already_final():
+            # Another delivery of this request (the server redelivered it while this one
+            # was cut off from the server) answered meanwhile: one final chunk only.
+            log.warning("[%s] answered by another delivery; final chunk not sent again",
+                        self.request_id)
+            return
         await self._bus.publish_durable(
             self.subject, encode(chunk), stream=response.STREAM,
             msg_id=f"{self.agent_id}:{self.request_id}:final",
@@ -287,6 +299,10 @@ class AnswerStream:
     ) -> None:
         """The final chunk of an answer that failed: `code` is an `ErrorCode`."""
         await self.final(decision=decision, error=ErrorInfo(code=code, message=message))
+
+    async def _already_final(self) -> bool:
+        last = await self._bus.last_chunk(self.subject, response.STREAM)
+        return last is not None and last.is_final
 
     @property
     def answer(self) -> str:

@@ -32,7 +32,7 @@ from opentelemetry.trace import Tracer
 
 from shared.admission import Admission
 from shared.answers import answer_error, finish_turn, history_row, report_invalid
-from shared.bus import publish_stage
+from shared.bus import REDELIVERED, publish_stage
 from shared.codec import encode
 from shared.consumer import Handler, StageSpec
 from shared.contracts import response
@@ -221,6 +221,7 @@ async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
     if stage.timed:
         # Time from acceptance to this stage's start: queueing + transit, per stage.
         env.timings[f"{stage.name}.at"] = round((time.time() - env.accepted_at) * 1000, 3)
+    token = REDELIVERED.set(msg.deliveries > 1)
     try:
         with bounded_by(env.deadline):
             handoff = await stage.logic(env, call, deps)
@@ -238,6 +239,8 @@ async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
         await answer_error(deps.bus, deps.store, env, exc.code, exc.message)
     except Exception as exc:
         await _retry_or_answer(stage, msg, deps, env, exc)
+    finally:
+        REDELIVERED.reset(token)
 
 
 def backoff(attempt: int) -> float:
