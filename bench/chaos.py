@@ -9,14 +9,23 @@ faults, a deadline; everything it started is stopped and its state removed.
 Keys: sent, answered_once, lost (no final chunk within the deadline), duplicate_finals,
 error_finals (by code), failover_s_p50 / failover_s_p99 (kill -> answer, for the
 requests in flight at each kill), stall_s (per server restart: server back -> first
-answer after it), history_rows_missing / history_rows_doubled (ok answers whose
+answer after it; `nats_node`, with a cluster: node killed -> first answer to a request
+published after the kill), history_rows_missing / history_rows_doubled (ok answers whose
 classify_history row is missing / there twice), log_rows_missing (final chunks without
 a request-log row).
+
+With `nats_cluster=3` NATS is a three-node cluster (every stream and consumer with 3
+replicas, workers and caller given every node's URL): first the node leading the
+pipeline stream is killed with SIGKILL (`nats_node_failover`: which node, the time
+until every stream and consumer has a new leader, until answers resume, and, once it
+is restarted, until it is a current replica of all of them again), then the worker
+kills, the restart of the whole cluster (`stall_s.nats`) and of Postgres as without.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -31,16 +40,18 @@ import nats
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from intentroute.stack import NatsServer, PostgresServer
+from intentroute.stack import DEFAULT_SYNC_INTERVAL, NatsCluster, NatsServer, PostgresServer
 from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
+from intentroute.stack.replication import Replicated, leaders, wait_until
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS, wait_for_consumers
 from shared.bus import ensure_streams
-from shared.client import publish_request
+from shared.client import publish_until_stored
 from shared.codec import decode_chunk
-from shared.contracts import response
+from shared.contracts import deadletter, pipeline, request, response
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import agent_responses
+from shared.settings import nats_servers
 from shared.store import asyncpg_dsn, migrate
 from shared.store.agents import AgentStore
 
@@ -52,6 +63,10 @@ MIX: list[dict[str, str | None]] = [
     {"query": "endpoint that returns the user id", "query_type": "CODE_GENERATION"},
 ]
 REPLICAS = 2
+STREAMS = [Replicated(name) for name in (request.STREAM, pipeline.STREAM, response.STREAM,
+                                         deadletter.STREAM)]
+CONSUMERS = [Replicated(request.STREAM if name == "gateway" else pipeline.STREAM, name)
+             for name in WORKERS]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -62,32 +77,54 @@ def _pct(values: list[float], q: float) -> float:
 
 
 class Tally:
-    """Final chunks as the caller sees them live, per request id."""
+    """Final chunks as the caller sees them live, per request id. A final re-sent as it
+    was (its ack lost in a leader election, shared.bus.AnswerStream) is the same message
+    again: counted in `resent`, not as a second answer."""
 
     def __init__(self) -> None:
         self.finals: dict[str, list[tuple[float, str]]] = defaultdict(list)
-        self.first_after: dict[str, float] = {}
+        self.seen: dict[str, set[bytes]] = defaultdict(set)
+        # What each distinct final said (seq, who answered, error, text's start).
+        self.said: dict[str, list[str]] = defaultdict(list)
+        self.resent = 0
 
     async def on_chunk(self, msg: Msg) -> None:
         chunk = decode_chunk(msg.data)
         if chunk.is_final:
+            if msg.data in self.seen[chunk.request_id]:
+                self.resent += 1
+                return
+            self.seen[chunk.request_id].add(msg.data)
             code = chunk.error.code if chunk.error else ""
             self.finals[chunk.request_id].append((time.monotonic(), code))
+            self.said[chunk.request_id].append(
+                f"seq {chunk.seq} {chunk.answered_by or '-'} {code or 'ok'} "
+                f"{chunk.text[:30]!r} {msg.subject.rsplit('.', 1)[-1][:8]}")
 
 
 class Chaos:
-    def __init__(self, state: Path, requests: int, rate: float, deadline: float) -> None:
+    def __init__(self, state: Path, requests: int, rate: float, deadline: float, *,
+                 nats_cluster: int = 1, sync_interval: str = DEFAULT_SYNC_INTERVAL) -> None:
         self.state = state
         self.requests = requests
         self.rate = rate
         self.deadline = deadline
-        self.nats = NatsServer(state / "nats", creds_dir=auth_files(state).creds_dir)
+        creds = auth_files(state).creds_dir
+        self.nats: NatsServer | NatsCluster = (
+            NatsCluster(state / "nats", nats_cluster, creds_dir=creds,
+                        sync_interval=sync_interval)
+            if nats_cluster > 1 else
+            NatsServer(state / "nats", creds_dir=creds, sync_interval=sync_interval))
+        self.replicas = min(nats_cluster, 3)
+        self.servers = nats_servers(self.nats.url)
         self.pg = PostgresServer(state / "postgres")
         self.supervisor = Supervisor()
         self.tally = Tally()
         self.sent: dict[str, float] = {}
         self.kills: list[float] = []
         self.stalls: dict[str, float] = {}
+        self.node_failover: dict[str, Any] = {}
+        self.publishes: set[asyncio.Task[None]] = set()
         self.t0 = 0.0
 
     def start_servers(self) -> None:
@@ -101,13 +138,18 @@ class Chaos:
             cred = await store.add(AGENT, trusted=True)
         finally:
             await store.close()
-        await sync_agents(self.state, self.pg.url)
-        async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
-            await ensure_streams(admin.jetstream(), 3600)
+        await sync_agents(self.state, self.pg.url)  # every node reloads
+        async with await self.admin() as admin:
+            await ensure_streams(admin.jetstream(), 3600, self.replicas)
         return cred
+
+    async def admin(self) -> Any:
+        return await nats.connect(self.servers, **admin_kwargs(self.state),
+                                  reconnect_time_wait=0.1, max_reconnect_attempts=-1)
 
     def start_workers(self) -> None:
         env = dict(os.environ, NATS_URL=self.nats.url, DATABASE_URL=self.pg.url,
+                   NATS_STREAM_REPLICAS=str(self.replicas),
                    INTENTROUTE_HOME=str(self.state), INDEX_DIR=str(self.state / "index"),
                    RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="", GENERATOR_BACKEND="echo",
                    GENERATOR_ECHO_DELAY="0.4", AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="ERROR",
@@ -131,12 +173,21 @@ class Chaos:
                 query=str(sample["query"]), query_type=sample.get("query_type"),
                 extra_context=str(sample.get("extra_context") or ""))
             self.sent[req.request_id] = time.monotonic()
-            try:
-                await publish_request(nc, req)
-            except Exception:  # the server restarting: the client publishes it again
-                await asyncio.sleep(0.5)
-                await publish_request(nc, req)
+            # Published in the background, so the pace holds while a publish waits out
+            # a restart or a leader election.
+            task = asyncio.create_task(self.publish(nc, req))
+            self.publishes.add(task)
+            task.add_done_callback(self.publishes.discard)
             await asyncio.sleep(1 / self.rate)
+        if self.publishes:
+            await asyncio.wait(set(self.publishes))
+
+    async def publish(self, nc: Any, req: AgentRequest) -> None:
+        """As a caller does: publish again (the same msg id: never twice in the stream)
+        until the stream has it or the request's deadline has passed (then it is lost)."""
+        with contextlib.suppress(Exception):  # still not stored: counted as lost
+            await publish_until_stored(nc, req, give_up_at=time.monotonic() + self.deadline,
+                                       pause=0.25)
 
     def kill_one(self, name: str) -> None:
         pids = self.supervisor.pids(name)
@@ -159,8 +210,50 @@ class Chaos:
             await asyncio.sleep(0.05)
         self.stalls[name] = 30.0
 
+    def first_answer_sent_after(self, moment: float) -> float | None:
+        """When the first request published after `moment` was answered."""
+        times = [finals[0][0] for rid, finals in list(self.tally.finals.items())
+                 if finals and self.sent.get(rid, 0.0) > moment]
+        return min(times) if times else None
+
+    async def kill_node(self) -> None:
+        """SIGKILL the node leading the pipeline stream; time the new leaders, the first
+        answer to a request published after the kill, and, restarted, its catch-up."""
+        assert isinstance(self.nats, NatsCluster)
+        items = STREAMS + CONSUMERS
+        async with await self.admin() as admin:
+            js = admin.jetstream()
+            led = await leaders(js, items)
+            victim = led[str(Replicated(pipeline.STREAM))]
+            node = self.nats.node(victim)
+            await asyncio.to_thread(node.kill)
+            killed = time.monotonic()
+            election = await wait_until(js, items, victim, caught_up=False, timeout=60)
+            while self.first_answer_sent_after(killed) is None:
+                if time.monotonic() - killed > 60:
+                    break
+                await asyncio.sleep(0.05)
+            answered = self.first_answer_sent_after(killed)
+            resumed = round(answered - killed, 3) if answered is not None else 60.0
+            self.stalls["nats_node"] = resumed
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(node.start)
+            restarted = time.monotonic()
+            caught_up = await wait_until(js, items, victim, caught_up=True, timeout=60)
+        self.node_failover = {
+            "node": victim,
+            "at": round(killed - self.t0, 2),
+            "led": sorted(k for k, v in led.items() if v == victim),
+            "leader_election_s": round(election, 3),
+            "answers_resumed_s": resumed,
+            "restarted_after_s": round(restarted - killed, 3),
+            "caught_up_s": round(caught_up, 3),
+        }
+
     async def faults(self) -> None:
         await asyncio.sleep(2.0)
+        if isinstance(self.nats, NatsCluster):
+            await self.kill_node()
         for name in WORKERS:
             self.kill_one(name)
             await asyncio.sleep(1.5)
@@ -171,7 +264,7 @@ class Chaos:
     async def stored_finals(self) -> dict[str, int]:
         """Final chunks per request as the response stream stored them."""
         counts: Counter[str] = Counter()
-        async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
+        async with await self.admin() as admin:
             js = admin.jetstream()
             inbox = admin.new_inbox()
             sub = await admin.subscribe(inbox)
@@ -208,9 +301,9 @@ class Chaos:
         stop = asyncio.Event()
         supervising = asyncio.create_task(self.supervise(stop))
         try:
-            async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
+            async with await self.admin() as admin:
                 await wait_for_consumers(admin, list(WORKERS))
-            nc = await nats.connect(self.nats.url, **cred.nats, reconnect_time_wait=0.1,
+            nc = await nats.connect(self.servers, **cred.nats, reconnect_time_wait=0.1,
                                     max_reconnect_attempts=-1)
             await nc.subscribe(agent_responses(AGENT), cb=self.tally.on_chunk)
             await asyncio.gather(self.load(nc), self.faults())
@@ -257,17 +350,22 @@ class Chaos:
             "history_rows_doubled": sum(1 for rid in ok if history[rid] > 1),
             "log_rows_missing": sum(1 for rid in answered if rid not in logged),
             "kills": len(self.kills),
+            # Identical copies of a final whose ack was lost (not second answers).
+            "resent_finals": self.tally.resent,
             # Why a promise broke, when it did: each duplicate's finals (seconds after the
             # first request) and the faults' times.
             "duplicates_detail": [
                 {"request_id": rid, "finals": [round(t - self.t0, 2) for t, _ in live[rid]],
-                 "stored": stored.get(rid, 0), "sent": round(self.sent[rid] - self.t0, 2)}
+                 "stored": stored.get(rid, 0), "sent": round(self.sent[rid] - self.t0, 2),
+                 "said": self.tally.said[rid]}
                 for rid in duplicates[:10]],
             "faults_at": [round(t - self.t0, 2) for t in self.kills],
+            **({"nats_node_failover": self.node_failover} if self.node_failover else {}),
         }
 
 
-def run(requests: int = 1000, rate: float = 40.0, deadline: float = 60.0) -> dict[str, Any]:
+def run(requests: int = 1000, rate: float = 40.0, deadline: float = 60.0, *,
+        nats_cluster: int = 1, sync_interval: str = DEFAULT_SYNC_INTERVAL) -> dict[str, Any]:
     """`requests` at `rate` per second through the chaos; see the module doc."""
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.embeddings import SentenceTransformerEncoder
@@ -276,7 +374,8 @@ def run(requests: int = 1000, rate: float = 40.0, deadline: float = 60.0) -> dic
         state = Path(tmp)
         ingest(Path(__file__).resolve().parent.parent / "kb" / "avap", state / "index",
                SentenceTransformerEncoder(), progress=False)
-        chaos = Chaos(state, requests, rate, deadline)
+        chaos = Chaos(state, requests, rate, deadline, nats_cluster=nats_cluster,
+                      sync_interval=sync_interval)
         chaos.start_servers()
         try:
             return asyncio.run(chaos.run())

@@ -6,7 +6,11 @@ figures measure the bus, the stores and the workers' own overhead. As in product
 authentication and permissions are on: the workers connect as their service users,
 the requests come from two agents (`bench-seq` for latency, `bench-load` for
 throughput) with their own credentials; `auth=False` (`--no-auth`) runs the same on
-an open server.
+an open server. Per-agent accounting is on, as in production; `accounting=False`
+(`--no-accounting`) runs the workers with ACCOUNTING=off. The servers are durable as
+`intentroute up` runs them (Postgres with fsync and synchronous commit, JetStream synced
+every `sync_interval`); `nats_cluster=3` runs NATS as a three-node cluster with every
+stream replicated three times.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ import uvloop
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from intentroute.stack import embedded_stack
+from intentroute.stack import DEFAULT_SYNC_INTERVAL, embedded_stack
 from intentroute.workers import WORKERS, wait_for_consumers
 from shared.bus import ensure_streams
 from shared.client import publish_request
 from shared.codec import decode_chunk
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import agent_responses
+from shared.settings import nats_servers
 
 REPO = Path(__file__).resolve().parent.parent
 AGENTS = ("bench-load", "bench-seq")
@@ -98,10 +103,11 @@ def _request(i: int, agent: str = "bench-load") -> AgentRequest:
 
 async def _measure(nats_url: str, db_url: str, requests: int, load: int, window: int,
                    creds: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    admin = await nats.connect(nats_url, **creds["admin"])
+    servers = nats_servers(nats_url)
+    admin = await nats.connect(servers, **creds["admin"])
     await wait_for_consumers(admin, list(WORKERS))
     floor = await _floor(admin, creds["admin"])
-    callers = {agent: await nats.connect(nats_url, **creds[agent]) for agent in AGENTS}
+    callers = {agent: await nats.connect(servers, **creds[agent]) for agent in AGENTS}
     waiter = Waiter()
     for agent, nc in callers.items():
         await nc.subscribe(agent_responses(agent), cb=waiter.on_chunk)
@@ -166,7 +172,7 @@ async def _stage_breakdown(db_url: str) -> dict[str, float]:
     return {k: round(statistics.median(v), 3) for k, v in sorted(values.items())}
 
 
-async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool
+async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool, replicas: int
                       ) -> dict[str, dict[str, Any]]:
     """The bench's agents (trusted: the mix declares types), added as users add them,
     and the connect kwargs of each caller and of the admin."""
@@ -178,28 +184,32 @@ async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool
         creds = {agent: await store.add(agent, trusted=True) for agent in AGENTS}
     finally:
         await store.close()
-    if not auth:
-        return {name: {} for name in (*AGENTS, "admin")}
-    await sync_agents(state, db_url)
-    kwargs: dict[str, dict[str, Any]] = {"admin": admin_kwargs(state)}
-    for agent, cred in creds.items():
-        kwargs[agent] = dict(cred.nats)
-        for _ in range(100):  # until the reload that admits it has been applied
-            try:
-                await (await nats.connect(nats_url, **kwargs[agent],
-                                          max_reconnect_attempts=0)).close()
-                break
-            except Exception:
-                await asyncio.sleep(0.05)
-    async with await nats.connect(nats_url, **kwargs["admin"]) as admin:
-        await ensure_streams(admin.jetstream(), 3600)
+    kwargs: dict[str, dict[str, Any]] = {name: {} for name in (*AGENTS, "admin")}
+    servers = nats_servers(nats_url)
+    if auth:
+        await sync_agents(state, db_url)
+        kwargs["admin"] = admin_kwargs(state)
+        for agent, cred in creds.items():
+            kwargs[agent] = dict(cred.nats)
+            for server in servers:  # until every node has applied the reload admitting it
+                for _ in range(100):
+                    try:
+                        await (await nats.connect(server, **kwargs[agent],
+                                                  max_reconnect_attempts=0)).close()
+                        break
+                    except Exception:
+                        await asyncio.sleep(0.05)
+    async with await nats.connect(servers, **kwargs["admin"]) as admin:
+        await ensure_streams(admin.jetstream(), 3600, replicas)
     return kwargs
 
 
 def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: bool = False,
-        auth: bool = True) -> dict[str, Any]:
+        auth: bool = True, accounting: bool = True, nats_cluster: int = 1,
+        sync_interval: str = DEFAULT_SYNC_INTERVAL) -> dict[str, Any]:
     """models=False measures the transport: rules-only classifier, BM25 retriever.
-    models=True runs the production cascade (Layer 2) and hybrid retrieval."""
+    models=True runs the production cascade (Layer 2) and hybrid retrieval.
+    accounting=False runs the workers with ACCOUNTING=off (what accounting costs)."""
     from intentroute.stack.auth import service_env
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.embeddings import SentenceTransformerEncoder
@@ -208,12 +218,16 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
     with tempfile.TemporaryDirectory(prefix="ir-bench-") as tmp:
         state = Path(tmp)
         ingest(REPO / "kb" / "avap", state / "index", SentenceTransformerEncoder(), progress=False)
-        with embedded_stack(state, auth=auth) as (nats_url, db_url):
+        replicas = min(nats_cluster, 3)
+        with embedded_stack(state, auth=auth, nats_cluster=nats_cluster,
+                            sync_interval=sync_interval) as (nats_url, db_url):
             migrate(db_url)
-            creds = asyncio.run(_add_agents(state, db_url, nats_url, auth))
+            creds = asyncio.run(_add_agents(state, db_url, nats_url, auth, replicas))
             env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
+                       NATS_STREAM_REPLICAS=str(replicas),
                        INTENTROUTE_HOME=str(state), INDEX_DIR=str(state / "index"),
-                       GENERATOR_BACKEND="echo", AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="WARNING")
+                       GENERATOR_BACKEND="echo", AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="WARNING",
+                       ACCOUNTING="on" if accounting else "off")
             if not models:
                 env.update(RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="")
             procs = [
@@ -226,6 +240,10 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
                     _measure(nats_url, db_url, requests, load, window, creds))
                 result["models"] = models
                 result["auth"] = auth
+                result["accounting"] = accounting
+                result["nats_nodes"] = nats_cluster
+                result["stream_replicas"] = replicas
+                result["nats_sync_interval"] = sync_interval
                 return result
             finally:
                 for p in procs:

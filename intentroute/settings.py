@@ -7,6 +7,7 @@ from pathlib import Path
 
 import msgspec
 
+from intentroute.stack.natsconf import DEFAULT_SYNC_INTERVAL, sync_interval_problem
 from shared.settings import CommonSettings, env_str
 
 
@@ -22,10 +23,23 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
     nats_tls_server_cert: str = ""
     nats_tls_server_key: str = ""
     nats_tls_server_ca: str = ""
+    # Reports: the main slot's model (the saving is priced against it) and the key that
+    # replaces agent ids with their HMAC (`--hash-agents`): a file, or the value itself.
+    main_model: str = ""
+    agent_hash_key_file: str = ""
+    agent_hash_key: str = ""
+    # How often the embedded JetStream fsyncs its store: a duration or "always"
+    # (README, Reliability: what a host crash can lose with each).
+    nats_sync_interval: str = DEFAULT_SYNC_INTERVAL
 
     @property
     def state_dir(self) -> Path:
         return self.common.state_dir
+
+    def __post_init__(self) -> None:
+        problem = sync_interval_problem(self.nats_sync_interval)
+        if problem:
+            raise ValueError(f"NATS_SYNC_INTERVAL {problem}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CliSettings:
@@ -38,4 +52,8 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
             nats_tls_server_cert=env_str("NATS_TLS_SERVER_CERT", "", environ),
             nats_tls_server_key=env_str("NATS_TLS_SERVER_KEY", "", environ),
             nats_tls_server_ca=env_str("NATS_TLS_SERVER_CA", "", environ),
+            main_model=env_str("OLLAMA_MODEL_NAME", "", environ),
+            agent_hash_key_file=env_str("AGENT_HASH_KEY_FILE", "", environ),
+            agent_hash_key=env_str("AGENT_HASH_KEY", "", environ),
+            nats_sync_interval=env_str("NATS_SYNC_INTERVAL", DEFAULT_SYNC_INTERVAL, environ),
         )

@@ -36,4 +36,6 @@ class Admission:
         env.admission = self._mac(env)
 
     def admits(self, env: Admitted | Routed) -> bool:
-        return hmac.compare_digest(env.admission, self._mac(env))
+        # As bytes: compare_digest raises TypeError on a str with non-ASCII characters,
+        # which a forged stamp may hold.
+        return hmac.compare_digest(env.admission.encode(), self._mac(env).encode())

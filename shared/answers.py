@@ -10,6 +10,7 @@ from typing import Any
 
 from shared.bus import AnswerStream
 from shared.codec import encode
+from shared.contracts import response
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.response import (
     INTERNAL_INVALID_SUBJECT,
@@ -17,6 +18,7 @@ from shared.contracts.response import (
     ErrorCode,
     ErrorInfo,
     ResponseChunk,
+    response_subject,
 )
 from shared.contracts.routing import RoutingDecision, topic_snippet
 from shared.ports import Publisher, TurnStore
@@ -48,11 +50,26 @@ def history_row(env: Routed) -> HistoryRow:
     )
 
 
+def _accounting(env: Admitted | Routed) -> dict[str, Any]:
+    """The request log's accounting columns from the envelope's `usage` (nothing when
+    accounting is off or nothing was generated), cut to their columns' widths."""
+    usage = env.usage if isinstance(env, Routed) else None
+    if usage is None:
+        return {}
+    return {"model": usage.model[:128], "tokens_in": usage.tokens_in,
+            "tokens_out": usage.tokens_out, "tokens_note": usage.tokens_note[:64],
+            "compute_ms": round(usage.compute_ms, 3), "fallback": usage.fallback,
+            "fallback_reason": usage.fallback_reason[:64]}
+
+
 def request_log_row(env: Admitted | Routed, outcome: str, **fields: Any) -> RequestLogRow:
-    """The request-log row of `env`: ids, routing decision and stage timings, plus
-    whatever the finishing stage knows (`answered_by`, `validation_status`, ...)."""
+    """The request-log row of `env`: ids, routing decision and stage timings, the
+    generation's accounting (`env.usage`), plus whatever the finishing stage knows
+    (`answered_by`, `validation_status`, `first_chunk_ms`, ...)."""
     req = env.request
     dec = decision_of(env)
+    if "answered_by" in fields:
+        fields["answered_by"] = fields["answered_by"][:64]
     return RequestLogRow(
         request_id=req.request_id,
         agent_id=req.agent_id,
@@ -63,6 +80,8 @@ def request_log_row(env: Admitted | Routed, outcome: str, **fields: Any) -> Requ
         confidence=dec.confidence if dec else None,
         model_slot=dec.model_slot.value if dec else "",
         stage_ms=env.timings,
+        **_accounting(env),
+        created_at=env.accepted_at,
         **fields,
     )
 
@@ -77,12 +96,25 @@ async def answer_error(
     """Final error chunk to the caller, then the turn's history and request-log rows.
 
     The answer goes out once, whatever happens to the rows: they are written for a
-    grace period if the store is down, and a row the database refuses is logged."""
+    grace period if the store is down, and a row the database refuses is logged. It
+    follows whatever is stored on the response subject already, and is not sent when
+    this run's final chunk is."""
     req = env.request
     start_seq = env.seq if isinstance(env, Routed) else 0
-    await AnswerStream(bus, req.agent_id, req.request_id, start_seq=start_seq).error(
-        code, message, decision=decision_of(env)
-    )
+    # A stage may fail after streaming part of its answer (or a previous delivery may
+    # have): the error goes after what is stored, and a reset drops the partial text.
+    last = await bus.last_chunk(response_subject(req.agent_id, req.request_id),
+                                response.STREAM)
+    stream = AnswerStream(bus, req.agent_id, req.request_id,
+                          start_seq=max(start_seq, last.seq + 1) if last else start_seq)
+    # This run's final (an earlier run's, of a request id used again, does not count),
+    # wherever on the subject: another delivery's chunks may follow it.
+    if last is not None and await stream.final_stored():
+        log.warning("[%s] already answered; %s not sent", req.request_id, code)
+        return
+    if last is not None and last.seq >= start_seq:
+        await stream.reset()
+    await stream.error(code, message, decision=decision_of(env))
     rows: list[Row] = [request_log_row(env, f"error:{code}")]
     if isinstance(env, Routed):
         rows.append(history_row(env))
@@ -107,12 +139,22 @@ async def finish_turn(
     answered_by: str,
     validation_status: str = "",
     retried: bool = False,
+    first_chunk_at: float | None = None,
 ) -> None:
     """Store the turn, its classify_history entry and its request-log row in one
     write before the final chunk goes out, so the next turn of the session already
     sees this answer and this turn's type. An unreachable store is retried until the
-    request's deadline."""
+    request's deadline.
+
+    With accounting on (`env.usage` set) the row has the time to the first chunk:
+    from the gateway's acceptance to `first_chunk_at` (epoch seconds: when the first
+    piece of the answer's text went out), or to now for an answer that goes out in
+    one piece with the final chunk, right after this write."""
     req, dec = env.request, env.decision
+    first_chunk: dict[str, float] = {}
+    if env.usage is not None:
+        sent = first_chunk_at if first_chunk_at is not None else time.time()
+        first_chunk["first_chunk_ms"] = round((sent - env.accepted_at) * 1000, 3)
     await store.write(
         history_row(env),
         TurnRow(
@@ -120,7 +162,9 @@ async def finish_turn(
             session_id=req.session_id,
             request_id=req.request_id,
             query=req.query,
-            answer=answer,
+            # Model output and retrieved text may hold NUL characters, which Postgres
+            # text cannot (the query cannot: the gateway refuses them).
+            answer=answer.replace("\x00", ""),
             query_type=dec.type.value,
         ),
         request_log_row(
@@ -130,6 +174,7 @@ async def finish_turn(
             total_ms=round((time.time() - env.accepted_at) * 1000, 3),
             validation_status=validation_status,
             retried=retried or env.retrieval_retried,
+            **first_chunk,
         ),
         deadline=env.deadline or None,
     )

@@ -1,8 +1,9 @@
 """Caller side of the contract: publish a request, follow its answer.
 
 Used by the CLI, the gateway's gRPC face, the tests and the benchmarks. A caller
-publishes on its own `agent.request.<agent_id>` and reads `agent.response.<agent_id>.
-<request_id>`; its credential allows nothing else. Live callers subscribe to the
+publishes on its own `agent.request.<agent_id>` (and its verdicts on
+`agent.feedback.<agent_id>`) and reads `agent.response.<agent_id>.<request_id>`; its
+credential allows nothing else. Live callers subscribe to the
 response subject before publishing (no race, no JetStream consumer per request);
 `replay` reads a stored answer from the start through an ephemeral consumer filtered to
 that one subject, for callers that join late.
@@ -11,17 +12,21 @@ that one subject, for callers that join late.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 
+import msgspec
 import nats
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.codec import decode_chunk, encode
+from shared.contracts import feedback as feedback_contract
 from shared.contracts import request as request_contract
 from shared.contracts import response as response_contract
+from shared.contracts.feedback import Feedback, FeedbackAck
 from shared.contracts.request import AgentRequest, request_subject
 from shared.contracts.response import ChunkKind, ResponseChunk, response_subject
 
@@ -39,6 +44,21 @@ async def publish_request(nc: Client, req: AgentRequest) -> None:
         stream=request_contract.STREAM,
         headers={"Nats-Msg-Id": f"{req.agent_id}:{req.request_id}"},
     )
+
+
+async def publish_until_stored(nc: Client, req: AgentRequest, *, give_up_at: float,
+                               pause: float = 0.2) -> None:
+    """Publish again until the stream acknowledges the request (through a server
+    restart or a stream's leader election): the same msg id, so it is stored once.
+    After `give_up_at` (time.monotonic()) the last error is raised."""
+    while True:
+        try:
+            await publish_request(nc, req)
+            return
+        except Exception:
+            if time.monotonic() > give_up_at:
+                raise
+            await asyncio.sleep(pause)
 
 
 async def ask(
@@ -96,6 +116,26 @@ async def replay(
     try:
         async for chunk in follow(sub, timeout=timeout):
             yield chunk
+    finally:
+        await sub.unsubscribe()
+
+
+async def send_feedback(
+    nc: Client, agent_id: str, feedback: Feedback, *, timeout: float = 10.0
+) -> FeedbackAck:
+    """Publish a verdict on `agent.feedback.<agent_id>` (JetStream ack) and wait for the
+    gateway's acknowledgement on `agent.response.<agent_id>._feedback.<request_id>`
+    (subscribed before publishing). A request id that cannot be part of a subject is
+    acknowledged on `..._feedback._invalid`, which this does not follow."""
+    sub = await nc.subscribe(feedback_contract.ack_subject(agent_id, feedback.request_id))
+    try:
+        await nc.jetstream().publish(feedback_contract.feedback_subject(agent_id),
+                                     encode(feedback), stream=feedback_contract.STREAM)
+        try:
+            msg = await sub.next_msg(timeout=timeout)
+        except nats.errors.TimeoutError as exc:
+            raise AnswerTimeoutError(f"no feedback acknowledgement within {timeout}s") from exc
+        return msgspec.json.decode(msg.data, type=FeedbackAck)
     finally:
         await sub.unsubscribe()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -27,8 +28,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Tracer
 
+from shared.bus import until_ready
 from shared.contracts import deadletter
 from shared.ports import Delivery
+from shared.signals import Outcome, StageStats
 
 log = logging.getLogger("intentroute.consumer")
 
@@ -94,6 +97,10 @@ class JsDelivery:
         return int(self.msg.metadata.num_delivered or 1)
 
     @property
+    def stream_seq(self) -> int:
+        return int(self.msg.metadata.sequence.stream or 0)
+
+    @property
     def settled(self) -> bool:
         return bool(self.msg.is_acked)
 
@@ -114,13 +121,18 @@ class JsDelivery:
         await self.msg.ack()
 
 
-Handler = Callable[[Delivery], Awaitable[None]]
+# A handler may say how the delivery ended (None: OK), for the stage's signals.
+Handler = Callable[[Delivery], Awaitable[Outcome | None]]
+# Called after each delivery with its outcome and handling time (seconds).
+OnHandled = Callable[[Outcome, float], None]
 
 
 async def ensure_consumer(js: JetStreamContext, spec: StageSpec) -> None:
     """Create the durable consumer, or bring an existing one to `spec` (the server
-    creates or updates; every replica may call it at start)."""
-    await js.add_consumer(spec.stream, config=spec.consumer_config())
+    creates or updates; every replica may call it at start). A replica restarted
+    while a cluster elects the stream's leader waits for it."""
+    await until_ready(lambda: js.add_consumer(spec.stream, config=spec.consumer_config()),
+                      f"consumer {spec.durable}")
 
 
 class StageConsumer:
@@ -131,13 +143,20 @@ class StageConsumer:
         handler: Handler,
         *,
         tracer: Tracer | None = None,
-        heartbeat: float = 5.0,
+        # The server's sign of life on an idle pull: a pull lost with its server (a
+        # cluster node killed without a word) is asked again after 2 * heartbeat + 1 s.
+        heartbeat: float = 2.0,
         expires: float = 30.0,
+        stats: StageStats | None = None,
+        on_handled: OnHandled | None = None,
     ) -> None:
         self.nc = nc
         self.spec = spec
         self._handler = handler
         self._tracer = tracer
+        # Counted here for the services API and the metrics (shared.signals).
+        self.stats = stats or StageStats(spec.durable)
+        self._on_handled = on_handled
         self._heartbeat = heartbeat
         self._expires = expires
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
@@ -152,6 +171,8 @@ class StageConsumer:
         self._held: set[JsDelivery] = set()
         self._reconnects = 0
         self._repull: asyncio.TimerHandle | None = None
+        # Pulls ended by the server (409/503) since the last message or heartbeat.
+        self._refusals = 0
         self._dlq_subject = deadletter.dead_letter_subject(spec.durable)
         self._js = nc.jetstream()
 
@@ -169,6 +190,8 @@ class StageConsumer:
         self._stopping = True
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self._repull is not None:
+            self._repull.cancel()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
         if self._sub is not None:
@@ -200,11 +223,13 @@ class StageConsumer:
         if not msg.reply:
             await self._on_status(msg)
             return
+        self._refusals = 0
         self._outstanding = max(0, self._outstanding - 1)
         if self._stopping:
             await msg.nak()
             return
         self._inflight += 1
+        self.stats.inflight = self._inflight
         task = asyncio.create_task(self._run(msg))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -213,23 +238,38 @@ class StageConsumer:
         headers = msg.headers or {}
         status = headers.get("Status", "")
         if status == "100":  # idle heartbeat: the pull is alive
+            self._refusals = 0
             return
-        # 408: a pull expired; 409: the server ended it (limits, leadership change);
-        # 503: no JetStream responder (a server restarting).
+        # 408: a pull expired; 409: the server ended it (limits, a consumer leader
+        # elected elsewhere); 503: no responder for the consumer (a server restarting,
+        # a cluster electing the consumer's new leader).
         pending = headers.get("Nats-Pending-Messages")
         if pending is not None:
             self._outstanding = max(0, self._outstanding - int(pending))
         else:
             self._outstanding = 0
         if status == "408":
+            self._refusals = 0
             await self._pull()
             return
-        log.warning("[%s] pull ended with %s %s", self.spec.durable, status,
-                    headers.get("Description", ""))
-        self._pull_soon()
+        self._refusals += 1
+        log.log(logging.WARNING if self._refusals == 1 else logging.DEBUG,
+                "[%s] pull ended with %s %s", self.spec.durable, status,
+                headers.get("Description", ""))
+        if self._refusals == 1:
+            # The first refusal is asked again at once: after a leadership change the
+            # new leader is there already, and a failover must not wait for a timer.
+            await self._pull()
+        else:
+            self._pull_soon(self._refusal_delay())
+
+    def _refusal_delay(self) -> float:
+        """Refused again (no leader yet): 50 ms, doubling up to 250 ms, so a pull lands
+        within a quarter second of a new leader without a storm of requests meanwhile."""
+        return min(0.25, 0.05 * 2.0 ** (self._refusals - 2))
 
     def _pull_soon(self, delay: float = 0.25) -> None:
-        """Ask again shortly (not at once: a server that just refused may need a moment)."""
+        """Ask again after `delay` (one timer at a time)."""
         if self._repull is None or self._repull.cancelled():
             loop = asyncio.get_running_loop()
             self._repull = loop.call_later(delay, lambda: asyncio.ensure_future(self._repull_now()))
@@ -242,36 +282,51 @@ class StageConsumer:
         delivery = JsDelivery(msg, self._js, self._dlq_subject)
         delivery.touched = asyncio.get_running_loop().time()
         self._held.add(delivery)
+        started = time.perf_counter()
+        outcome = Outcome.OK
         try:
             if self._tracer is None:
-                await self._handler(delivery)
+                outcome = await self._handler(delivery) or Outcome.OK
             else:
-                await self._traced(delivery)
+                outcome = await self._traced(delivery) or Outcome.OK
             if not delivery.settled:
                 await msg.ack()
         except Exception as exc:
             # run_stage sorts the expected errors; this is a dead connection or a bug.
-            await self._handler_failed(delivery, exc)
+            outcome = await self._handler_failed(delivery, exc)
         finally:
             self._held.discard(delivery)
             self._inflight -= 1
+            self._record(outcome, time.perf_counter() - started, delivery)
             await self._pull()
 
-    async def _handler_failed(self, delivery: JsDelivery, exc: Exception) -> None:
+    def _record(self, outcome: Outcome, seconds: float, delivery: JsDelivery) -> None:
+        stats = self.stats
+        stats.inflight = self._inflight
+        try:
+            stats.record(outcome, seconds, delivery.deliveries)
+            if self._on_handled is not None:
+                self._on_handled(outcome, seconds)
+        except Exception as exc:  # a signal must never cost a message
+            log.warning("[%s] recording signals failed: %r", self.spec.durable, exc)
+
+    async def _handler_failed(self, delivery: JsDelivery, exc: Exception) -> Outcome:
         """Redeliver; after the last allowed delivery, dead-letter: never a silent drop,
         never a message left unacknowledged in its stream."""
+        self.stats.last_error = repr(exc)[:200]
         if delivery.settled:
-            return
+            return Outcome.FAILED
         last = delivery.deliveries >= self.spec.max_deliver
         log.error("[%s] handler failed on delivery %d%s: %r", self.spec.durable,
                   delivery.deliveries, " (the last): dead-lettered" if last else "", exc)
         with contextlib.suppress(Exception):
             if last:
                 await delivery.dead_letter(self.spec.durable, f"handler failed: {exc!r}")
-            else:
-                await delivery.nack(delay=1.0)
+                return Outcome.DEAD_LETTER
+            await delivery.nack(delay=1.0)
+        return Outcome.FAILED
 
-    async def _traced(self, delivery: JsDelivery) -> None:
+    async def _traced(self, delivery: JsDelivery) -> Outcome | None:
         assert self._tracer is not None
         parent = propagate.extract(delivery.msg.headers or {})
         token = otel_context.attach(parent)
@@ -286,7 +341,7 @@ class StageConsumer:
                     "messaging.message.delivery_count": delivery.deliveries,
                 },
             ):
-                await self._handler(delivery)
+                return await self._handler(delivery)
         finally:
             otel_context.detach(token)
 

@@ -19,6 +19,13 @@ import bcrypt
 
 from shared.ports import AgentInfo
 
+
+def bearer_value(authorization: str) -> str:
+    """The token of an `Authorization: Bearer <token>` value ("" if it is not one): the
+    one parser of the gateway's HTTP, gRPC and dashboard credentials."""
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
 # (record, bcrypt hash of its secret), or None when there is no such agent.
 FetchAgent = Callable[[str], Awaitable[tuple[AgentInfo, str] | None]]
 

@@ -1,12 +1,19 @@
 """Who may do what on the bus: the permission matrix, as data.
 
-Three kinds of user connect to NATS:
+Four kinds of user connect to NATS:
 - `admin`: the `intentroute up` process and operator commands; everything (it declares
   the streams).
 - one service user per worker type (`intentroute-<worker>`): its stage's durable
   consumer and the subjects its stage hands off to, nothing else. Workers never
-  create, update or delete streams.
-- one user per active agent: publish its own requests, read its own responses.
+  create, update or delete streams. Each answers the services API (`$SRV.PING / INFO
+  / STATS`) under its own name only: it subscribes to the control subjects of every
+  service and of its name, and replies to each request once (`allow_responses`)
+  without any publish grant on another user's inbox.
+- `intentroute-ops`: the monitoring reader (`intentroute status`, a scraper's sidecar):
+  services-API requests, consumer and stream info; it cannot publish work, pull, ack,
+  nor change a stream or consumer, so a monitoring host never holds the admin's power.
+- one user per active agent: publish its own requests and feedback, read its own
+  responses (feedback acknowledgements included).
 
 Every user may subscribe only to its own reply inbox `_INBOX.<user>.>` (clients pass
 `inbox_prefix`), so nobody reads another user's replies or JetStream acks.
@@ -25,6 +32,11 @@ from shared.natsconn import inbox_prefix
 
 ADMIN_USER = "admin"
 SERVICE_PREFIX = "intentroute-"
+OPS_USER = f"{SERVICE_PREFIX}ops"
+# The NATS services API's control subjects (nats.micro): `$SRV.<VERB>` (every service),
+# `$SRV.<VERB>.<name>` (every instance of one), `$SRV.<VERB>.<name>.<id>` (one instance).
+SERVICES_API = "$SRV"
+SERVICES_VERBS = ("PING", "INFO", "STATS")
 
 # An agent id is one subject token and a user name: letters, digits, `_`, `-`.
 _AGENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -35,10 +47,19 @@ _RESERVED_PREFIX = "intentroute"
 AGENT_REQUEST_ANY = request.SUBJECTS
 AGENT_RESPONSE_ANY = f"{response.SUBJECT_PREFIX}.*.*"
 
+# agent.feedback.<agent_id> (captured by AGENT_FEEDBACK) and the acknowledgements on
+# agent.response.<agent_id>._feedback.<request_id>.
+AGENT_FEEDBACK_ANY = feedback.SUBJECTS
+FEEDBACK_ACK_ANY = feedback.ack_subject("*", "*")
+# The gateway's durable consumer of AGENT_FEEDBACK.
+FEEDBACK_DURABLE = "gateway-feedback"
+
 STREAM_SUBJECTS: dict[str, tuple[str, ...]] = {
     request.STREAM: (AGENT_REQUEST_ANY,),
+    feedback.STREAM: (AGENT_FEEDBACK_ANY,),
     pipeline.STREAM: (f"{pipeline.SUBJECT_PREFIX}.>",),
     response.STREAM: (f"{response.SUBJECT_PREFIX}.>",),
+    response.CLAIM_STREAM: (f"{response.CLAIM_SUBJECT_PREFIX}.>",),
     deadletter.STREAM: (f"{deadletter.SUBJECT_PREFIX}.>",),
 }
 
@@ -51,6 +72,14 @@ class Permissions(NamedTuple):
     allow_responses: bool = False
 
 
+class ConsumerGrant(NamedTuple):
+    """One more durable consumer a worker reads besides its stage's."""
+
+    stream: str
+    durable: str
+    filter_subject: str
+
+
 class WorkerGrant(NamedTuple):
     """A worker type's durable consumer and what its stage may publish and read."""
 
@@ -59,15 +88,19 @@ class WorkerGrant(NamedTuple):
     filter_subject: str
     publish: tuple[str, ...]
     subscribe: tuple[str, ...] = ()
+    # Further durable consumers of the same worker (the gateway's feedback consumer).
+    consumers: tuple[ConsumerGrant, ...] = ()
 
 
 WORKER_GRANTS: dict[str, WorkerGrant] = {
     # Its gRPC face asks on behalf of authenticated callers: publish any agent's
-    # request, follow every response.
+    # request, follow every response. It also reads every agent's feedback and
+    # acknowledges it on that agent's responses.
     "gateway": WorkerGrant(
         stream=request.STREAM, durable="gateway", filter_subject=AGENT_REQUEST_ANY,
-        publish=(pipeline.CLASSIFY_SUBJECT, AGENT_REQUEST_ANY),
+        publish=(pipeline.CLASSIFY_SUBJECT, AGENT_REQUEST_ANY, FEEDBACK_ACK_ANY),
         subscribe=(f"{response.SUBJECT_PREFIX}.>",),
+        consumers=(ConsumerGrant(feedback.STREAM, FEEDBACK_DURABLE, AGENT_FEEDBACK_ANY),),
     ),
     "classifier": WorkerGrant(
         stream=pipeline.STREAM, durable="classifier", filter_subject=pipeline.CLASSIFY_SUBJECT,
@@ -109,6 +142,8 @@ def service_user(worker: str) -> str:
 
 
 SERVICE_USERS: dict[str, str] = {service_user(w): w for w in WORKER_GRANTS}
+# Every user of the stack that is not an agent (credentials written by `intentroute up`).
+STACK_USERS: tuple[str, ...] = (ADMIN_USER, OPS_USER, *SERVICE_USERS)
 
 
 def consumer_grants(stream: str, durable: str, filter_subject: str) -> tuple[str, ...]:
@@ -126,6 +161,9 @@ def service_permissions(worker: str) -> Permissions:
     grant = WORKER_GRANTS[worker]
     publish = [
         *consumer_grants(grant.stream, grant.durable, grant.filter_subject),
+        *(p for c in grant.consumers
+          for p in (*consumer_grants(c.stream, c.durable, c.filter_subject),
+                    deadletter.dead_letter_subject(c.durable))),
         # Workers check the streams exist; they never create or change them.
         *(f"$JS.API.STREAM.INFO.{name}" for name in STREAM_SUBJECTS),
         *grant.publish,
@@ -136,9 +174,34 @@ def service_permissions(worker: str) -> Permissions:
         # The last stored chunk of an answer: resumed after a redelivery, or found final.
         f"$JS.API.STREAM.MSG.GET.{response.STREAM}",
         f"$JS.API.DIRECT.GET.{response.STREAM}.>",
+        # Its answers' claims (one final chunk per run), and the claim found first.
+        f"{response.CLAIM_SUBJECT_PREFIX}.>",
+        f"$JS.API.STREAM.MSG.GET.{response.CLAIM_STREAM}",
+        f"$JS.API.DIRECT.GET.{response.CLAIM_STREAM}.>",
     ]
-    subscribe = (*grant.subscribe, f"{inbox_prefix(service_user(worker))}.>")
-    return Permissions(publish=_unique(publish), subscribe=subscribe)
+    subscribe = (*grant.subscribe, f"{inbox_prefix(service_user(worker))}.>",
+                 *services_api_subjects(service_user(worker)))
+    # One reply per services-API request, to whoever asked (its inbox is its own).
+    return Permissions(publish=_unique(publish), subscribe=subscribe, allow_responses=True)
+
+
+def services_api_subjects(name: str) -> tuple[str, ...]:
+    """The control subjects a service called `name` listens on: all services', its
+    name's, and its own instance's (`$SRV.<VERB>.<name>.<id>`)."""
+    return (*(f"{SERVICES_API}.{verb}" for verb in SERVICES_VERBS),
+            f"{SERVICES_API}.*.{name}", f"{SERVICES_API}.*.{name}.*")
+
+
+def ops_permissions() -> Permissions:
+    """The monitoring reader: ask the services API, read each stage's consumer and each
+    stream's info (lag, dead letters); its own inbox. Nothing that changes state."""
+    publish = [
+        *(f"{SERVICES_API}.{verb}" for verb in SERVICES_VERBS),
+        *(f"{SERVICES_API}.{verb}.>" for verb in SERVICES_VERBS),
+        *(f"$JS.API.CONSUMER.INFO.{g.stream}.{g.durable}" for g in WORKER_GRANTS.values()),
+        *(f"$JS.API.STREAM.INFO.{name}" for name in STREAM_SUBJECTS),
+    ]
+    return Permissions(publish=_unique(publish), subscribe=(f"{inbox_prefix(OPS_USER)}.>",))
 
 
 def agent_permissions(agent_id: str) -> Permissions:

@@ -9,6 +9,7 @@ import msgspec
 
 from shared.contracts.response import ResponseChunk
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry
+from shared.policy import AgentPolicy
 from shared.store.rows import Row
 
 
@@ -22,6 +23,22 @@ class Publisher(Protocol):
         self, subject: str, payload: bytes, *, stream: str, msg_id: str
     ) -> None:
         """JetStream publish that returns once stored; `msg_id` makes a resend a no-op."""
+
+    async def publish_first(
+        self, subject: str, payload: bytes, *, stream: str, msg_id: str
+    ) -> bytes | None:
+        """Store `payload` on `subject` unless a message is stored there already; return
+        the one stored (`payload`, or the earlier one; None if that is no valid claim)."""
+
+    async def stored(self, subject: str, *, stream: str, msg_id: str) -> bytes | None:
+        """The message `stream` holds on `subject` under `msg_id` (None: none)."""
+
+    async def claimed(self, subject: str, *, stream: str) -> bytes | None:
+        """The claim stored on a claim subject (None: none, or none valid)."""
+
+    def reconnects(self) -> int:
+        """How often the connection was re-established (a delivery that spans one may
+        have been redelivered meanwhile)."""
 
     async def last_chunk(self, subject: str, stream: str) -> ResponseChunk | None:
         """The last chunk stored on a response subject (None if there is none)."""
@@ -64,6 +81,10 @@ class Delivery(Protocol):
         """How many times JetStream has delivered it (1 on the first try)."""
 
     @property
+    def stream_seq(self) -> int:
+        """Its sequence in its stream (the same for every delivery of it)."""
+
+    @property
     def settled(self) -> bool:
         """Acked or nacked already (by the handler)."""
 
@@ -89,3 +110,10 @@ class AgentInfo(msgspec.Struct, frozen=True):
 class AgentDirectory(Protocol):
     async def get(self, agent_id: str) -> AgentInfo | None:
         """The agent's record, None if there is no such agent."""
+
+
+class Policies(Protocol):
+    """Per-agent policies (`shared.policy_cache.PolicyCache`): a lookup, no I/O."""
+
+    def policy_for(self, agent_id: str, request_id: str = "") -> AgentPolicy:
+        """The agent's policy for this request (the empty policy: global defaults)."""

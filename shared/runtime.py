@@ -5,19 +5,24 @@ drain). The stage consumers (`shared.consumer.StageConsumer`, the lean pull cons
 the hot path) are a component of that application, driven by its hooks:
 
 * after start-up (the broker is connected): declare the streams, build the tracer, bus,
-  store and the worker's own clients and models once, then start one consumer per stage;
-* on shutdown (before the broker drains): the consumers stop pulling and finish what
-  they hold, while the connection can still publish their answers;
+  store and the worker's own clients and models once, then start one consumer per stage,
+  and register the worker on the NATS services API (`shared.micro`: a replica that
+  answers `$SRV.PING` is consuming) and, when configured, serve its metrics
+  (`shared.metrics`, Prometheus); both read the same counts (`shared.signals`);
+* on shutdown (before the broker drains): the worker leaves the services API, the
+  consumers stop pulling and finish what they hold, while the connection can still
+  publish their answers;
 * after shutdown: whatever was opened is closed, in reverse order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
@@ -26,23 +31,40 @@ from opentelemetry.trace import TracerProvider
 
 from shared.admission import Admission
 from shared.bus import Bus, make_broker, prepare_streams
-from shared.consumer import StageConsumer
+from shared.consumer import Handler, StageConsumer, StageSpec
+from shared.metrics import Metrics
+from shared.micro import StageService, service_name
 from shared.settings import CommonSettings
-from shared.stage import Stage, StageDeps
+from shared.signals import WorkerSignals
+from shared.stage import StageDeps
 from shared.store.stores import Store
 from shared.telemetry import build_tracer_provider, tracer_for
 
 D = TypeVar("D", bound=StageDeps)
+D_contra = TypeVar("D_contra", bound=StageDeps, contravariant=True)
+
+
+class Consumes(Protocol[D_contra]):
+    """What a worker reads through a durable consumer: its delivery settings and the
+    handler it binds to the worker's dependencies (a `shared.stage.Stage`, or another
+    consumer of the worker such as the gateway's feedback one)."""
+
+    @property
+    def spec(self) -> StageSpec: ...
+
+    def bind(self, deps: D_contra) -> Handler: ...
 
 
 @dataclass(frozen=True)
 class Wiring:
     """What the runtime built for a worker, concretely typed for its `make_deps`: the
-    common dependencies (`base`, what handlers see), the connection and the store."""
+    common dependencies (`base`, what handlers see), the connection, the store, and the
+    signals the worker exports (a service registers its breakers there)."""
 
     base: StageDeps
     nc: Client
     store: Store
+    signals: WorkerSignals
 
 
 MakeDeps = Callable[[Wiring], Awaitable[D]]
@@ -57,7 +79,7 @@ class Worker(Generic[D]):
         *,
         service: str,
         common: CommonSettings,
-        stages: Sequence[Stage[Any, D]],
+        stages: Sequence[Consumes[D]],
         make_deps: MakeDeps[D],
         tracer_provider: TracerProvider | None,
     ) -> None:
@@ -69,6 +91,9 @@ class Worker(Generic[D]):
         self._provider = tracer_provider
         self.deps: D | None = None
         self.consumers: list[StageConsumer] = []
+        self.signals = WorkerSignals(service_name(service))
+        self.metrics: Metrics | None = None
+        self.service_api: StageService | None = None
 
     async def start(self) -> None:
         if self.common.nats_authenticated and not self.common.admission_key:
@@ -78,37 +103,64 @@ class Worker(Generic[D]):
                 "one in its state directory)")
         nc = await self.broker.connect()
         await prepare_streams(nc.jetstream(), self.common)
-        bus = Bus(nc, tracing=self._provider is not None)
+        bus = Bus(nc, tracing=self._provider is not None,
+                  claim_key=self.common.admission_key.encode())
         tracer = tracer_for(f"intentroute.{self.service}", self._provider)
-        store = await Store.connect(self.common.database_url, tracer=tracer)
+        store = await Store.connect(self.common.database_url, tracer=tracer,
+                                    implicit_feedback=self.common.accounting)
         base = StageDeps(bus=bus, store=store, tracer=tracer,
                          admission=Admission(self.common.admission_key.encode()))
         base.exits.push_async_callback(store.close)
         try:
-            self.deps = await self._make_deps(Wiring(base=base, nc=nc, store=store))
+            self.deps = await self._make_deps(
+                Wiring(base=base, nc=nc, store=store, signals=self.signals))
         except BaseException:
             await base.close()
             raise
         consumer_tracer = (
             tracer_for("intentroute.bus", self._provider) if self._provider else None
         )
+        metadata: dict[str, str] = {}
+        if self.common.metrics_port:
+            self.metrics = Metrics(self.signals, host=self.common.metrics_host,
+                                   port=self.common.metrics_port)
+            if self.metrics.serve():
+                metadata["metrics"] = self.metrics.address
+        metrics = self.metrics
         self.consumers = [
-            StageConsumer(nc, stage.spec, stage.bind(self.deps), tracer=consumer_tracer)
+            StageConsumer(nc, stage.spec, stage.bind(self.deps), tracer=consumer_tracer,
+                          stats=self.signals.stage(stage.spec.durable),
+                          on_handled=metrics.on_handled(stage.spec.durable) if metrics else None)
             for stage in self.stages
         ]
         for consumer in self.consumers:
             await consumer.start()
+        specs = [stage.spec for stage in self.stages]
+        if metrics is not None:
+            metrics.poll(nc.jetstream(), specs, self.common.metrics_interval)
+        self.service_api = StageService(nc, worker=self.service, signals=self.signals,
+                                        specs=specs, metadata=metadata)
+        await self.service_api.start()
         # Models, clients and imports are built: keep them out of every collection,
         # and collect young objects less often (each message allocates many).
         gc.freeze()
         gc.set_threshold(20_000, 50, 100)
 
     async def stop(self) -> None:
-        """Stop pulling; in-flight handlers finish while the connection is still up."""
+        """Leave the services API, stop pulling; in-flight handlers finish while the
+        connection is still up."""
+        if self.service_api is not None:
+            try:  # bounded: with the server away, draining its subscriptions would wait
+                await asyncio.wait_for(self.service_api.stop(), 2.0)
+            except Exception as exc:  # the connection already gone: nothing to leave
+                logging.getLogger("intentroute.app").warning("services API: %r", exc)
         for consumer in self.consumers:
             await consumer.stop()
 
     async def close(self) -> None:
+        if self.metrics is not None:
+            await self.metrics.close()
+            self.metrics = None
         if self.deps is not None:
             await self.deps.close()
             self.deps = None
@@ -118,7 +170,7 @@ def build_app(
     *,
     service: str,
     common: CommonSettings,
-    stages: Sequence[Stage[Any, D]],
+    stages: Sequence[Consumes[D]],
     make_deps: MakeDeps[D],
     tracer_provider: TracerProvider | None = None,
 ) -> FastStream:

@@ -12,9 +12,12 @@ function. `run_stage` does the rest, the same way for every stage:
 * the logic returns a `Handoff` (the next subject and envelope) or None when it answered
   the caller itself; a hand-off records the stage's time and is published durably with a
   msg id that makes a re-publish after a crash a no-op;
-* errors are either permanent (`PermanentError`: the caller gets a final error chunk and
-  the message is acknowledged) or retryable (anything else: nack with backoff so another
-  delivery, possibly on another replica, tries again, until the request's deadline).
+* an envelope whose request breaks a rule the gateway checks (a NUL character, a bound, an
+  unknown query_type) or whose times are no times is answered with the gateway's code;
+* errors are either permanent (`PermanentError`, or rows the database refuses: the caller
+  gets a final error chunk and the message is acknowledged) or retryable (anything else:
+  nack with backoff so another delivery, possibly on another replica, tries again, until
+  the request's deadline).
   On the last allowed delivery a retryable error becomes an error answer too and the
   message is dead-lettered, so a poison message ends as a reply, never as a loop.
 """
@@ -32,17 +35,18 @@ from opentelemetry.trace import Tracer
 
 from shared.admission import Admission
 from shared.answers import answer_error, finish_turn, history_row, report_invalid
-from shared.bus import REDELIVERED, publish_stage
+from shared.bus import ANSWER_LEASE, ANSWER_RUN, AnswerStream, Lease, publish_stage
 from shared.codec import encode
 from shared.consumer import Handler, StageSpec
-from shared.contracts import response
 from shared.contracts.ids import id_problem
-from shared.contracts.pipeline import Admitted, Routed
+from shared.contracts.pipeline import Admitted, Routed, envelope_problem
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import ErrorCode, response_subject
+from shared.contracts.response import ErrorCode
 from shared.deadline import bounded_by, time_left
 from shared.ports import Delivery, Publisher, TurnStore
 from shared.settings import CommonSettings
+from shared.signals import Outcome
+from shared.store.writer import StoreRejectedError
 
 # Re-exported: what a stage's logic calls to end a turn.
 __all__ = ["Call", "Decode", "Handoff", "PermanentError", "Stage", "StageDeps", "answer_error",
@@ -167,12 +171,12 @@ class Stage(Generic[E, D]):
     # Check the gateway's admission stamp (every stage but the gateway itself).
     admitted_only: bool = True
 
-    async def handle(self, msg: Delivery, deps: D) -> None:
-        await run_stage(self, msg, deps)
+    async def handle(self, msg: Delivery, deps: D) -> Outcome:
+        return await run_stage(self, msg, deps)
 
     def bind(self, deps: D) -> Handler:
-        async def handler(msg: Delivery) -> None:
-            await run_stage(self, msg, deps)
+        async def handler(msg: Delivery) -> Outcome:
+            return await run_stage(self, msg, deps)
 
         return handler
 
@@ -186,8 +190,9 @@ def stage_spec(
                      ack_wait=common.ack_wait, max_deliver=common.max_deliver)
 
 
-async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
+async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> Outcome:
     """Decode, check, run the logic, hand off; errors end as answers (module doc).
+    Returns how it ended, for the stage's signals (shared.signals).
 
     A failure of this function itself (the bus unreachable while answering) reaches the
     consumer, which redelivers the message, and dead-letters it after its last
@@ -196,32 +201,57 @@ async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
         env = stage.decode(msg)
     except Exception as exc:  # decoding is pure: whatever it raises, the input is bad
         await stage.on_undecodable(deps, msg, exc)
-        return
+        return Outcome.ERROR
     req = env.request
     if stage.admitted_only:
         problem = id_problem("agent_id", req.agent_id) or id_problem(
             "request_id", req.request_id) or id_problem("session_id", req.session_id)
         if problem:  # no subject can be built from it: nobody to answer
             await report_invalid(deps.bus, msg.subject, ErrorCode.INVALID_FIELD, problem)
-            return
+            return Outcome.ERROR
         if not deps.admission.admits(env):
             await report_invalid(deps.bus, msg.subject, ErrorCode.NOT_ADMITTED,
                                  f"agent {req.agent_id!r} request {req.request_id!r}: "
                                  "envelope without the gateway's admission")
-            return
+            return Outcome.ERROR
     if msg.deliveries > 1 and await answered(deps.bus, env):
         # Redelivered after its answer went out (the worker died before acking): done.
         log.warning("[%s] %s already answered; redelivery dropped", stage.name, req.request_id)
-        return
+        return Outcome.DUPLICATE
+    if stage.admitted_only:
+        # The gateway's checks, again: what no stage, subject or column can take is
+        # answered here rather than failing (and being retried) further on.
+        invalid = envelope_problem(env)
+        if invalid is not None:
+            await answer_error(deps.bus, deps.store, env, invalid.code, invalid.message)
+            return Outcome.ERROR
+    # Every answer from here on is of this run of the request (its one final chunk).
+    token = ANSWER_RUN.set(env.run)
+    lease = ANSWER_LEASE.set(
+        Lease.start(msg.deliveries, stage.spec.ack_wait, deps.bus.reconnects))
+    try:
+        return await _run_checked(stage, msg, deps, env)
+    finally:
+        ANSWER_LEASE.reset(lease)
+        ANSWER_RUN.reset(token)
+
+
+async def _run_checked(stage: Stage[E, D], msg: Delivery, deps: D, env: E) -> Outcome:
+    req = env.request
+    if msg.deliveries > 1 and await AnswerStream(
+            deps.bus, req.agent_id, req.request_id).send_claimed():
+        # An earlier delivery claimed the answer (shared.bus.AnswerStream): it stands.
+        log.warning("[%s] %s: answer claimed by an earlier delivery; not answered again",
+                    stage.name, req.request_id)
+        return Outcome.DUPLICATE
     if env.deadline and time.time() >= env.deadline:
         await answer_error(deps.bus, deps.store, env, ErrorCode.DEADLINE_EXCEEDED,
                            f"the request's deadline passed before {stage.name}")
-        return
+        return Outcome.ERROR
     call = Call(msg, stage.name, deadline=env.deadline)
     if stage.timed:
         # Time from acceptance to this stage's start: queueing + transit, per stage.
         env.timings[f"{stage.name}.at"] = round((time.time() - env.accepted_at) * 1000, 3)
-    token = REDELIVERED.set(msg.deliveries > 1)
     try:
         with bounded_by(env.deadline):
             handoff = await stage.logic(env, call, deps)
@@ -237,10 +267,16 @@ async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> None:
         log.warning("[%s] %s permanent error %s: %s", stage.name, req.request_id,
                     exc.code, exc.message)
         await answer_error(deps.bus, deps.store, env, exc.code, exc.message)
+        return Outcome.ERROR
+    except StoreRejectedError as exc:
+        # The database refused the turn's rows: the same rows would be refused again.
+        log.error("[%s] %s: the store refused the turn: %s", stage.name, req.request_id, exc)
+        await answer_error(deps.bus, deps.store, env, ErrorCode.STAGE_FAILED,
+                           f"{stage.name}: the turn could not be stored: {exc}")
+        return Outcome.ERROR
     except Exception as exc:
-        await _retry_or_answer(stage, msg, deps, env, exc)
-    finally:
-        REDELIVERED.reset(token)
+        return await _retry_or_answer(stage, msg, deps, env, exc)
+    return Outcome.OK
 
 
 def backoff(attempt: int) -> float:
@@ -250,7 +286,7 @@ def backoff(attempt: int) -> float:
 
 async def _retry_or_answer(
     stage: Stage[E, D], msg: Delivery, deps: D, env: E, exc: Exception
-) -> None:
+) -> Outcome:
     """A retryable failure (an outage, a timeout) is retried with backoff until the
     request's deadline, and `max_deliver` deliveries at most; then it is answered
     (DEADLINE_EXCEEDED or STAGE_FAILED) and the message dead-lettered for ops."""
@@ -264,15 +300,15 @@ async def _retry_or_answer(
         log.error("[%s] %s %s, answering %s", stage.name, req.request_id, reason, code)
         await answer_error(deps.bus, deps.store, env, code, reason)
         await msg.dead_letter(stage.name, reason)
-        return
+        return Outcome.DEAD_LETTER
     log.warning("[%s] %s retryable error on delivery %d: %r", stage.name, req.request_id,
                 attempt, exc)
     await msg.nack(delay=min(backoff(attempt), remaining))
+    return Outcome.RETRY
 
 
 async def answered(bus: Publisher, env: Admitted | Routed) -> bool:
-    """Is the request's final chunk stored already?"""
+    """Is the final chunk of this run of the request stored already? (An earlier run's,
+    of a request id used again, does not count.)"""
     req = env.request
-    last = await bus.last_chunk(response_subject(req.agent_id, req.request_id),
-                                response.STREAM)
-    return last is not None and last.is_final
+    return await AnswerStream(bus, req.agent_id, req.request_id, run=env.run).final_stored()

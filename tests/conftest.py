@@ -77,18 +77,11 @@ def agent_tokens(agents: dict[str, Any]) -> dict[str, str]:
 @pytest.fixture
 async def connect_as(nats_url: str, agents: dict[str, Any]) -> AsyncIterator[Any]:
     """`await connect_as(agent_id)`: a NATS connection with that agent's credential."""
-    import nats
+    from tests.helpers.agents import Connections
 
-    opened = []
-
-    async def connect(agent_id: str) -> Any:
-        client = await nats.connect(nats_url, **agents[agent_id].nats)
-        opened.append(client)
-        return client
-
+    connect = Connections(nats_url, agents)
     yield connect
-    for client in opened:
-        await client.drain()
+    await connect.close()
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
-"""`intentroute agent add|list|revoke`: the agents that may call the bus.
+"""`intentroute agent add|list|revoke|set|show`: the agents that may call the bus, and
+their per-agent policies.
 
 They work on DATABASE_URL or the running `intentroute up`'s database; with a running
-embedded stack a change reaches nats-server at once (its auth part is rewritten and
-reloaded), without one it does when the next `up` starts.
+embedded stack a change of agents reaches nats-server at once (its auth part is
+rewritten and reloaded), without one it does when the next `up` starts. A policy change
+(`agent set`) is read by running workers at their next refresh (`POLICY_REFRESH`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, TypeVar
 
+import asyncpg
 import typer
 
 from intentroute.cli.apps import app, require_db, settings
+from shared.policy import AgentPolicy, PolicyError, encode_policy
+from shared.store import asyncpg_dsn
 from shared.store.agents import AgentError, AgentRecord, AgentStore
+from shared.store.policies import show_policy, update_policy
 
 agent_app = typer.Typer(no_args_is_help=True, help="Agents: credentials to call the bus.")
 app.add_typer(agent_app, name="agent")
@@ -51,7 +57,8 @@ def _reload_running_stack(db_url: str) -> None:
         typer.echo("no running embedded stack on this database: NATS learns of the change "
                    "when `intentroute up` starts", err=True)
         return
-    asyncio.run(sync_agents(cli.state_dir, db_url, pid=state.nats_pid))
+    asyncio.run(sync_agents(cli.state_dir, db_url,
+                            pids=state.nats_pids or [state.nats_pid]))
 
 
 @agent_app.command("add")
@@ -114,3 +121,39 @@ def _row(record: AgentRecord) -> dict[str, object]:
 
 def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S%z") if value else "-"
+
+
+def _policy_action(
+    action: Callable[[asyncpg.Pool], Awaitable[AgentPolicy]],
+) -> AgentPolicy:
+    async def run() -> AgentPolicy:
+        pool = await asyncpg.create_pool(asyncpg_dsn(require_db()), min_size=1, max_size=1)
+        try:
+            return await action(pool)
+        finally:
+            await pool.close()
+
+    try:
+        return asyncio.run(run())
+    except PolicyError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+
+
+@agent_app.command("set")
+def set_policy(
+    name: Annotated[str, typer.Argument(help="Agent id")],
+    assignments: Annotated[list[str], typer.Argument(
+        help="key=value ...: clarity_threshold, clarity_policy, fallback.SLOT, slo_p95_ms, "
+             "price.MODEL (an empty value unsets a key)")],
+) -> None:
+    """Change an agent's policy and print the result (JSON); running workers pick it up
+    within POLICY_REFRESH seconds. Nothing changes if one assignment is refused."""
+    policy = _policy_action(lambda pool: update_policy(pool, name, assignments))
+    typer.echo(encode_policy(policy))
+
+
+@agent_app.command("show")
+def show(name: Annotated[str, typer.Argument(help="Agent id")]) -> None:
+    """An agent's policy as JSON (`{}`: the global defaults)."""
+    typer.echo(encode_policy(_policy_action(lambda pool: show_policy(pool, name))))

@@ -11,6 +11,7 @@ import typer
 from nats.aio.client import Client
 
 from intentroute.cli.apps import app, settings, urls
+from shared.settings import nats_servers
 
 
 @app.command()
@@ -50,7 +51,7 @@ def ask(
             typer.secho(f"nats: {exc!r}", dim=True, err=True)
 
         try:
-            nc = await nats.connect(nats_url, error_cb=on_error, **kwargs)
+            nc = await nats.connect(nats_servers(nats_url), error_cb=on_error, **kwargs)
         except nats.errors.Error as exc:
             typer.echo(f"NATS at {nats_url} refused the connection: {exc}", err=True)
             return 2

@@ -13,6 +13,8 @@ from intentroute.cli.apps import bench_app, emit, eval_app, settings
 from services.classifier.clarity import DECIDE_THRESHOLD
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout")]
+NatsClusterOption = Annotated[int, typer.Option(
+    "--nats-cluster", help="NATS nodes: 1, or a cluster of 3 with streams replicated 3 times")]
 
 
 @bench_app.command("pipeline")
@@ -26,12 +28,35 @@ def bench_pipeline(
     no_auth: Annotated[
         bool, typer.Option("--no-auth", help="An open server: no credentials, no permissions")
     ] = False,
+    no_accounting: Annotated[
+        bool, typer.Option("--no-accounting", help="Workers with ACCOUNTING=off, to measure "
+                                                   "what per-agent accounting costs")
+    ] = False,
+    nats_cluster: NatsClusterOption = 1,
 ) -> None:
     """End-to-end latency and throughput with the echo generator, all workers here, with
-    authentication and per-subject permissions on (as `intentroute up` runs them)."""
+    authentication and per-subject permissions on and durable servers (as `intentroute
+    up` runs them; NATS_SYNC_INTERVAL applies), per-agent accounting on unless
+    --no-accounting."""
     from bench.pipeline import run
 
-    emit(run(requests=requests, load=load, models=models, auth=not no_auth), json_out)
+    emit(run(requests=requests, load=load, models=models, auth=not no_auth,
+             accounting=not no_accounting, nats_cluster=nats_cluster,
+             sync_interval=settings().nats_sync_interval), json_out)
+
+
+@bench_app.command("accounting")
+def bench_accounting(
+    json_out: JsonFlag = False,
+    rows: Annotated[int, typer.Option(help="Request-log rows")] = 1_000_000,
+    agents: Annotated[int, typer.Option(help="Agents they belong to")] = 50,
+    days: Annotated[int, typer.Option(help="UTC days they span, ending today")] = 30,
+) -> None:
+    """Daily rollups over the whole request log, one day, the cost and SLO reports and
+    a retention pass, on an embedded Postgres."""
+    from bench.accounting import run
+
+    emit(run(rows=rows, agents=agents, days=days), json_out)
 
 
 @bench_app.command("chaos")
@@ -40,12 +65,59 @@ def bench_chaos(
     requests: Annotated[int, typer.Option(help="Requests of all four types")] = 1000,
     rate: Annotated[float, typer.Option(help="Requests per second")] = 40.0,
     deadline: Annotated[float, typer.Option(help="Each request's deadline, seconds")] = 60.0,
+    nats_cluster: NatsClusterOption = 1,
 ) -> None:
-    """Kill a replica of every worker type, restart nats-server and Postgres under load:
-    lost, duplicated and error answers, failover and stall times, missing rows."""
+    """Kill a replica of every worker type, restart nats-server and Postgres under load
+    (with `--nats-cluster 3`, also kill -9 one NATS node): lost, duplicated and error
+    answers, failover and stall times, missing rows."""
     from bench.chaos import run
 
-    emit(run(requests=requests, rate=rate, deadline=deadline), json_out)
+    if nats_cluster not in (1, 3):
+        raise typer.BadParameter("1 or 3", param_hint="--nats-cluster")
+    emit(run(requests=requests, rate=rate, deadline=deadline, nats_cluster=nats_cluster,
+             sync_interval=settings().nats_sync_interval), json_out)
+
+
+@bench_app.command("scaling")
+def bench_scaling(
+    json_out: JsonFlag = False,
+    stage: Annotated[str, typer.Option(help="classifier | retriever")] = "classifier",
+    replicas: Annotated[str, typer.Option(help="Replica counts, comma-separated")] = "1,2,4",
+    repeats: Annotated[int, typer.Option(help="Runs per replica count (median quoted)")] = 3,
+    window: Annotated[float, typer.Option(help="Seconds measured per run")] = 8.0,
+    models: Annotated[
+        bool, typer.Option(help="Production models (Layer 2, hybrid) or rules/BM25")] = True,
+) -> None:
+    """Messages/s through one stage with N replicas each fed a standing backlog (the
+    median of `repeats` runs per count), and where the curve flattens."""
+    from bench.scaling import run
+
+    counts = tuple(int(n) for n in replicas.split(",") if n.strip())
+    emit(run(stage, counts, repeats, window=window, models=models), json_out)
+
+
+@bench_app.command("fuzz")
+def bench_fuzz(
+    json_out: JsonFlag = False,
+    examples: Annotated[int, typer.Option(help="Generated examples per target")] = 10_000,
+    seed: Annotated[int, typer.Option(help="Hypothesis seed (a run is reproducible)")] = 0,
+    target: Annotated[list[str] | None, typer.Option(
+        help="Only this target (repeatable): decode.request, gateway, classify, ...")] = None,
+) -> None:
+    """Property-based fuzzing of every subject's decoder and every stage handler (hostile
+    bytes and values, dropped connections): per target, examples run and how many
+    crashed, went unanswered (or were answered more than once) or got an untyped error.
+    What was found is described on stderr."""
+    try:
+        from bench.fuzzing.runner import run
+    except ImportError as exc:  # hypothesis is a dev dependency
+        typer.echo(f"bench fuzz needs the dev extra (pip install -e '.[dev]'): {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        report = run(examples=examples, seed=seed, only=target)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--target") from None
+    emit(report, json_out)
 
 
 @bench_app.command("classifier")
@@ -60,12 +132,52 @@ def bench_classifier(
     emit(run(total=total, concurrency=concurrency), json_out)
 
 
+@bench_app.command("learning")
+def bench_learning(
+    json_out: JsonFlag = False,
+    rows: Annotated[int, typer.Option(help="Logged requests to seed (30 days)")] = 1_000_000,
+    agents: Annotated[int, typer.Option(help="Agents they come from")] = 50,
+) -> None:
+    """The learning job over a month of logged traffic on a fresh embedded Postgres
+    (learn_1m_rows_s, per phase); feedback_to_score_s and dashboard_load_ms from their
+    parts' hooks (null until wired)."""
+    from bench.learning import run
+
+    emit(run(rows=rows, agents=agents), json_out)
+@bench_app.command("feedback")
+def bench_feedback(
+    json_out: JsonFlag = False,
+    samples: Annotated[int, typer.Option(help="Feedback messages timed")] = 10,
+    score_refresh: Annotated[
+        float | None, typer.Option(help="The gateway's SCORE_REFRESH (default: its own)")
+    ] = None,
+) -> None:
+    """Seconds from an agent's HTTP feedback to its updated row in agent_scores."""
+    from bench.feedback import run
+
+    emit(run(samples=samples, score_refresh=score_refresh), json_out)
+
+
 @bench_app.command("validator")
 def bench_validator(json_out: JsonFlag = False) -> None:
     """Parser p50 on a 50-line program and the OPEN-breaker path."""
     from bench.validator import run
 
     emit(run(), json_out)
+
+
+@bench_app.command("dashboard")
+def bench_dashboard(
+    json_out: JsonFlag = False,
+    agents: Annotated[int, typer.Option(help="Agents with data")] = 50,
+    days: Annotated[int, typer.Option(help="Days shown (the page's window)")] = 30,
+    loads: Annotated[int, typer.Option(help="Page loads timed (median)")] = 7,
+) -> None:
+    """Dashboard page load (headless Chromium when found, else HTTP) with a month of
+    rollups and feedback for 50 agents on an embedded Postgres."""
+    from bench.dashboard import run
+
+    emit(run(agents=agents, days=days, loads=loads), json_out)
 
 
 @eval_app.command("routing")

@@ -72,12 +72,13 @@ def export_history(
         bool, typer.Option(help="Also export guesses made without a confident layer")
     ] = False,
     min_confidence: Annotated[float, typer.Option(help="Skip decisions below this")] = 0.0,
+    agent: Annotated[str | None, typer.Option(help="Only this agent's decisions")] = None,
 ) -> None:
     """classify_history -> labelled lines (topic, type, layer, confidence) for training."""
     from shared.store.export import export_history as run_export
 
     count = asyncio.run(run_export(require_db(), out, include_fallback=include_fallback,
-                                   min_confidence=min_confidence))
+                                   min_confidence=min_confidence, agent_id=agent))
     typer.echo(json.dumps({"written": count, "file": str(out)}))
 
 

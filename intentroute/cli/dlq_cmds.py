@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from intentroute.cli.apps import app, emit, operator_kwargs, settings, urls
+from shared.settings import nats_servers
 
 dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters: look and retry.")
 app.add_typer(dlq_app, name="dlq")
@@ -22,7 +23,7 @@ async def _connect() -> Any:
     if not nats_url:
         typer.echo("no NATS_URL and no running `intentroute up`", err=True)
         raise typer.Exit(2)
-    return await nats.connect(nats_url, **operator_kwargs())
+    return await nats.connect(nats_servers(nats_url), **operator_kwargs())
 
 
 async def dead_letters(nc: Any) -> list[dict[str, Any]]:
@@ -32,7 +33,9 @@ async def dead_letters(nc: Any) -> list[dict[str, Any]]:
 
     js = nc.jetstream()
     info = await js.stream_info(deadletter.STREAM)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    if not info.state.messages:  # an empty stream reports first_seq 0, not a message
+        return rows
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         try:
             msg = await js.get_msg(deadletter.STREAM, seq)
@@ -71,15 +74,17 @@ def dlq_list(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     typer.echo(f"{len(rows)} dead letter(s)", err=True)
 
 
-def fresh_deadline(payload: bytes, budget: float) -> bytes:
-    """An envelope's deadline moved to `budget` seconds from now (a replay is a new
-    attempt); a request (no deadline field) gets its deadline at the gateway."""
+def fresh_run(payload: bytes, budget: float, dlq_id: int) -> bytes:
+    """An envelope as a new run of its request (a replay is a new attempt, answered
+    again even if its first run ended in STAGE_FAILED), its deadline `budget` seconds
+    from now; a request (no envelope) is a new run and gets its deadline at the gateway."""
     try:
         body = json.loads(payload)
     except ValueError:
         return payload
     if isinstance(body, dict) and "deadline" in body and "request" in body:
         body["deadline"] = time.time() + budget
+        body["run"] = f"{body.get('run', '')}r{dlq_id}"
         return json.dumps(body, separators=(",", ":")).encode()
     return payload
 
@@ -104,7 +109,7 @@ def dlq_replay(
             subject = headers.get(deadletter.SUBJECT_HEADER, "")
             if not subject:
                 raise typer.BadParameter(f"dead letter {dlq_id} names no original subject")
-            ack = await js.publish(subject, fresh_deadline(msg.data or b"", budget),
+            ack = await js.publish(subject, fresh_run(msg.data or b"", budget, dlq_id),
                                    headers={"Nats-Msg-Id": f"dlq-replay:{dlq_id}"})
             await js.delete_msg(deadletter.STREAM, dlq_id)
             return {"id": dlq_id, "subject": subject, "stream": ack.stream, "seq": ack.seq}

@@ -17,11 +17,17 @@ from intentroute.cli.apps import app, settings, urls
 from intentroute.cli.ask_cmd import ask_and_print
 from intentroute.cli.data_cmds import ingest_into
 from intentroute.settings import CliSettings
-from intentroute.stack import ServerTls, StackInfo, embedded_stack, write_state
-from intentroute.stack.auth import AuthSync, admin_kwargs, auth_files, server_pid, service_env
+from intentroute.stack import ServerTls, StackInfo, embedded_stack, free_port, write_state
+from intentroute.stack.auth import AuthSync, admin_kwargs, auth_files, server_pids, service_env
+from intentroute.stack.state import (
+    DEFAULT_GATEWAY_HTTP_LISTEN,
+    dashboard_token,
+    gateway_http_listen,
+)
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS, wait_for_consumers
 from shared.natsconn import connect_kwargs, credential_kwargs, read_credential, tls_kwargs
+from shared.settings import nats_servers
 
 DEMO_KB = Path(__file__).resolve().parent.parent.parent / "kb" / "avap"
 
@@ -61,38 +67,64 @@ def up(
     ] = None,
     demo: Annotated[bool, typer.Option(help="Ask one sample question per type")] = False,
     exit_after_demo: Annotated[bool, typer.Option(help="Stop after the demo")] = False,
+    nats_cluster: Annotated[int, typer.Option(
+        "--nats-cluster", min=1,
+        help="Embedded NATS nodes: 1 server, or a cluster of 3 (or more) with every "
+             "stream replicated 3 times")] = 1,
 ) -> None:
     """Start the embedded stack if needed, migrate, and run every worker.
 
     The embedded nats-server admits credentials only: the admin (this process), one
     service user per worker type, and the agents in the database (a `demo` agent is
     created, its credential in <state>/creds/demo.json); agents added or revoked while
-    it runs take effect within seconds."""
+    it runs take effect within seconds. With `--nats-cluster 3` three nats-servers
+    run as one cluster on loopback (same users, routes authenticated) and every stream
+    has 3 replicas: losing one node loses nothing."""
     counts = parse_replicas(replicas or [])
     cli = settings()
     state_dir = cli.state_dir
     embedded_nats = not cli.nats_url
+    if nats_cluster == 2:
+        raise typer.BadParameter("a cluster of 2 loses its quorum with either node: use 3",
+                                 param_hint="--nats-cluster")
+    if nats_cluster > 1 and not embedded_nats:
+        raise typer.BadParameter("NATS_URL names an external server; unset it for an "
+                                 "embedded cluster", param_hint="--nats-cluster")
     tls = (ServerTls(cli.nats_tls_server_cert, cli.nats_tls_server_key, cli.nats_tls_server_ca)
            if cli.nats_tls_server_cert else None)
     with embedded_stack(state_dir, nats_url=cli.nats_url, database_url=cli.database_url,
-                        tls=tls) as (nats_url, db_url):
+                        tls=tls, nats_cluster=nats_cluster,
+                        sync_interval=cli.nats_sync_interval) as (nats_url, db_url):
         from shared.store import migrate
 
         migrate(db_url)
+        stream_replicas = cli.common.replicas(len(nats_servers(nats_url)))
         env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
-                   INDEX_DIR=str(cli.index_dir))
-        nats_pid, sync = 0, None
+                   INDEX_DIR=str(cli.index_dir), NATS_STREAM_REPLICAS=str(stream_replicas))
+        env["GATEWAY_HTTP_LISTEN"], http_url = gateway_http_listen(
+            env.get("GATEWAY_HTTP_LISTEN", DEFAULT_GATEWAY_HTTP_LISTEN), free_port)
+        # The operator dashboard: on, behind a token generated in the state dir, unless
+        # GATEWAY_DASHBOARD_TOKEN brings one.
+        token_file = ""
+        if http_url and not env.get("GATEWAY_DASHBOARD_TOKEN"):
+            path = dashboard_token(auth_files(state_dir).creds_dir)
+            env["GATEWAY_DASHBOARD_TOKEN"] = path.read_text(encoding="utf-8").strip()
+            token_file = str(path)
+        dashboard_url = f"{http_url}/dashboard" if http_url else ""
+        nats_pids: list[int] = []
+        sync = None
         if embedded_nats:
             files = auth_files(state_dir)
-            nats_pid = server_pid(files)
+            nats_pids = server_pids(files)
             admin = {**admin_kwargs(state_dir), **tls_kwargs(cli.common)}
-            asyncio.run(_prepare_agents(state_dir, db_url, nats_pid))
-            sync = AuthSync(state_dir, db_url, pid=nats_pid).start()
+            asyncio.run(_prepare_agents(state_dir, db_url, nats_pids))
+            sync = AuthSync(state_dir, db_url, pids=nats_pids).start()
             for key in ("NATS_TOKEN", "NATS_CREDS"):
                 env.pop(key, None)
         else:
             admin = connect_kwargs(cli.common)
-        asyncio.run(_declare_streams(nats_url, admin, cli.common.response_ttl))
+        asyncio.run(_declare_streams(nats_url, admin, cli.common.response_ttl,
+                                     stream_replicas))
         kb = ingest_path or (DEMO_KB if not (cli.index_dir / "CURRENT").exists() else None)
         if kb is not None:
             ingest_into(kb, cli.index_dir)
@@ -100,18 +132,29 @@ def up(
         parser_argv = _parser_argv(env)
         if parser_argv:
             supervisor.add("parser", parser_argv, env)
+        plan = metrics_ports(counts, cli.common.metrics_port)
+        ports = iter(plan)
         for name, count in counts.items():
             worker_env = {**env, **service_env(state_dir, name)} if embedded_nats else env
             for _ in range(count):
+                port = next(ports, None)
                 supervisor.add(name, [sys.executable, "-m", "intentroute.cli", "worker", name],
-                               worker_env)
+                               {**worker_env, "METRICS_PORT": str(port[1])} if port
+                               else worker_env)
+        if plan:
+            write_targets(state_dir / METRICS_TARGETS, plan, cli.common.metrics_host)
         write_state(state_dir, StackInfo(
             nats_url=nats_url, database_url=db_url, parser_url=env.get("AVAP_PARSER_URL", ""),
             pid=os.getpid(),
-            nats_config=str(auth_files(state_dir).config) if embedded_nats else "",
-            nats_pid=nats_pid,
+            nats_config=_nats_config(state_dir, nats_cluster) if embedded_nats else "",
+            nats_pid=nats_pids[0] if nats_pids else 0, nats_pids=nats_pids,
+            gateway_http_url=http_url, dashboard_url=dashboard_url,
+            dashboard_token_file=token_file,
         ))
-        typer.echo(f"intentroute up: NATS {nats_url}  Postgres {_redacted(db_url)}  "
+        typer.echo(f"intentroute up: NATS {nats_url} (streams x{stream_replicas})  "
+                   f"Postgres {_redacted(db_url)}  "
+                   f"HTTP {http_url or 'off'}  dashboard {dashboard_url or 'off'}"
+                   f"{f' (token in {token_file})' if token_file else ''}  "
                    f"workers {', '.join(f'{n}x{c}' for n, c in counts.items())}", err=True)
         stop = {"flag": False}
 
@@ -134,6 +177,30 @@ def up(
             if sync is not None:
                 sync.stop()
             (state_dir / "stack.json").unlink(missing_ok=True)
+            (state_dir / METRICS_TARGETS).unlink(missing_ok=True)
+
+
+METRICS_TARGETS = "metrics_targets.json"
+
+
+def metrics_ports(counts: dict[str, int], base: int) -> list[tuple[str, int]]:
+    """(worker, port) per worker process, in start order: with METRICS_PORT set, each
+    process of `up` serves its metrics on the next port from it (0: none)."""
+    if not base:
+        return []
+    names = [name for name, count in counts.items() for _ in range(count)]
+    return [(name, base + i) for i, name in enumerate(names)]
+
+
+def write_targets(path: Path, ports: list[tuple[str, int]], host: str) -> None:
+    """The scrape targets as a Prometheus `file_sd_configs` file (a restarted worker
+    keeps its port, so the file stays true while `up` runs)."""
+    import json
+
+    scrape_host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    groups = [{"targets": [f"{scrape_host}:{port}"], "labels": {"worker": name}}
+              for name, port in ports]
+    path.write_text(json.dumps(groups, indent=2) + "\n", encoding="utf-8")
 
 
 def _redacted(url: str) -> str:
@@ -146,7 +213,15 @@ def _redacted(url: str) -> str:
     return url.replace(f":{parts.password}@", ":***@", 1)
 
 
-async def _prepare_agents(state_dir: Path, db_url: str, nats_pid: int) -> None:
+def _nats_config(state_dir: Path, nodes: int) -> str:
+    """The (first) embedded nats-server's config file."""
+    files = auth_files(state_dir)
+    if nodes > 1:
+        return str(files.nats_dir / "node-1" / files.config.name)
+    return str(files.config)
+
+
+async def _prepare_agents(state_dir: Path, db_url: str, nats_pids: list[int]) -> None:
     """The demo agent and its credential file, then every active agent into NATS."""
     from intentroute.stack.auth import DEMO_AGENT, apply_agents, ensure_agent_file
     from shared.store.agents import AgentStore
@@ -154,7 +229,7 @@ async def _prepare_agents(state_dir: Path, db_url: str, nats_pid: int) -> None:
     store = await AgentStore.connect(db_url)
     try:
         await ensure_agent_file(store, state_dir, DEMO_AGENT)
-        await apply_agents(store, state_dir, pid=nats_pid)
+        await apply_agents(store, state_dir, pids=nats_pids)
     finally:
         await store.close()
 
@@ -174,21 +249,21 @@ def _parser_argv(env: dict[str, str]) -> list[str]:
     which the workers' env names), unless AVAP_PARSER_URL points elsewhere."""
     if env.get("AVAP_PARSER_URL") or env.get("AVAP_PARSER_TIMEOUT", "").strip() in ("0", "0.0"):
         return []
-    from intentroute.stack import free_port
-
     port = free_port()
     env["AVAP_PARSER_URL"] = f"127.0.0.1:{port}"
     return [sys.executable, "-m", "intentroute.cli", "parser", "--port", str(port)]
 
 
-async def _declare_streams(nats_url: str, admin: dict[str, Any], response_ttl: float) -> None:
+async def _declare_streams(
+    nats_url: str, admin: dict[str, Any], response_ttl: float, replicas: int
+) -> None:
     import nats
 
     from shared.bus import ensure_streams
 
-    nc = await nats.connect(nats_url, **admin)
+    nc = await nats.connect(nats_servers(nats_url), **admin)
     try:
-        await ensure_streams(nc.jetstream(), response_ttl)
+        await ensure_streams(nc.jetstream(), response_ttl, replicas)
     finally:
         await nc.drain()
 
@@ -197,13 +272,13 @@ async def _demo(nats_url: str, admin: dict[str, Any], caller: dict[str, Any]) ->
     """Wait for the workers (as the admin: consumer info), then ask as the demo agent."""
     import nats
 
-    admin_nc = await nats.connect(nats_url, **admin)
+    admin_nc = await nats.connect(nats_servers(nats_url), **admin)
     try:
         typer.echo("waiting for the workers...", err=True)
         await wait_for_consumers(admin_nc, list(WORKERS))
     finally:
         await admin_nc.drain()
-    nc = await nats.connect(nats_url, **caller)
+    nc = await nats.connect(nats_servers(nats_url), **caller)
     session = f"demo-{uuid.uuid4().hex[:8]}"
     try:
         for sample in SAMPLE_QUESTIONS:

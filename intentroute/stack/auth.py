@@ -1,7 +1,8 @@
 """The embedded nats-server's users: files in the state directory, reload on change.
 
 <state>/creds/ (0700) holds one credential per user (0600, `shared.natsconn` format):
-`admin.json`, `intentroute-<worker>.json`, and the demo agent's `demo.json`.
+`admin.json`, `intentroute-<worker>.json`, the monitoring reader's `intentroute-ops.json`
+(`intentroute status`), and the demo agent's `demo.json`.
 <state>/nats/users.json (0600) keeps the bcrypt hashes of the admin and service
 passwords, so re-rendering the auth part never re-hashes them (a changed hash is a
 changed user to nats-server: on reload it re-checks that user's live connections).
@@ -22,7 +23,7 @@ import secrets
 import signal
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -30,7 +31,7 @@ import msgspec
 
 from intentroute.stack.natsconf import AUTH_FILE, auth_config, stack_users
 from shared.identity import hash_secret
-from shared.natsauth import ADMIN_USER, SERVICE_USERS, service_user
+from shared.natsauth import ADMIN_USER, OPS_USER, STACK_USERS, service_user
 from shared.natsconn import read_credential, user_credential, write_credential
 from shared.store.agents import AgentStore
 
@@ -61,6 +62,10 @@ class AuthFiles(NamedTuple):
     @property
     def pid_file(self) -> Path:
         return self.nats_dir / PID_FILE
+
+    def pid_files(self) -> list[Path]:
+        """The single server's pid file, then each cluster node's (`node-<n>/`)."""
+        return [self.pid_file, *sorted(self.nats_dir.glob(f"node-*/{PID_FILE}"))]
 
     def credential(self, user: str) -> Path:
         return self.creds_dir / f"{user}.json"
@@ -94,7 +99,7 @@ def write_private(path: Path, text: str) -> bool:
 def ensure_service_users(files: AuthFiles) -> dict[str, str]:
     """The admin's and service users' password hashes, creating their credentials the
     first time (or when one is missing); kept across restarts."""
-    users = [ADMIN_USER, *SERVICE_USERS]
+    users = list(STACK_USERS)
     hashes: dict[str, str] = {}
     if files.hashes.exists():
         hashes = msgspec.json.decode(files.hashes.read_bytes(), type=dict[str, str])
@@ -116,6 +121,11 @@ def ensure_service_users(files: AuthFiles) -> dict[str, str]:
 def admin_kwargs(state_dir: Path) -> dict[str, str]:
     """`nats.connect` kwargs of the admin (the `up` process, operator commands)."""
     return dict(read_credential(auth_files(state_dir).credential(ADMIN_USER)).nats)
+
+
+def ops_kwargs(state_dir: Path) -> dict[str, str]:
+    """`nats.connect` kwargs of the monitoring reader (`intentroute status`)."""
+    return dict(read_credential(auth_files(state_dir).credential(OPS_USER)).nats)
 
 
 def service_env(state_dir: Path, worker: str) -> dict[str, str]:
@@ -147,8 +157,29 @@ def reload_server(pid: int) -> None:
 
 def server_pid(files: AuthFiles) -> int:
     """The running server's pid from its pid file (0 when none)."""
+    return _read_pid(files.pid_file)
+
+
+def server_pids(files: AuthFiles) -> list[int]:
+    """The pids of every live server sharing these users: the single one or the
+    cluster's nodes (a stopped server's pid file is removed when it stops; one killed
+    leaves it, and its pid is left out here)."""
+    return [pid for pid in map(_read_pid, files.pid_files()) if pid and _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
     try:
-        return int(files.pid_file.read_text().strip() or 0)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's: reload_server refuses it
+        return True
+    return True
+
+
+def _read_pid(path: Path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
     except (FileNotFoundError, ValueError):
         return 0
 
@@ -171,21 +202,31 @@ async def ensure_agent_file(store: AgentStore, state_dir: Path, agent_id: str) -
     return True
 
 
-async def apply_agents(store: AgentStore, state_dir: Path, *, pid: int = 0) -> bool:
-    """Bring the server's agents in line with the `agents` table; True if it reloaded."""
+async def apply_agents(
+    store: AgentStore, state_dir: Path, *, pid: int = 0, pids: Sequence[int] = ()
+) -> bool:
+    """Bring the servers' agents in line with the `agents` table; True if they reloaded.
+    Every server sharing the users is reloaded: `pids`, or `pid`, or those the pid
+    files name (all the nodes of a cluster)."""
     agents = await store.active_hashes()
     files = auth_files(state_dir)
     if not write_auth(files, agents):
         return False
-    reload_server(pid or server_pid(files))
-    log.info("NATS auth reloaded: %d active agents", len(agents))
+    targets = list(pids) or ([pid] if pid else server_pids(files))
+    if not targets:
+        raise ProcessLookupError("no nats-server pid to signal")
+    for target in targets:
+        reload_server(target)
+    log.info("NATS auth reloaded on %d server(s): %d active agents", len(targets), len(agents))
     return True
 
 
-async def sync_agents(state_dir: Path, database_url: str, *, pid: int = 0) -> bool:
+async def sync_agents(
+    state_dir: Path, database_url: str, *, pid: int = 0, pids: Sequence[int] = ()
+) -> bool:
     store = await AgentStore.connect(database_url)
     try:
-        return await apply_agents(store, state_dir, pid=pid)
+        return await apply_agents(store, state_dir, pid=pid, pids=pids)
     finally:
         await store.close()
 
@@ -195,11 +236,12 @@ class AuthSync:
     `interval` seconds in a thread of its own, and syncs the server when it changed:
     an agent revoked by SQL directly is refused within about one interval."""
 
-    def __init__(self, state_dir: Path, database_url: str, *, pid: int,
-                 interval: float = 2.0) -> None:
+    def __init__(self, state_dir: Path, database_url: str, *, pid: int = 0,
+                 pids: Sequence[int] = (), interval: float = 2.0) -> None:
         self.state_dir = state_dir
         self.database_url = database_url
         self.pid = pid
+        self.pids = tuple(pids)
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="auth-sync", daemon=True)
@@ -223,7 +265,7 @@ class AuthSync:
                 store = store or await AgentStore.connect(self.database_url)
                 digest = await store.digest()
                 if digest != last:
-                    await apply_agents(store, self.state_dir, pid=self.pid)
+                    await apply_agents(store, self.state_dir, pid=self.pid, pids=self.pids)
                     last = digest
             except Exception as exc:  # the database restarting must not end the loop
                 log.warning("auth sync failed, retrying: %r", exc)

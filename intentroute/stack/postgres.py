@@ -19,6 +19,12 @@ from pathlib import Path
 
 from intentroute.stack.procs import StackError, free_port, stop_process, wait_tcp
 
+# Durable: a commit returns once its WAL is on disk, so a committed turn survives a
+# host crash. Stated on the command line, where no postgresql.conf can turn it off.
+# The group-commit writer (shared/store/writer.py) makes one commit of many requests'
+# rows, so the fsync is paid per batch, not per request.
+DURABILITY = ("-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on")
+
 _TRUST = re.compile(r"^(\s*(?:local|host\w*)\s.*\s)trust(\s*(?:#.*)?)$")
 
 
@@ -133,9 +139,8 @@ class PostgresServer:
         with open(self.data_dir / "postgres.log", "ab") as log:
             self.proc = subprocess.Popen(
                 [self._bin("postgres"), "-D", str(self.pgdata), "-p", str(self.port),
-                 "-h", "127.0.0.1", "-k", str(sock_dir), "-c", "fsync=off",
-                 "-c", "synchronous_commit=off", "-c", "max_connections=200",
-                 "-c", "password_encryption=scram-sha-256"],
+                 "-h", "127.0.0.1", "-k", str(sock_dir), *DURABILITY,
+                 "-c", "max_connections=200", "-c", "password_encryption=scram-sha-256"],
                 stdout=log, stderr=subprocess.STDOUT, user=self._user,
             )
         wait_tcp("127.0.0.1", self.port, timeout, self.proc)

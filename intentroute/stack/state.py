@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
 
 class StackInfo(msgspec.Struct):
+    # One URL, or every node's, comma-separated.
     nats_url: str
     database_url: str
     parser_url: str = ""
@@ -17,6 +19,13 @@ class StackInfo(msgspec.Struct):
     # change) and its pid (signalled to reload it).
     nats_config: str = ""
     nats_pid: int = 0
+    # The gateway's HTTP listener (`POST {gateway_http_url}/agents/{agent_id}/feedback`).
+    gateway_http_url: str = ""
+    # The operator dashboard and the file holding its token (owner-readable only).
+    dashboard_url: str = ""
+    dashboard_token_file: str = ""
+    # Every node's pid when the embedded NATS is a cluster (all are reloaded).
+    nats_pids: list[int] = msgspec.field(default_factory=list)
 
 
 STATE_FILE = "stack.json"
@@ -48,3 +57,35 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+# `up` serves the gateway's HTTP face on loopback unless GATEWAY_HTTP_LISTEN says where.
+DEFAULT_GATEWAY_HTTP_LISTEN = "127.0.0.1:0"
+
+
+def gateway_http_listen(listen: str, pick_port: Callable[[], int]) -> tuple[str, str]:
+    """(the GATEWAY_HTTP_LISTEN the gateway replicas get, the URL clients use). Port 0
+    becomes a free port picked here, so every replica binds the same one (they share it
+    with SO_REUSEPORT) and stack.json can name it before they start; "" or "off" turns
+    the listener off."""
+    listen = listen.strip()
+    if listen.lower() in ("", "off"):
+        return "", ""
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"GATEWAY_HTTP_LISTEN={listen!r}: expected host:port")
+    number = int(port) or pick_port()
+    url_host = "127.0.0.1" if host in ("0.0.0.0", "[::]", "::") else host
+    return f"{host}:{number}", f"http://{url_host}:{number}"
+
+
+def dashboard_token(creds_dir: Path) -> Path:
+    """The embedded stack's dashboard token, generated once (owner-readable only)."""
+    import secrets
+
+    from intentroute.stack.auth import write_private
+
+    path = creds_dir / "dashboard.token"
+    if not path.exists():
+        write_private(path, secrets.token_urlsafe(32))
+    return path

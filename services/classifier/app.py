@@ -8,6 +8,7 @@ from opentelemetry.trace import TracerProvider
 from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.handlers import ClassifierDeps, build_stage
 from services.classifier.settings import ClassifierSettings
+from shared.policy_cache import open_policy_cache
 from shared.runtime import Wiring, build_app
 
 
@@ -29,7 +30,10 @@ def create_app(
             layer2=layer2,
             llm=build_llm(settings),
         )
-        return ClassifierDeps(**wiring.base.parts(), cascade=cascade)
+        policies = await open_policy_cache(wiring.store.pool,
+                                           refresh=settings.common.policy_refresh,
+                                           exits=wiring.base.exits)
+        return ClassifierDeps(**wiring.base.parts(), cascade=cascade, policies=policies)
 
     return build_app(service="classifier", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

@@ -156,14 +156,18 @@ class Cascade:
         history: list[HistoryEntry] | HistoryLoader,
         *,
         trusted: bool = False,
+        confirm: float | None = None,
     ) -> RoutingDecision:
         """`history` may be a loader: it is then read only if a deictic message or
         Layer 3 needs it, so most decisions cost no store round trip. From an untrusted
         agent a declared query_type is ignored (and the decision says so) and the
-        platform prefix is ordinary text."""
+        platform prefix is ordinary text. `confirm` is the agent's own clarity
+        threshold (ADR-0006), in place of the configured one (ADR-018: 0.65)."""
         if not trusted and has_platform_prefix(request.query):
             request = msgspec.structs.replace(request, query=strip_platform_prefix(request.query))
-        chosen = await self._decide(request, history, trusted=trusted)
+        chosen = await self._decide(request, history, trusted=trusted,
+                                    confirm=self.config.confirm_threshold if confirm is None
+                                    else confirm)
         if request.query_type and not trusted:
             log.info("[classify] ignoring query_type declared by untrusted agent %s",
                      request.agent_id)
@@ -172,7 +176,7 @@ class Cascade:
 
     async def _decide(
         self, request: AgentRequest, history: list[HistoryEntry] | HistoryLoader, *,
-        trusted: bool,
+        trusted: bool, confirm: float,
     ) -> RoutingDecision:
         past = _once(history)
         fast = self.decide_fast(request, trusted=trusted)
@@ -209,8 +213,7 @@ class Cascade:
         if confident:
             return decision(best, Layer.EMBEDDING, pred.confidence, alternatives=alternatives)
 
-        gate = clarity(pred.confidence, decide=self.config.threshold,
-                       confirm=self.config.confirm_threshold)
+        gate = clarity(pred.confidence, decide=self.config.threshold, confirm=confirm)
         if self.llm is not None:
             # RC-03: the LLM sees the history only to resolve references (stated in its prompt).
             label = await self.llm.label(query, await past(), request.editor_context)

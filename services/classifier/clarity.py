@@ -1,32 +1,8 @@
-"""ADR-018 clarity gate: the two confidence thresholds and what a confidence means.
-
-Layer 2 decides alone at or above `DECIDE_THRESHOLD`; below it the message goes on to
-Layer 3, and the decision carries how sure the classifier was:
-
-    confidence >= 0.85         CLEAR
-    0.65 <= confidence < 0.85  NEEDS_CONFIRMATION
-    confidence < 0.65          NEEDS_CLARIFICATION
-
-Every default (cascade, worker settings, CLI options, training metrics) reads them here.
-"""
+"""ADR-018 clarity gate; the pure mapping lives in `shared.clarity` (the learning job
+replays logged decisions through it) and is re-exported here for the classifier."""
 
 from __future__ import annotations
 
-from shared.contracts.routing import Clarity
+from shared.clarity import CONFIRM_THRESHOLD, DECIDE_THRESHOLD, asks, clarity
 
-DECIDE_THRESHOLD = 0.85
-CONFIRM_THRESHOLD = 0.65
-
-
-def clarity(
-    confidence: float,
-    *,
-    decide: float = DECIDE_THRESHOLD,
-    confirm: float = CONFIRM_THRESHOLD,
-) -> Clarity:
-    """The clarity outcome of a calibrated confidence."""
-    if confidence >= decide:
-        return Clarity.CLEAR
-    if confidence >= confirm:
-        return Clarity.NEEDS_CONFIRMATION
-    return Clarity.NEEDS_CLARIFICATION
+__all__ = ["CONFIRM_THRESHOLD", "DECIDE_THRESHOLD", "asks", "clarity"]

@@ -25,6 +25,8 @@ from shared.contracts.routing import (
     QueryType,
     RoutingDecision,
 )
+from shared.policy import ClarityPolicy
+from shared.ports import Policies
 from shared.stage import (
     Call,
     Handoff,
@@ -39,6 +41,14 @@ from shared.stage import (
 @dataclass(kw_only=True)
 class ClassifierDeps(StageDeps):
     cascade: Cascade
+    policies: Policies
+
+
+# What the `ask` clarity policy asks back about: a decision below the agent's clarity
+# threshold, or one carrying several requests. A decision between that threshold and
+# the decide threshold (NEEDS_CONFIRMATION) goes on with the best guess; the decision it
+# carries says so and lists the alternatives.
+ASKED = frozenset({Clarity.NEEDS_CLARIFICATION, Clarity.MULTI_INTENT})
 
 
 _WHAT = {
@@ -70,9 +80,13 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
             # deictic message or Layer 3 needs them.
             return await deps.store.last_history(req.agent_id, req.session_id)
 
-        decision = await deps.cascade.decide(req, history, trusted=env.trusted)
+        # The agent's policy (ADR-0006) overrides the global clarity threshold and policy.
+        policy = deps.policies.policy_for(req.agent_id, req.request_id)
+        decision = await deps.cascade.decide(req, history, trusted=env.trusted,
+                                             confirm=policy.clarity_threshold)
         routed = Routed.from_admitted(env, decision)
-        if decision.clarity != Clarity.CLEAR and settings.policy_for(req.agent_id) == "ask":
+        ask = (policy.clarity_policy or settings.clarity_policy) == ClarityPolicy.ASK
+        if ask and decision.clarity in ASKED:
             call.mark(routed)
             await ask_back(deps, routed)
             return None

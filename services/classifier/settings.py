@@ -6,6 +6,7 @@ from pathlib import Path
 import msgspec
 
 from services.classifier.clarity import DECIDE_THRESHOLD
+from shared.policy import ClarityPolicy
 from shared.settings import CommonSettings, env_float, env_int, env_str
 
 
@@ -22,9 +23,9 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
     ollama_host: str = ""
     llm_model: str = ""
     llm_timeout: float = 3.0
-    # Clarity gate policy: "proceed" (default) or "ask", per agent overrides.
-    clarity_policy: str = "proceed"
-    clarity_policy_by_agent: dict[str, str] = {}
+    # Clarity gate policy of agents whose own policy (`intentroute agent set NAME
+    # clarity_policy=...`) does not say: "proceed" (default) or "ask".
+    clarity_policy: ClarityPolicy = ClarityPolicy.PROCEED
 
     @property
     def heads_root(self) -> Path | None:
@@ -33,16 +34,14 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
             return self.common.state_dir / "heads"
         return Path(self.heads_dir) if self.heads_dir else None
 
-    def policy_for(self, agent_id: str) -> str:
-        return self.clarity_policy_by_agent.get(agent_id, self.clarity_policy)
-
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ClassifierSettings:
-        by_agent = {}
-        for item in env_str("CLARITY_POLICY_BY_AGENT", "", environ).split(","):
-            agent, _, policy = item.partition(":")
-            if agent.strip() and policy.strip():
-                by_agent[agent.strip()] = policy.strip()
+        if env_str("CLARITY_POLICY_BY_AGENT", "", environ):
+            raise ValueError("CLARITY_POLICY_BY_AGENT is gone: set an agent's policy with "
+                             "`intentroute agent set NAME clarity_policy=ask`")
+        policy = env_str("CLARITY_POLICY", "proceed", environ)
+        if policy not in ClarityPolicy.__members__.values():
+            raise ValueError(f"CLARITY_POLICY={policy!r}: expected proceed or ask")
         main = env_str("OLLAMA_MODEL_NAME", "", environ)
         small = env_str("OLLAMA_MODEL_NAME_CONVERSATIONAL", "", environ) or main
         common = CommonSettings.from_env(environ)
@@ -56,6 +55,5 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
             ollama_host=env_str("OLLAMA_HOST", "", environ),
             llm_model=env_str("CLASSIFIER_LLM_MODEL", small, environ),
             llm_timeout=env_float("CLASSIFIER_LLM_TIMEOUT", 3.0, environ),
-            clarity_policy=env_str("CLARITY_POLICY", "proceed", environ),
-            clarity_policy_by_agent=by_agent,
+            clarity_policy=ClarityPolicy(policy),
         )

@@ -1,15 +1,22 @@
-"""Gateway worker: settings -> stage -> deps (agent records, gRPC listener)."""
+"""Gateway worker: settings -> stages -> deps (agent records, feedback, gRPC and HTTP)."""
 
 from __future__ import annotations
 
+import asyncpg
 from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
+from services.gateway.dashboard import add_dashboard_routes
+from services.gateway.feedback import FeedbackRecorder, build_feedback_consumer
 from services.gateway.grpc_server import start_grpc
 from services.gateway.handlers import GatewayDeps, build_stage
+from services.gateway.http import build_http_app, start_http
+from services.gateway.scoring import ScoreRefresher
 from services.gateway.settings import GatewaySettings
 from shared.identity import CachedAgents
-from shared.runtime import Wiring, build_app
+from shared.runtime import Consumes, Wiring, build_app
+from shared.store import asyncpg_dsn
+from shared.store.feedback import FeedbackTable
 
 
 def create_app(
@@ -23,13 +30,46 @@ def create_app(
         tls = (settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())
 
     async def make_deps(wiring: Wiring) -> GatewayDeps:
+        exits = wiring.base.exits
         agents = CachedAgents(wiring.store.agent, ttl=settings.agent_cache_ttl)
+        scores = ScoreRefresher(wiring.store.pool, settings.common.confidence,
+                                interval=settings.score_refresh,
+                                full_interval=settings.score_full_refresh)
+        scores.start()
+        exits.push_async_callback(scores.stop)
+        feedback = FeedbackRecorder(FeedbackTable(wiring.store.pool), on_recorded=scores.mark)
         if settings.grpc_listen:
             server = await start_grpc(wiring.nc, settings.grpc_listen, agents,
                                       answer_timeout=settings.answer_timeout,
-                                      tls=tls)
-            wiring.base.exits.push_async_callback(server.stop, 2.0)
-        return GatewayDeps(**wiring.base.parts(), agents=agents)
+                                      feedback=feedback, tls=tls)
+            exits.push_async_callback(server.stop, 2.0)
+        if settings.http_listen:
+            http_app = build_http_app(agents=agents, feedback=feedback)
+            board = settings.dashboard
+            if board.token:
+                # Its own small pool: an operator's slow query never holds a connection
+                # the pipeline's writes wait for.
+                pool = await asyncpg.create_pool(asyncpg_dsn(settings.common.database_url),
+                                                 min_size=0, max_size=2)
+                exits.push_async_callback(pool.close)
+                add_dashboard_routes(http_app, pool, token=board.token,
+                                     default_days=board.default_days,
+                                     max_days=board.max_days, session_ttl=board.session_ttl)
+            runner, _ = await start_http(http_app, settings.http_listen)
+            exits.push_async_callback(runner.cleanup)
+        if settings.learn.interval > 0:
+            # The learning job in the background; the advisory lock keeps replicas from
+            # running it at once. Its own connection, not the hot path's pool.
+            from shared.learning.job import LearnLoop
 
-    return build_app(service="gateway", common=settings.common, stages=[build_stage(settings)],
+            learner = LearnLoop(settings.common.database_url, settings.learn)
+            learner.start()
+            exits.push_async_callback(learner.stop)
+        return GatewayDeps(**wiring.base.parts(), agents=agents, feedback=feedback)
+
+    stages: list[Consumes[GatewayDeps]] = [
+        build_stage(settings),
+        build_feedback_consumer(settings.common, max_inflight=settings.feedback_batch),
+    ]
+    return build_app(service="gateway", common=settings.common, stages=stages,
                      make_deps=make_deps, tracer_provider=tracer_provider)

@@ -1,10 +1,13 @@
-"""gRPC AskAgent / AskAgentStream: the same contract for callers that speak gRPC.
+"""gRPC AskAgent / AskAgentStream / Feedback: the same contract for callers that speak gRPC.
 
 Every call carries the agent's bearer token (`authorization: Bearer <token>` metadata),
 checked against the `agents` table: none or a wrong one is UNAUTHENTICATED, a body that
-names another agent PERMISSION_DENIED. The request is then checked like a NATS one (bad
+names another agent PERMISSION_DENIED. A request is then checked like a NATS one (bad
 input -> INVALID_ARGUMENT) and published on the agent's `agent.request.<agent_id>`, so
-it takes the same durable path through the workers.
+it takes the same durable path through the workers. Feedback goes to the same recorder
+as the NATS and HTTP entry points (feedback.py): bad input INVALID_ARGUMENT, a request
+id that is not one of the agent's (unknown or another agent's) NOT_FOUND, the store
+unreachable UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -18,12 +21,21 @@ import grpc
 import msgspec
 from nats.aio.client import Client
 
+from services.gateway.feedback import FeedbackRecorder
 from services.gateway.validation import InputError, check_request
 from shared.client import AnswerTimeoutError, ask, assemble
+from shared.contracts.feedback import (
+    Feedback,
+    FeedbackAck,
+    FeedbackMetadata,
+    FeedbackOutcome,
+)
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import ResponseChunk
+from shared.contracts.response import ErrorCode, ResponseChunk
 from shared.grpc import agent_pb2, agent_pb2_grpc
+from shared.identity import bearer_value
 from shared.ports import AgentInfo
+from shared.store.writer import StoreUnavailableError
 
 log = logging.getLogger("intentroute.gateway.grpc")
 
@@ -56,6 +68,21 @@ def to_response(chunk: ResponseChunk) -> agent_pb2.AgentResponse:
     )
 
 
+def to_feedback(msg: agent_pb2.FeedbackRequest) -> Feedback:
+    """ValueError for an outcome outside the vocabulary."""
+    meta = msg.metadata
+    return Feedback(
+        request_id=msg.request_id,
+        outcome=FeedbackOutcome(msg.outcome),
+        metadata=FeedbackMetadata(
+            completion_quality=(meta.completion_quality
+                                if meta.HasField("completion_quality") else None),
+            latency_ms=meta.latency_ms if meta.HasField("latency_ms") else None,
+            token_count=meta.token_count if meta.HasField("token_count") else None,
+        ),
+    )
+
+
 class TokenVerifier(Protocol):
     async def verify_token(self, token: str) -> AgentInfo | None:
         """The active agent a bearer token belongs to, or None."""
@@ -63,33 +90,38 @@ class TokenVerifier(Protocol):
 
 def bearer_token(context: grpc.aio.ServicerContext) -> str:
     for key, value in context.invocation_metadata() or ():
-        if key.lower() == "authorization" and isinstance(value, str):
-            scheme, _, token = value.partition(" ")
-            if scheme.lower() == "bearer":
-                return token.strip()
+        if (key.lower() == "authorization" and isinstance(value, str)
+                and value.partition(" ")[0].lower() == "bearer"):
+            return bearer_value(value)
     return ""
 
 
 class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
-    def __init__(self, nc: Client, agents: TokenVerifier, *, answer_timeout: float) -> None:
+    def __init__(self, nc: Client, agents: TokenVerifier, *, answer_timeout: float,
+                 feedback: FeedbackRecorder) -> None:
         self._nc = nc
         self._agents = agents
         self._timeout = answer_timeout
+        self._feedback = feedback
 
-    async def _checked(
-        self, request: agent_pb2.AgentRequest, context: grpc.aio.ServicerContext
-    ) -> AgentRequest:
+    async def _caller(self, claimed: str, context: grpc.aio.ServicerContext) -> AgentInfo:
+        """The token's agent; aborts when there is none or the body names another."""
         token = bearer_token(context)
         agent = await self._agents.verify_token(token) if token else None
         if agent is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "a valid agent bearer token is required")
             raise AssertionError("unreachable")
-        if request.agent_id and request.agent_id != agent.agent_id:
+        if claimed and claimed != agent.agent_id:
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"AGENT_MISMATCH: the token is agent '{agent.agent_id}', "
-                f"not '{request.agent_id}'")
+                f"AGENT_MISMATCH: the token is agent '{agent.agent_id}', not '{claimed}'")
+        return agent
+
+    async def _checked(
+        self, request: agent_pb2.AgentRequest, context: grpc.aio.ServicerContext
+    ) -> AgentRequest:
+        agent = await self._caller(request.agent_id, context)
         checked = check_request(to_request(request), agent.agent_id)
         if isinstance(checked, InputError):
             await context.abort(
@@ -128,6 +160,35 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
         await context.abort(grpc.StatusCode.INTERNAL, "answer ended without a final chunk")
         raise AssertionError("unreachable")
 
+    async def Feedback(
+        self, request: agent_pb2.FeedbackRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.FeedbackReply:
+        agent = await self._caller(request.agent_id, context)
+        try:
+            fb = to_feedback(request)
+        except ValueError:
+            allowed = ", ".join(o.value for o in FeedbackOutcome)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{ErrorCode.INVALID_FIELD}: outcome "
+                                f"'{request.outcome}' is not one of: {allowed}")
+            raise AssertionError("unreachable") from None
+        try:
+            ack = await self._feedback.record(agent.agent_id, fb)
+        except StoreUnavailableError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"{ErrorCode.STORE_UNAVAILABLE}: {exc}")
+            raise AssertionError("unreachable") from None
+        if not ack.accepted:
+            await context.abort(feedback_status(ack), f"{ack.error_code}: {ack.message}")
+        return agent_pb2.FeedbackReply(request_id=ack.request_id, accepted=True,
+                                       repeat=ack.repeat)
+
+
+def feedback_status(ack: FeedbackAck) -> grpc.StatusCode:
+    if ack.error_code == ErrorCode.UNKNOWN_REQUEST:
+        return grpc.StatusCode.NOT_FOUND
+    return grpc.StatusCode.INVALID_ARGUMENT
+
 
 async def start_grpc(
     nc: Client,
@@ -135,19 +196,20 @@ async def start_grpc(
     agents: TokenVerifier,
     *,
     answer_timeout: float,
+    feedback: FeedbackRecorder,
     tls: tuple[bytes, bytes] | None = None,
 ) -> grpc.aio.Server:
     """`tls`: (private key, certificate chain) in PEM; None serves plain text."""
     server = grpc.aio.server()
     # The generated registration function is untyped (grpc_tools emits no annotations).
     agent_pb2_grpc.add_AssistanceEngineServicer_to_server(  # type: ignore[no-untyped-call]
-        AssistanceEngine(nc, agents, answer_timeout=answer_timeout), server
+        AssistanceEngine(nc, agents, answer_timeout=answer_timeout, feedback=feedback), server
     )
     if tls is not None:
         server.add_secure_port(listen, grpc.ssl_server_credentials([tls]))
     else:
         server.add_insecure_port(listen)
     await server.start()
-    log.info("[gateway] gRPC AskAgent listening on %s%s", listen,
+    log.info("[gateway] gRPC AskAgent / Feedback listening on %s%s", listen,
              " (TLS)" if tls else "")
     return server

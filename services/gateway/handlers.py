@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from services.gateway.feedback import FeedbackRecorder
 from services.gateway.settings import GatewaySettings
 from services.gateway.validation import InputError, parse_request, salvage_field
 from shared.answers import write_after_answer
@@ -38,6 +39,8 @@ log = logging.getLogger("intentroute.gateway")
 @dataclass(kw_only=True)
 class GatewayDeps(StageDeps):
     agents: AgentDirectory
+    # Agents' verdicts on their answers, from every entry point (feedback.py).
+    feedback: FeedbackRecorder
 
 
 class InvalidRequestError(ValueError):
@@ -57,7 +60,8 @@ def admitter(budget: float) -> Decode[Admitted]:
             raise InvalidRequestError(parsed)
         now = time.time()
         asked = parsed.timeout_ms / 1000 if parsed.timeout_ms > 0 else budget
-        return Admitted(request=parsed, accepted_at=now, deadline=now + min(budget, asked))
+        return Admitted(request=parsed, accepted_at=now, deadline=now + min(budget, asked),
+                        run=str(msg.stream_seq))
 
     return admit
 
@@ -70,7 +74,8 @@ async def reject_input(deps: GatewayDeps, msg: Delivery, exc: Exception) -> None
     log.warning("[gateway] rejected request %r of %r: %s %s", error.request_id, agent,
                 error.code, error.message)
     if error.request_id:
-        await AnswerStream(deps.bus, agent, error.request_id).error(error.code, error.message)
+        await AnswerStream(deps.bus, agent, error.request_id,
+                           run=str(msg.stream_seq)).error(error.code, error.message)
         await write_after_answer(deps.store, [RequestLogRow(
             request_id=error.request_id,
             agent_id=agent,

@@ -6,13 +6,9 @@ import re
 
 import msgspec
 
-from shared.contracts.request import (
-    MAX_CONTEXT_CHARS,
-    MAX_ID_CHARS,
-    MAX_QUERY_CHARS,
-    AgentRequest,
-)
-from shared.contracts.routing import QueryType
+from shared.contracts.ids import is_valid_id
+from shared.contracts.request import AgentRequest, request_problem
+from shared.contracts.response import ErrorCode
 
 
 class InputError(msgspec.Struct, frozen=True):
@@ -22,16 +18,13 @@ class InputError(msgspec.Struct, frozen=True):
     request_id: str = ""
 
 
-_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
-# request_id addresses a response subject, so only safe characters; the others are
-# kept as sent, for the request log.
+# request_id addresses a response subject, so only safe characters (and only a valid id
+# is used); the others are kept as sent, for the request log.
 _RAW_FIELD_RE = {
     name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*"(' + chars + rb'{1,128})"')
     for name, chars in (("request_id", rb"[A-Za-z0-9_\-]"), ("session_id", rb'[^"]'),
                         ("agent_id", rb'[^"]'))
 }
-_REQUIRED = ("request_id", "session_id", "query")
-_CONTEXT_FIELDS = ("extra_context", "user_info", "editor_context")
 _decoder = msgspec.json.Decoder(AgentRequest)
 
 
@@ -43,11 +36,14 @@ def salvage_field(raw: bytes, name: str) -> str:
 
 
 def salvage_request_id(raw: bytes) -> str:
-    return salvage_field(raw, "request_id")
+    """The request id of a payload that does not decode, if it can address an answer."""
+    rid = salvage_field(raw, "request_id")
+    return rid if is_valid_id(rid) else ""
 
 
 def parse_request(raw: bytes, agent_id: str) -> AgentRequest | InputError:
-    """The request `agent_id`'s credential published, checked; its agent is `agent_id`."""
+    """The request `agent_id`'s credential published, checked; its agent is `agent_id`.
+    Never raises: whatever the bytes are, the answer is a request or a typed error."""
     try:
         req = _decoder.decode(raw)
     except msgspec.ValidationError as exc:
@@ -55,54 +51,24 @@ def parse_request(raw: bytes, agent_id: str) -> AgentRequest | InputError:
         code = "MISSING_FIELD" if "missing required field" in text.lower() else "INVALID_FIELD"
         return InputError(code, f"request does not match the contract: {text}",
                           salvage_request_id(raw))
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        # Not JSON, not UTF-8 (msgspec reports bad bytes in a string as a
+        # UnicodeDecodeError), or nested past the decoder's depth.
         return InputError("MALFORMED_JSON", f"request is not valid JSON: {exc}",
                           salvage_request_id(raw))
     return check_request(req, agent_id)
 
 
 def check_request(req: AgentRequest, agent_id: str) -> AgentRequest | InputError:
-    """Every field within bounds and the body's agent (if named) the caller's own."""
-    rid = req.request_id if _ID_RE.match(req.request_id or "") else ""
-    for name in _REQUIRED:
-        if not getattr(req, name).strip():
-            return InputError("MISSING_FIELD", f"field '{name}' is required and empty", rid)
-    for name in ("request_id", "session_id", "agent_id"):
-        value = getattr(req, name)
-        if name == "agent_id" and not value:
-            continue
-        if len(value) > MAX_ID_CHARS:
-            return InputError(
-                "OVERSIZED_FIELD", f"field '{name}' exceeds {MAX_ID_CHARS} characters", rid
-            )
-        if not _ID_RE.match(value):
-            return InputError(
-                "INVALID_FIELD",
-                f"field '{name}' may only hold letters, digits, '-' and '_'",
-                rid,
-            )
-    if len(req.query) > MAX_QUERY_CHARS:
-        return InputError(
-            "OVERSIZED_FIELD", f"field 'query' exceeds {MAX_QUERY_CHARS} characters", rid
-        )
-    for name in _CONTEXT_FIELDS:
-        if len(getattr(req, name)) > MAX_CONTEXT_CHARS:
-            return InputError(
-                "OVERSIZED_FIELD", f"field '{name}' exceeds {MAX_CONTEXT_CHARS} characters", rid
-            )
-    if req.query_type is not None and req.query_type != "":
-        try:
-            QueryType(req.query_type)
-        except ValueError:
-            allowed = ", ".join(t.value for t in QueryType)
-            return InputError(
-                "UNKNOWN_QUERY_TYPE",
-                f"query_type '{req.query_type}' is not one of: {allowed}",
-                rid,
-            )
+    """Every field within bounds (`request_problem`: the rules every stage checks again)
+    and the body's agent (if named) the caller's own."""
+    rid = req.request_id if is_valid_id(req.request_id) else ""
+    problem = request_problem(req)
+    if problem is not None:
+        return InputError(problem.code, problem.message, rid)
     if req.agent_id and req.agent_id != agent_id:
         return InputError(
-            "AGENT_MISMATCH",
+            ErrorCode.AGENT_MISMATCH,
             f"the request names agent '{req.agent_id}' but was sent by '{agent_id}'",
             rid,
         )

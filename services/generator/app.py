@@ -8,6 +8,7 @@ from opentelemetry.trace import TracerProvider
 from services.generator.backends import ChatBackend, EchoBackend, OllamaBackend
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.settings import GeneratorSettings
+from shared.policy_cache import open_policy_cache
 from shared.runtime import Wiring, build_app
 
 
@@ -30,7 +31,11 @@ def create_app(
     async def make_deps(wiring: Wiring) -> GeneratorDeps:
         backend = choose_backend(settings)
         model = settings.model or ("echo" if isinstance(backend, EchoBackend) else "")
-        return GeneratorDeps(**wiring.base.parts(), backend=backend, model=model)
+        policies = await open_policy_cache(wiring.store.pool,
+                                           refresh=settings.common.policy_refresh,
+                                           exits=wiring.base.exits)
+        return GeneratorDeps(**wiring.base.parts(), backend=backend, model=model,
+                             policies=policies)
 
     return build_app(service=f"generator-{settings.slot.value}", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

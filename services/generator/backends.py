@@ -1,4 +1,7 @@
-"""Generation backends behind one Protocol: Ollama (streaming), extractive, echo."""
+"""Generation backends behind one Protocol: Ollama (streaming), echo.
+
+A backend's stream yields the answer's text pieces and, at most once and last, the
+token counts the model server reported for the call (`TokenCounts`)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
+
+import msgspec
 
 from services.generator.prompts import ChatMessage
 
@@ -16,10 +21,19 @@ class BackendUnavailableError(Exception):
     """The model server could not be reached or failed before the first token."""
 
 
+class TokenCounts(msgspec.Struct, frozen=True):
+    """Tokens of one call as the server counted them (None: it did not say)."""
+
+    prompt: int | None
+    completion: int | None
+
+
 class ChatBackend(Protocol):
     name: str
 
-    def stream(self, model: str, messages: list[ChatMessage]) -> AsyncIterator[str]: ...
+    def stream(
+        self, model: str, messages: list[ChatMessage]
+    ) -> AsyncIterator[str | TokenCounts]: ...
 
 
 class OllamaBackend:
@@ -32,7 +46,9 @@ class OllamaBackend:
 
         self._client = ollama.AsyncClient(host=host, timeout=timeout)
 
-    async def stream(self, model: str, messages: list[ChatMessage]) -> AsyncIterator[str]:
+    async def stream(
+        self, model: str, messages: list[ChatMessage]
+    ) -> AsyncIterator[str | TokenCounts]:
         import httpx
         import ollama
 
@@ -46,6 +62,9 @@ class OllamaBackend:
                 token = part.message.content or ""
                 if token:
                     yield token
+                if part.done:
+                    # The last message of the stream carries the call's counts.
+                    yield TokenCounts(part.prompt_eval_count, part.eval_count)
         except (httpx.HTTPError, ollama.ResponseError, ConnectionError) as exc:
             raise BackendUnavailableError(f"ollama: {exc}") from exc
 

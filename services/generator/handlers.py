@@ -2,66 +2,38 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.generator.backends import BackendUnavailableError, ChatBackend
-from services.generator.extractive import extractive_answer
-from services.generator.prompts import render_prompt
+from services.generator.backends import ChatBackend
+from services.generator.fallback import Answered, Sink, merged, steps_for
+from services.generator.fallback import produce as produce_answer
 from services.generator.settings import GeneratorSettings
 from shared.bus import AnswerStream
 from shared.codec import decode_routed
-from shared.contracts import pipeline, response
+from shared.contracts import pipeline
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
-from shared.contracts.response import response_subject
+from shared.contracts.response import ErrorCode
 from shared.contracts.routing import QueryType
-from shared.stage import Call, Handoff, Stage, StageDeps, finish_turn, payload, stage_spec
-
-log = logging.getLogger("intentroute.generator")
-
-Sink = Callable[[str], Awaitable[None]]
+from shared.ports import Policies
+from shared.stage import (
+    Call,
+    Handoff,
+    PermanentError,
+    Stage,
+    StageDeps,
+    finish_turn,
+    payload,
+    stage_spec,
+)
 
 
 @dataclass(kw_only=True)
 class GeneratorDeps(StageDeps):
     backend: ChatBackend | None
+    # The slot's model (OLLAMA_MODEL_NAME[_CONVERSATIONAL]): the first step of every chain.
     model: str
-
-
-async def produce(
-    deps: GeneratorDeps,
-    env: Routed,
-    *,
-    previous_answer: str,
-    sink: Sink,
-    on_restart: Callable[[], Awaitable[None]],
-    timeout: float,
-) -> str:
-    """Stream the answer into `sink`; fall back to the extractive answerer when the
-    model server fails or takes longer than `timeout` (its own, or what is left of the
-    request's deadline). Returns `answered_by`. (The consumer keeps the message alive
-    while a long answer streams.)"""
-    if deps.backend is not None and deps.model:
-        sent = False
-        try:
-            messages = render_prompt(env, previous_answer=previous_answer)
-            with deps.tracer.start_as_current_span(
-                f"{deps.backend.name}.chat", attributes={"model": deps.model}
-            ):
-                async with asyncio.timeout(timeout):
-                    async for token in deps.backend.stream(deps.model, messages):
-                        await sink(token)
-                        sent = True
-            return f"{deps.backend.name}:{deps.model}"
-        except (BackendUnavailableError, TimeoutError) as exc:
-            log.warning("[generate] %s unavailable, answering extractively: %r",
-                        deps.backend.name, exc)
-            if sent:
-                await on_restart()
-    await sink(extractive_answer(env, previous_answer=previous_answer))
-    return "extractive"
+    policies: Policies
 
 
 def build_stage(settings: GeneratorSettings) -> Stage[Routed, GeneratorDeps]:
@@ -91,7 +63,16 @@ async def generate(
     previous = ""
     if decision.type == QueryType.CONVERSATIONAL:
         previous = await deps.store.previous_answer(req.agent_id, req.session_id) or ""
-    timeout = call.remaining(settings.ollama_timeout)
+    policy = deps.policies.policy_for(req.agent_id, req.request_id)
+    steps = steps_for(policy, settings.slot.value, deps.model, backend=deps.backend is not None)
+
+    async def produce(sink: Sink, on_restart: Callable[[], Awaitable[None]]) -> Answered:
+        answered = await produce_answer(
+            deps.backend, deps.tracer, steps, env, previous_answer=previous, sink=sink,
+            on_restart=on_restart, timeout=settings.ollama_timeout)
+        if settings.common.accounting:
+            env.usage = merged(env.usage, answered.usage)
+        return answered
 
     if decision.type == QueryType.CODE_GENERATION:
         # RC-07: code is not delivered before validation; collect it for the validator.
@@ -103,24 +84,23 @@ async def generate(
         async def restart() -> None:
             parts.clear()
 
-        env.answered_by = await produce(deps, env, previous_answer=previous, sink=collect,
-                                        on_restart=restart, timeout=timeout)
+        answered = await produce(collect, restart)
+        if answered.error:
+            raise PermanentError(ErrorCode.BACKEND_UNAVAILABLE, answered.error)
+        env.answered_by = answered.answered_by
         env.answer = "".join(parts)
         return Handoff(VALIDATE_SUBJECT, env, f"generated:{env.attempt}")
 
-    start_seq = env.seq
-    redelivered = call.delivery.deliveries > 1
-    if redelivered:
-        last = await deps.bus.last_chunk(response_subject(req.agent_id, req.request_id),
-                                         response.STREAM)
-        start_seq = max(start_seq, last.seq + 1 if last else 0)
-    out = AnswerStream(deps.bus, req.agent_id, req.request_id, start_seq=start_seq)
-    if redelivered and start_seq > env.seq:
-        await out.reset()
-    answered_by = await produce(deps, env, previous_answer=previous, sink=out.text,
-                                on_restart=out.reset, timeout=timeout)
+    out = await AnswerStream.resume(deps.bus, req.agent_id, req.request_id, start_seq=env.seq,
+                                    redelivered=call.delivery.deliveries > 1)
+    answered = await produce(out.text, out.reset)
     call.mark(env)
-    await finish_turn(deps.store, env, answer=out.answer, answered_by=answered_by)
-    await out.final(decision=decision, answered_by=answered_by,
+    if answered.error:
+        # The answer so far (if any) was reset; the error follows it on the subject.
+        env.seq = out.seq
+        raise PermanentError(ErrorCode.BACKEND_UNAVAILABLE, answered.error)
+    await finish_turn(deps.store, env, answer=out.answer, answered_by=answered.answered_by,
+                      first_chunk_at=out.first_text_at)
+    await out.final(decision=decision, answered_by=answered.answered_by,
                     retried=env.retrieval_retried)
     return None

@@ -32,6 +32,8 @@ def create_app(
     async def make_deps(wiring: Wiring) -> ValidatorDeps:
         guarded = build_checker(settings)
         wiring.base.exits.push_async_callback(guarded.close)
+        if guarded.enabled:  # exported as intentroute_breaker_state{breaker="parser"}
+            wiring.signals.watch_breaker("parser", lambda: guarded.breaker.state.value)
         return ValidatorDeps(**wiring.base.parts(), checker=guarded)
 
     return build_app(service="validator", common=settings.common,

@@ -49,7 +49,9 @@ class ValidatorDeps(StageDeps):
 def build_stage(settings: ValidatorSettings) -> Stage[Routed, ValidatorDeps]:
     async def on_validate(env: Routed, call: Call, deps: ValidatorDeps) -> Handoff | None:
         req = env.request
-        out = AnswerStream(deps.bus, req.agent_id, req.request_id, start_seq=env.seq)
+        out = await AnswerStream.resume(deps.bus, req.agent_id, req.request_id,
+                                        start_seq=env.seq,
+                                        redelivered=call.delivery.deliveries > 1)
         if env.attempt == 0:
             await out.status("validating AVAP code")
         code = extract_avap_code(env.answer)

@@ -4,9 +4,12 @@ decision is required, so no stage checks for a missing one."""
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
-from shared.contracts.request import AgentRequest
+from shared.contracts.request import AgentRequest, Problem, request_problem
+from shared.contracts.response import ErrorCode
 from shared.contracts.routing import ModelSlot, RoutingDecision
 
 STREAM = "INTENTROUTE_PIPELINE"
@@ -29,6 +32,26 @@ class Passage(msgspec.Struct, frozen=True):
     source: str = ""
 
 
+class Usage(msgspec.Struct, kw_only=True):
+    """What generating the answer took (ADR-0006 accounting), for the request log; set by
+    the generator when ACCOUNTING is on, carried to the validator for CODE_GENERATION.
+    Tokens and compute time add up over the RC-08 retry."""
+
+    # The model that wrote the answer: an Ollama model name, "extractive", "" if none.
+    model: str = ""
+    # As the backend reported them (Ollama: prompt_eval_count / eval_count).
+    tokens_in: int = 0
+    tokens_out: int = 0
+    # Why the counts are zero or incomplete ("extractive", "not reported by echo").
+    tokens_note: str = ""
+    # Milliseconds spent generating, failed steps of the fallback chain included.
+    compute_ms: float = 0.0
+    # A step after the slot's model answered (or the chain ended in an error), and why
+    # the steps before it failed.
+    fallback: bool = False
+    fallback_reason: str = ""
+
+
 class Admitted(msgspec.Struct, kw_only=True):
     """A request the gateway accepted, on its way to the classifier."""
 
@@ -44,6 +67,10 @@ class Admitted(msgspec.Struct, kw_only=True):
     admission: str = ""
     # Epoch seconds after which no stage works on the request (0: none).
     deadline: float = 0.0
+    # Which run of the request this is: its sequence in AGENT_REQUESTS (a request id the
+    # agent used before is a new run), plus `r<id>` per operator replay of a dead letter.
+    # Each run has one final chunk (its answer claim, shared.bus).
+    run: str = ""
 
 
 class Routed(msgspec.Struct, kw_only=True):
@@ -66,10 +93,34 @@ class Routed(msgspec.Struct, kw_only=True):
     timings: dict[str, float] = {}
     admission: str = ""
     deadline: float = 0.0
+    # Accounting of the generation (None: ACCOUNTING off, or not generated yet).
+    usage: Usage | None = None
+    run: str = ""
 
     @classmethod
     def from_admitted(cls, admitted: Admitted, decision: RoutingDecision) -> Routed:
         return cls(request=admitted.request, accepted_at=admitted.accepted_at,
-                   decision=decision, timings=admitted.timings, deadline=admitted.deadline)
+                   decision=decision, timings=admitted.timings, deadline=admitted.deadline,
+                   run=admitted.run)
 
 
+# A run: stream sequence digits, and `r<dead-letter id>` per replay.
+_RUN = re.compile(r"[0-9r]{0,64}")
+# Epoch seconds past any time the pipeline stamps (year 5138): a time beyond it, or
+# before 1970, makes every duration computed from it meaningless (or infinite).
+MAX_EPOCH = 1e11
+
+
+def envelope_problem(env: Admitted | Routed) -> Problem | None:
+    """What makes an envelope unservable although its caller can be answered: a request
+    the gateway would have refused (`request_problem`), or times no clock produced."""
+    problem = request_problem(env.request)
+    if problem is not None:
+        return problem
+    for name in ("accepted_at", "deadline"):
+        value = getattr(env, name)
+        if not 0 <= value <= MAX_EPOCH:
+            return Problem(ErrorCode.INVALID_FIELD, f"envelope {name} {value!r} is no time")
+    if not _RUN.fullmatch(env.run):  # it becomes a subject token (the answer claim)
+        return Problem(ErrorCode.INVALID_FIELD, f"envelope run {env.run[:80]!r} is no run")
+    return None

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.contracts.ids import MAX_ID_CHARS
+from shared.contracts.ids import MAX_ID_CHARS, id_problem
+from shared.contracts.response import ErrorCode
+from shared.contracts.routing import QueryType
 
-__all__ = ["MAX_ID_CHARS", "AgentRequest", "agent_of", "request_subject"]
+__all__ = ["MAX_ID_CHARS", "AgentRequest", "Problem", "agent_of", "request_problem",
+           "request_subject"]
 
 SUBJECT_PREFIX = "agent.request"
 # What the AGENT_REQUESTS stream captures and the gateway's consumer reads.
@@ -45,3 +48,48 @@ class AgentRequest(msgspec.Struct, frozen=True, kw_only=True):
     # The caller's time budget in ms (0: the server's REQUEST_DEADLINE); it may only
     # shorten the server's.
     timeout_ms: int = 0
+
+
+class Problem(msgspec.Struct, frozen=True):
+    """Why a request cannot be served: its error code and a message for the caller."""
+
+    code: ErrorCode
+    message: str
+
+
+_REQUIRED = ("request_id", "session_id", "query")
+_IDS = ("request_id", "session_id", "agent_id")
+_QUERY_TYPES = tuple(t.value for t in QueryType)
+_TEXTS = {"query": MAX_QUERY_CHARS, "extra_context": MAX_CONTEXT_CHARS,
+          "user_info": MAX_CONTEXT_CHARS, "editor_context": MAX_CONTEXT_CHARS}
+
+
+def request_problem(req: AgentRequest) -> Problem | None:
+    """The first rule `req` breaks, None if it breaks none: the gateway refuses such a
+    request and every stage checks its envelope's again, so nothing a subject, a column
+    or the cascade cannot take travels on. An empty agent_id passes (the gateway fills
+    it in from the subject; a stage's envelope always has one, checked with the ids)."""
+    for name in _REQUIRED:
+        if not getattr(req, name).strip():
+            return Problem(ErrorCode.MISSING_FIELD, f"field '{name}' is required and empty")
+    for name in _IDS:
+        value = getattr(req, name)
+        if name == "agent_id" and not value:
+            continue
+        if len(value) > MAX_ID_CHARS:
+            return Problem(ErrorCode.OVERSIZED_FIELD,
+                           f"field '{name}' exceeds {MAX_ID_CHARS} characters")
+        problem = id_problem(name, value)
+        if problem:
+            return Problem(ErrorCode.INVALID_FIELD, problem)
+    for name, limit in _TEXTS.items():
+        text = getattr(req, name)
+        if len(text) > limit:
+            return Problem(ErrorCode.OVERSIZED_FIELD, f"field '{name}' exceeds {limit} characters")
+        if "\x00" in text:  # Postgres text cannot hold it: refused before anything is stored
+            return Problem(ErrorCode.INVALID_FIELD, f"field '{name}' holds a NUL character")
+    if req.query_type and req.query_type not in _QUERY_TYPES:
+        allowed = ", ".join(_QUERY_TYPES)
+        return Problem(ErrorCode.UNKNOWN_QUERY_TYPE,
+                       f"query_type {req.query_type!r} is not one of: {allowed}")
+    return None

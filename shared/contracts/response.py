@@ -18,6 +18,17 @@ INVALID_REQUEST_ID = "_invalid"
 INTERNAL_INVALID_SUBJECT = "intentroute.invalid"
 
 
+# One claim per run of a request (`intentroute.claim.<agent>.<request_id>.<run>`): the
+# first delivery to store its final chunk there decides the answer; any other delivery of
+# that run sends the claimed chunk, byte for byte, or nothing (shared.bus.AnswerStream).
+CLAIM_STREAM = "ANSWER_CLAIMS"
+CLAIM_SUBJECT_PREFIX = "intentroute.claim"
+
+
+def claim_subject(agent_id: str, request_id: str, run: str) -> str:
+    return f"{CLAIM_SUBJECT_PREFIX}.{agent_id}.{request_id}.{run or '0'}"
+
+
 def response_subject(agent_id: str, request_id: str) -> str:
     return f"{SUBJECT_PREFIX}.{agent_id}.{request_id}"
 
@@ -66,6 +77,14 @@ class ErrorCode(enum.StrEnum):
     AGENT_MISMATCH = "AGENT_MISMATCH"
     # The publishing agent is unknown or revoked (a request queued before revocation).
     UNKNOWN_AGENT = "UNKNOWN_AGENT"
+    # No model of the agent's fallback chain answered and the chain ends in `error`
+    # (the agent prefers an explicit error to the extractive answer).
+    BACKEND_UNAVAILABLE = "BACKEND_UNAVAILABLE"
+    # Feedback on a request id the agent never sent (unknown, or another agent's: the
+    # two are not told apart, so no agent learns another's request ids).
+    UNKNOWN_REQUEST = "UNKNOWN_REQUEST"
+    # The store could not be reached for long enough (feedback not recorded: send again).
+    STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True):

@@ -1,6 +1,7 @@
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -47,3 +48,35 @@ class AgentResponse(_message.Message):
     error_message: str
     decision_json: str
     def __init__(self, text: _Optional[str] = ..., avap_code: _Optional[str] = ..., is_final: _Optional[bool] = ..., validation_status: _Optional[str] = ..., query_type: _Optional[str] = ..., request_id: _Optional[str] = ..., kind: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., decision_json: _Optional[str] = ...) -> None: ...
+
+class FeedbackMetadata(_message.Message):
+    __slots__ = ("completion_quality", "latency_ms", "token_count")
+    COMPLETION_QUALITY_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    completion_quality: float
+    latency_ms: float
+    token_count: int
+    def __init__(self, completion_quality: _Optional[float] = ..., latency_ms: _Optional[float] = ..., token_count: _Optional[int] = ...) -> None: ...
+
+class FeedbackRequest(_message.Message):
+    __slots__ = ("request_id", "outcome", "metadata", "agent_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    outcome: str
+    metadata: FeedbackMetadata
+    agent_id: str
+    def __init__(self, request_id: _Optional[str] = ..., outcome: _Optional[str] = ..., metadata: _Optional[_Union[FeedbackMetadata, _Mapping]] = ..., agent_id: _Optional[str] = ...) -> None: ...
+
+class FeedbackReply(_message.Message):
+    __slots__ = ("request_id", "accepted", "repeat")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    accepted: bool
+    repeat: bool
+    def __init__(self, request_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., repeat: _Optional[bool] = ...) -> None: ...

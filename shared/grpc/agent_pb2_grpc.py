@@ -44,6 +44,11 @@ class AssistanceEngineStub:
                 request_serializer=agent__pb2.AgentRequest.SerializeToString,
                 response_deserializer=agent__pb2.AgentResponse.FromString,
                 _registered_method=True)
+        self.Feedback = channel.unary_unary(
+                '/intentroute.agent.v1.AssistanceEngine/Feedback',
+                request_serializer=agent__pb2.FeedbackRequest.SerializeToString,
+                response_deserializer=agent__pb2.FeedbackReply.FromString,
+                _registered_method=True)
 
 
 class AssistanceEngineServicer:
@@ -63,6 +68,14 @@ class AssistanceEngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Feedback(self, request, context):
+        """The agent's verdict on one of its answers (ADR-0006). Idempotent per request id:
+        a repeat updates the verdict. NOT_FOUND: the request id is not one of the agent's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AssistanceEngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +88,11 @@ def add_AssistanceEngineServicer_to_server(servicer, server):
                     servicer.AskAgentStream,
                     request_deserializer=agent__pb2.AgentRequest.FromString,
                     response_serializer=agent__pb2.AgentResponse.SerializeToString,
+            ),
+            'Feedback': grpc.unary_unary_rpc_method_handler(
+                    servicer.Feedback,
+                    request_deserializer=agent__pb2.FeedbackRequest.FromString,
+                    response_serializer=agent__pb2.FeedbackReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +149,33 @@ class AssistanceEngine:
             '/intentroute.agent.v1.AssistanceEngine/AskAgentStream',
             agent__pb2.AgentRequest.SerializeToString,
             agent__pb2.AgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Feedback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/intentroute.agent.v1.AssistanceEngine/Feedback',
+            agent__pb2.FeedbackRequest.SerializeToString,
+            agent__pb2.FeedbackReply.FromString,
             options,
             channel_credentials,
             insecure,

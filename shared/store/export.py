@@ -16,8 +16,11 @@ UNRELIABLE_LAYERS = ("fallback", "default")
 
 
 async def export_history(
-    database_url: str, out: Path, *, include_fallback: bool = False, min_confidence: float = 0.0
+    database_url: str, out: Path, *, include_fallback: bool = False, min_confidence: float = 0.0,
+    agent_id: str | None = None,
 ) -> int:
+    """Write the labelled decisions (of one agent when `agent_id` is given: an agent's
+    own traffic trains its own head, or a test reads only what it wrote)."""
     query = sa.select(
         classify_history.c.topic,
         classify_history.c.type,
@@ -26,6 +29,8 @@ async def export_history(
     ).order_by(classify_history.c.id)
     if not include_fallback:
         query = query.where(classify_history.c.layer.not_in(UNRELIABLE_LAYERS))
+    if agent_id is not None:
+        query = query.where(classify_history.c.agent_id == agent_id)
     if min_confidence > 0:
         query = query.where(classify_history.c.confidence >= min_confidence)
     engine = create_async_engine(sqlalchemy_url(database_url))

@@ -38,6 +38,8 @@ messages = sa.Table(
     sa.Index("ix_messages_session", "agent_id", "session_id", "id"),
 )
 
+# Callers of the bus. The secret is stored only as its bcrypt hash (which is also the
+# NATS password hash); a revoked agent keeps its row so its id is never reissued.
 agents = sa.Table(
     "agents",
     metadata,
@@ -67,6 +69,11 @@ classify_history = sa.Table(
     sa.UniqueConstraint("agent_id", "request_id", name="uq_classify_history_agent_request"),
 )
 
+# Partitioned by UTC day (`request_log_pYYYYMMDD`, plus `request_log_default` for a day
+# whose partition does not exist yet; see shared/accounting/partitions.py). A unique key
+# must contain the partition key, hence created_at in the primary key: it is the
+# request's admission time from its envelope, the same for every write of one request,
+# so a rewrite updates the same row (migration 0005).
 request_log = sa.Table(
     "request_log",
     metadata,
@@ -85,9 +92,141 @@ request_log = sa.Table(
     sa.Column("outcome", sa.String(64), nullable=False),
     sa.Column("validation_status", sa.String(32), nullable=False, server_default=""),
     sa.Column("retried", sa.Boolean, nullable=False, server_default=sa.false()),
-    sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+    sa.Column("created_at", sa.DateTime(timezone=True), primary_key=True, nullable=False,
+              server_default=sa.func.now()),
+    # Accounting (ADR-0006): the model that answered ("extractive" for the extractive
+    # answerer), tokens as the backend reported them (zero with `tokens_note` saying
+    # why), time to the first answer chunk, compute time, and whether a fallback
+    # answered and why.
+    sa.Column("model", sa.String(128), nullable=False, server_default=""),
+    sa.Column("tokens_in", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("tokens_out", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("tokens_note", sa.String(64), nullable=False, server_default=""),
+    sa.Column("first_chunk_ms", sa.Float, nullable=True),
+    sa.Column("compute_ms", sa.Float, nullable=True),
+    sa.Column("fallback", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("fallback_reason", sa.String(64), nullable=False, server_default=""),
     sa.Index("ix_request_log_agent_time", "agent_id", "created_at"),
+    postgresql_partition_by="RANGE (created_at)",
 )
 
-# Callers of the bus. The secret is stored only as its bcrypt hash (which is also the
-# NATS password hash); a revoked agent keeps its row so its id is never reissued.
+# Per-agent policy (`intentroute agent set`): a JSON object of `shared.policy.AgentPolicy`
+# fields; workers re-read it periodically.
+agent_policies = sa.Table(
+    "agent_policies",
+    metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("settings", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+)
+
+# One verdict per (agent, request): explicit from the agent (a repeat updates it) or
+# implicit from what the pipeline itself knows (fallback, timeout, error, ...).
+feedback = sa.Table(
+    "feedback",
+    metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("request_id", sa.String(128), primary_key=True),
+    sa.Column("outcome", sa.String(32), nullable=False),
+    sa.Column("source", sa.String(16), nullable=False),  # explicit | implicit
+    sa.Column("completion_quality", sa.Float, nullable=True),
+    sa.Column("latency_ms", sa.Float, nullable=True),
+    sa.Column("token_count", sa.Integer, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+    sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+    sa.Index("ix_feedback_agent_updated", "agent_id", "updated_at"),
+)
+
+# Success estimate per (agent, model, query type); agent_id "*" holds the global one.
+# successes / trials are the raw counts of the evidence, score the estimate at
+# updated_at (decayed and shrunk toward the global rate: shared/confidence.py).
+agent_scores = sa.Table(
+    "agent_scores",
+    metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("model", sa.String(128), primary_key=True),
+    sa.Column("query_type", sa.String(32), primary_key=True),
+    sa.Column("successes", sa.Float, nullable=False, server_default="0"),
+    sa.Column("trials", sa.Float, nullable=False, server_default="0"),
+    sa.Column("score", sa.Float, nullable=False, server_default="0"),
+    sa.Column("last_seen", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+    # score - the global rate at the last refresh; diverged: beyond the configured bound,
+    # logged and shown for review (shared.confidence, shared.store.scores).
+    sa.Column("divergence", sa.Float, nullable=True),
+    sa.Column("diverged", sa.Boolean, nullable=False, server_default=sa.false()),
+)
+
+# Daily (UTC) aggregates of the request log; they outlive its dropped partitions.
+daily_rollups = sa.Table(
+    "daily_rollups",
+    metadata,
+    sa.Column("day", sa.Date, primary_key=True),
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("model", sa.String(128), primary_key=True),
+    sa.Column("query_type", sa.String(32), primary_key=True),
+    sa.Column("layer", sa.String(16), primary_key=True),
+    sa.Column("requests", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("errors", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("fallbacks", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("tokens_in", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("tokens_out", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("compute_s", sa.Float, nullable=False, server_default="0"),
+    sa.Column("cost", sa.Float, nullable=False, server_default="0"),
+    sa.Column("latency_p50_ms", sa.Float, nullable=True),
+    sa.Column("latency_p95_ms", sa.Float, nullable=True),
+    sa.Column("latency_p99_ms", sa.Float, nullable=True),
+    sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+    sa.Index("ix_daily_rollups_agent_day", "agent_id", "day"),
+)
+
+# The learning job's proposals (shared.learning): one per-agent policy change, evaluated
+# in observe mode (replay of the agent's logged decisions), then on an A/B share of its
+# traffic (`share`: requests whose hash of (agent_id, request_id) is below it), then
+# promoted into agent_policies or rejected; `figures` holds the evidence of each step.
+learning_proposals = sa.Table(
+    "learning_proposals",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("agent_id", sa.String(128), nullable=False),
+    # A policy key (`clarity_threshold`, `fallback.main`, ...) and its proposed value.
+    sa.Column("key", sa.String(64), nullable=False),
+    sa.Column("value", JSONB, nullable=False),
+    # observe | ab | promoted | rejected
+    sa.Column("status", sa.String(16), nullable=False),
+    # Who proposed it: `learn` (the job) or `operator` (`intentroute learn propose`).
+    sa.Column("origin", sa.String(16), nullable=False, server_default="learn"),
+    # The setting it would replace, and the evidence gathered (observe, A/B).
+    sa.Column("baseline", JSONB, nullable=False, server_default=sa.text("'null'::jsonb")),
+    sa.Column("figures", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
+    sa.Column("share", sa.Float, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("ab_started_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("decided_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("reason", sa.Text, nullable=False, server_default=""),
+    sa.Index("ix_learning_proposals_agent", "agent_id", "status"),
+)
+
+# One row per run of the learning job: when, and what each phase did (figures, seconds).
+learning_runs = sa.Table(
+    "learning_runs",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("seconds", sa.Float, nullable=False),
+    sa.Column("ok", sa.Boolean, nullable=False),
+    sa.Column("summary", JSONB, nullable=False),
+)
+# Per (UTC day, agent) latency over all its requests: percentiles of the finer
+# daily_rollups groups cannot be combined into the agent's (`intentroute report slo`).
+daily_agent_latency = sa.Table(
+    "daily_agent_latency",
+    metadata,
+    sa.Column("day", sa.Date, primary_key=True),
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("requests", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("latency_p50_ms", sa.Float, nullable=True),
+    sa.Column("latency_p95_ms", sa.Float, nullable=True),
+    sa.Column("latency_p99_ms", sa.Float, nullable=True),
+    sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+)

@@ -40,6 +40,19 @@ class RequestLogRow(msgspec.Struct, frozen=True, kw_only=True):
     total_ms: float | None = None
     validation_status: str = ""
     retried: bool = False
+    # Accounting (ADR-0006); see shared/store/models.py request_log.
+    model: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+    tokens_note: str = ""
+    first_chunk_ms: float | None = None
+    compute_ms: float | None = None
+    fallback: bool = False
+    fallback_reason: str = ""
+    # Epoch seconds the gateway admitted the request (its envelope's `accepted_at`):
+    # the row's created_at and partition key, the same for every write of the request.
+    # None (no envelope: input the gateway rejected) = an existing row's, else now.
+    created_at: float | None = None
 
 
 Row = HistoryRow | TurnRow | RequestLogRow

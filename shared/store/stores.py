@@ -60,9 +60,9 @@ class Store:
     """Reads and group-committed writes, all keyed by (agent_id, session_id)."""
 
     def __init__(self, pool: asyncpg.Pool, *, tracer: Tracer | None = None,
-                 retry_for: float = 10.0) -> None:
+                 retry_for: float = 10.0, implicit_feedback: bool = True) -> None:
         self.pool = pool
-        self.writer = GroupCommitWriter(pool)
+        self.writer = GroupCommitWriter(pool, implicit_feedback=implicit_feedback)
         self._tracer = tracer or trace.NoOpTracer()
         # Seconds a write without a deadline keeps retrying an unreachable database.
         self.retry_for = retry_for
@@ -75,7 +75,10 @@ class Store:
         min_size: int = 1,
         max_size: int = 4,
         tracer: Tracer | None = None,
+        implicit_feedback: bool = True,
     ) -> Store:
+        """`implicit_feedback`: record the implicit outcome of every request-log row
+        written (CommonSettings.accounting; shared.store.writer)."""
         if not database_url:
             raise StoreUnavailableError("DATABASE_URL is not set")
         pool = await asyncpg.create_pool(
@@ -83,7 +86,7 @@ class Store:
             reset=_release_as_is,
         )
         assert pool is not None
-        return cls(pool, tracer=tracer)
+        return cls(pool, tracer=tracer, implicit_feedback=implicit_feedback)
 
     async def close(self) -> None:
         await self.writer.close()

@@ -12,12 +12,19 @@ requests share one round trip. A failure is sorted:
   StoreRejectedError (permanent: retrying the same rows cannot help);
 * anything else (a bug) fails the batch's callers with StoreError; the writer itself
   never dies.
+
+With `implicit_feedback` (CommonSettings.accounting) the same statement records, for
+each request-log row whose answer the pipeline knows went wrong (`implicit_outcome`:
+fallback, timeout, error, INVALID_UNRESOLVED), that outcome in the `feedback` table as
+an implicit verdict, unless the request has one already: an agent's explicit feedback
+always stands, whichever comes first. A plain answer's implicit success is not written:
+it is what the request-log row already says (`shared.store.scores.OUTCOME_SQL` reads it
+from there), and a row for every request would double the writes of the hot path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -25,7 +32,10 @@ from typing import Any
 
 import asyncpg
 
-from shared.store.rows import HistoryRow, Row, TurnRow
+from shared.contracts.feedback import FeedbackOutcome, FeedbackSource
+from shared.contracts.response import ErrorCode, ValidationStatus
+from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
+from shared.tasks import cancel_and_wait
 
 log = logging.getLogger("intentroute.store")
 
@@ -52,10 +62,21 @@ _UNREACHABLE = (
     asyncpg.TooManyConnectionsError,
     asyncpg.OperatorInterventionError,
 )
+# For other asyncpg callers (shared.store.feedback): the same sorting.
+UNREACHABLE = _UNREACHABLE
 
 # One statement writes a whole batch: one round trip and one implicit transaction,
 # where BEGIN + an executemany per table + COMMIT took six. Arrays keep their order
 # (WITH ORDINALITY), so ids follow the order the rows were written in.
+#
+# request_log is partitioned by day on created_at, so its key is (agent_id, request_id,
+# created_at) and the upsert can only meet a row with the same created_at. Every write
+# of a request therefore carries the same one: its admission time from the envelope
+# (`RequestLogRow.created_at`), which also puts a rewrite in the same partition. A row
+# without one (input the gateway rejected: no envelope) takes the time of the request's
+# existing row if there is one (a lookup across the partitions, only for such rows;
+# COALESCE evaluates it lazily), else now(). A day without its partition lands in the
+# DEFAULT partition, so no write fails for a missing partition.
 _SQL_BATCH = """
 WITH new_sessions AS (
     INSERT INTO sessions (agent_id, session_id)
@@ -76,32 +97,91 @@ WITH new_sessions AS (
         WITH ORDINALITY AS u(a, s, r, ro, co, t, n)
     ORDER BY n
     ON CONFLICT (agent_id, request_id, role) DO NOTHING
+), implicit_feedback AS (
+    INSERT INTO feedback (agent_id, request_id, outcome, source, latency_ms, token_count)
+    SELECT a, r, o, $43::text, lm, tc
+    FROM unnest($38::text[], $39::text[], $40::text[], $41::float8[], $42::int4[])
+        AS u(a, r, o, lm, tc)
+    ON CONFLICT (agent_id, request_id) DO NOTHING
 )
 INSERT INTO request_log
     (request_id, agent_id, session_id, query_type, layer, confidence, model_slot,
-     answered_by, stage_ms, total_ms, outcome, validation_status, retried)
-SELECT r, a, s, t, l, c, ms, ab, sm::jsonb, tm, o, vs, rt
+     answered_by, stage_ms, total_ms, outcome, validation_status, retried,
+     model, tokens_in, tokens_out, tokens_note, first_chunk_ms, compute_ms, fallback,
+     fallback_reason, created_at)
+SELECT r, a, s, t, l, c, ms, ab, sm::jsonb, tm, o, vs, rt, mo, ti, tt, tn, fc, cm, fb, fr,
+       COALESCE(to_timestamp(ca),
+                (SELECT max(x.created_at) FROM request_log x
+                 WHERE x.agent_id = u.a AND x.request_id = u.r),
+                now())
 FROM unnest($16::text[], $17::text[], $18::text[], $19::text[], $20::text[], $21::float8[],
             $22::text[], $23::text[], $24::text[], $25::float8[], $26::text[], $27::text[],
-            $28::bool[]) AS u(r, a, s, t, l, c, ms, ab, sm, tm, o, vs, rt)
-ON CONFLICT (agent_id, request_id) DO UPDATE SET
+            $28::bool[], $29::text[], $30::int4[], $31::int4[], $32::text[],
+            $33::float8[], $34::float8[], $35::bool[], $36::text[], $37::float8[])
+    AS u(r, a, s, t, l, c, ms, ab, sm, tm, o, vs, rt, mo, ti, tt, tn, fc, cm, fb, fr, ca)
+ON CONFLICT (agent_id, request_id, created_at) DO UPDATE SET
     query_type = EXCLUDED.query_type, layer = EXCLUDED.layer,
     confidence = EXCLUDED.confidence, model_slot = EXCLUDED.model_slot,
     answered_by = EXCLUDED.answered_by, stage_ms = EXCLUDED.stage_ms,
     total_ms = EXCLUDED.total_ms, outcome = EXCLUDED.outcome,
-    validation_status = EXCLUDED.validation_status, retried = EXCLUDED.retried
+    validation_status = EXCLUDED.validation_status, retried = EXCLUDED.retried,
+    model = EXCLUDED.model, tokens_in = EXCLUDED.tokens_in,
+    tokens_out = EXCLUDED.tokens_out, tokens_note = EXCLUDED.tokens_note,
+    first_chunk_ms = EXCLUDED.first_chunk_ms, compute_ms = EXCLUDED.compute_ms,
+    fallback = EXCLUDED.fallback, fallback_reason = EXCLUDED.fallback_reason
 """
+# Errors caused by the caller's own input or credential: they say nothing about how well
+# the pipeline serves the agent, so they leave no implicit outcome.
+_CALLER_ERRORS = frozenset({
+    ErrorCode.MALFORMED_JSON, ErrorCode.MISSING_FIELD, ErrorCode.INVALID_FIELD,
+    ErrorCode.OVERSIZED_FIELD, ErrorCode.UNKNOWN_QUERY_TYPE, ErrorCode.AGENT_MISMATCH,
+    ErrorCode.UNKNOWN_AGENT,
+})
+_ERROR_PREFIX = "error:"
+
+
+def implicit_outcome(row: RequestLogRow) -> FeedbackOutcome | None:
+    """The outcome the pipeline itself knows for a request-log row, or None when it
+    knows none: a clarification (nothing was answered) or an error in the caller's own
+    input. A plain answer is a success (see README, "Feedback and agent confidence")."""
+    if row.outcome.startswith(_ERROR_PREFIX):
+        code = row.outcome[len(_ERROR_PREFIX):]
+        if code == ErrorCode.DEADLINE_EXCEEDED:
+            return FeedbackOutcome.TIMEOUT
+        return None if code in _CALLER_ERRORS else FeedbackOutcome.ERROR
+    if row.outcome != "ok":
+        return None
+    if row.fallback:
+        return FeedbackOutcome.FALLBACK
+    if row.validation_status == ValidationStatus.INVALID_UNRESOLVED:
+        return FeedbackOutcome.ERROR
+    return FeedbackOutcome.SUCCESS
+
+
+def _implicit_row(row: RequestLogRow) -> tuple[Any, ...] | None:
+    """The feedback row of an answer that went wrong (module doc), else None."""
+    outcome = implicit_outcome(row)
+    if outcome is None or outcome == FeedbackOutcome.SUCCESS:
+        return None
+    tokens = row.tokens_in + row.tokens_out
+    return (row.agent_id, row.request_id, outcome.value, row.total_ms,
+            tokens if tokens > 0 else None)
+
+
 def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
     return [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
-async def _write_batch(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
+async def _write_batch(
+    conn: asyncpg.Connection, rows: Sequence[Row], *, implicit_feedback: bool = True
+) -> None:
     sessions: dict[tuple[str, str], None] = {}
     history: list[tuple[Any, ...]] = []
     messages: list[tuple[Any, ...]] = []
     # One log row per request (the latest wins): ON CONFLICT DO UPDATE may not touch
     # a row twice in one statement.
     logs: dict[tuple[str, str], tuple[Any, ...]] = {}
+    implicit: dict[tuple[str, str], tuple[Any, ...] | None] = {}
     for row in rows:
         if isinstance(row, HistoryRow):
             history.append(
@@ -125,13 +205,21 @@ async def _write_batch(conn: asyncpg.Connection, rows: Sequence[Row]) -> None:
                 row.request_id, row.agent_id, row.session_id, row.query_type, row.layer,
                 row.confidence, row.model_slot, row.answered_by, json.dumps(row.stage_ms),
                 row.total_ms, row.outcome, row.validation_status, row.retried,
+                row.model, row.tokens_in, row.tokens_out, row.tokens_note,
+                row.first_chunk_ms, row.compute_ms, row.fallback, row.fallback_reason,
+                row.created_at,
             )
+            if implicit_feedback:
+                implicit.pop(key, None)
+                implicit[key] = _implicit_row(row)
     await conn.execute(
         _SQL_BATCH,
         *_columns(list(sessions), 2),
         *_columns(history, 7),
         *_columns(messages, 6),
-        *_columns(list(logs.values()), 13),
+        *_columns(list(logs.values()), 22),
+        *_columns([f for f in implicit.values() if f is not None], 5),
+        FeedbackSource.IMPLICIT.value,
     )
 
 
@@ -141,10 +229,14 @@ Pending = tuple[tuple[Row, ...], "asyncio.Future[None]"]
 class GroupCommitWriter:
     """Batches rows from concurrent callers into one statement per round trip."""
 
-    def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 256) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, max_batch: int = 256, implicit_feedback: bool = True
+    ) -> None:
         self._pool = pool
         self._queue: asyncio.Queue[Pending] = asyncio.Queue()
         self._max_batch = max_batch
+        # Record implicit outcomes of request-log rows (CommonSettings.accounting).
+        self.implicit_feedback = implicit_feedback
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -178,7 +270,7 @@ class GroupCommitWriter:
 
     async def _execute(self, rows: Sequence[Row]) -> None:
         async with self._pool.acquire() as conn:
-            await _write_batch(conn, rows)
+            await _write_batch(conn, rows, implicit_feedback=self.implicit_feedback)
 
     async def _flush(self, batch: list[Pending]) -> None:
         try:
@@ -204,9 +296,7 @@ class GroupCommitWriter:
         if self._task is None:
             return
         await self._queue.join()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         self._task = None
 
 

@@ -3,8 +3,10 @@ it wrote, and a delivery as its consumer would hand it over."""
 
 from __future__ import annotations
 
+from services.gateway.feedback import FeedbackRecorder
 from shared.admission import Admission
 from shared.codec import decode_chunk, encode
+from shared.contracts.feedback import Feedback
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ResponseChunk
@@ -16,9 +18,12 @@ from shared.contracts.routing import (
     RoutingDecision,
     slot_for,
 )
+from shared.policy import AgentPolicy
 from shared.ports import AgentInfo
 from shared.settings import CommonSettings
+from shared.store.feedback import Recorded
 from shared.store.rows import Row
+from shared.store.writer import StoreUnavailableError
 
 COMMON = CommonSettings(nats_url="nats://unused:4222")
 # The workers' shared key: envelopes a test hands to a stage carry the gateway's stamp.
@@ -65,6 +70,7 @@ class RecordingBus:
 
     def __init__(self, *, stored_seq: int = 0) -> None:
         self.sent: list[tuple[str, str, str, bytes]] = []
+        self.claims: dict[str, bytes] = {}
         self._stored_seq = stored_seq
 
     async def publish(self, subject: str, payload: bytes) -> None:
@@ -73,6 +79,20 @@ class RecordingBus:
     async def publish_durable(self, subject: str, payload: bytes, *, stream: str,
                               msg_id: str) -> None:
         self.sent.append((subject, stream, msg_id, payload))
+
+    async def publish_first(self, subject: str, payload: bytes, *, stream: str,
+                            msg_id: str) -> bytes:
+        """Claims are kept apart from `sent` (what callers see)."""
+        return self.claims.setdefault(subject, payload)
+
+    async def stored(self, subject: str, *, stream: str, msg_id: str) -> bytes | None:
+        return next((p for s, st, m, p in self.sent if s == subject and m == msg_id), None)
+
+    async def claimed(self, subject: str, *, stream: str) -> bytes | None:
+        return self.claims.get(subject)
+
+    def reconnects(self) -> int:
+        return 0
 
     async def last_chunk(self, subject: str, stream: str) -> ResponseChunk | None:
         """What the response stream holds: a text chunk at `stored_seq - 1` if any, or
@@ -96,10 +116,12 @@ class RecordingBus:
 
 
 class FakeDelivery:
-    def __init__(self, data: bytes, deliveries: int = 1, subject: str = "") -> None:
+    def __init__(self, data: bytes, deliveries: int = 1, subject: str = "",
+                 stream_seq: int = 1) -> None:
         self.data = data
         self.subject = subject
         self.deliveries = deliveries
+        self.stream_seq = stream_seq
         self.settled = False
         self.nacked: list[float | None] = []
         self.dead_lettered: list[tuple[str, str]] = []
@@ -134,3 +156,41 @@ class FakeAgents:
 
     async def get(self, agent_id: str) -> AgentInfo | None:
         return self.agents.get(agent_id)
+
+
+class FakePolicies:
+    """Per-agent policies as a worker's cache holds them; records every lookup."""
+
+    def __init__(self, policies: dict[str, AgentPolicy] | None = None) -> None:
+        self.policies = dict(policies or {})
+        self.lookups: list[tuple[str, str]] = []
+
+    def policy_for(self, agent_id: str, request_id: str = "") -> AgentPolicy:
+        self.lookups.append((agent_id, request_id))
+        return self.policies.get(agent_id, AgentPolicy())
+
+class FakeFeedbackTable:
+    """The feedback table as the gateway writes it: `known` (agent, request id) pairs are
+    in the request log; `down` makes every call fail as an unreachable database."""
+
+    def __init__(self, *known: tuple[str, str], down: bool = False) -> None:
+        self.known = set(known)
+        self.rows: dict[tuple[str, str], Feedback] = {}
+        self.calls = 0
+        self.down = down
+
+    async def record_explicit(self, agent_id: str, feedback: Feedback) -> Recorded:
+        self.calls += 1
+        if self.down:
+            raise StoreUnavailableError("connection refused")
+        key = (agent_id, feedback.request_id)
+        if key not in self.known:
+            return Recorded(stored=False, previous="")
+        previous = "explicit" if key in self.rows else ""
+        self.rows[key] = feedback
+        return Recorded(stored=True, previous=previous)
+
+
+def feedback_recorder(table: FakeFeedbackTable | None = None) -> FeedbackRecorder:
+    """A FeedbackRecorder over a FakeFeedbackTable (no retries of unknown ids)."""
+    return FeedbackRecorder(table or FakeFeedbackTable(), unknown_retries=())

@@ -14,14 +14,24 @@ from shared.codec import decode_chunk, decode_routed
 from shared.contracts.pipeline import Admitted
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import HistoryEntry, QueryType
+from shared.policy import AgentPolicy, ClarityPolicy
 from shared.stage import history_row
 from shared.store.rows import HistoryRow
-from tests.contract.fakes import ADMISSION, COMMON, FakeDelivery, FakeStore, RecordingBus, stamped
+from tests.contract.fakes import (
+    ADMISSION,
+    COMMON,
+    FakeDelivery,
+    FakePolicies,
+    FakeStore,
+    RecordingBus,
+    stamped,
+)
 
 
-def deps_for(cascade: Cascade, store: FakeStore, bus: RecordingBus) -> ClassifierDeps:
+def deps_for(cascade: Cascade, store: FakeStore, bus: RecordingBus,
+             policies: FakePolicies | None = None) -> ClassifierDeps:
     return ClassifierDeps(bus=bus, store=store, tracer=NoOpTracer(),
-        admission=ADMISSION, cascade=cascade)
+        admission=ADMISSION, cascade=cascade, policies=policies or FakePolicies())
 
 
 async def test_classifier_routes_platform_past_the_retriever_despite_history() -> None:
@@ -56,26 +66,35 @@ class Unsure:
 
 
 class UnsureLayer2:
+    def __init__(self, confidence: float = 0.5) -> None:
+        self.confidence = confidence
+
     async def predict(self, text: str) -> Unsure:
-        return Unsure()
+        return Unsure(confidence=self.confidence)
 
 
-async def _route_unsure(policy_by_agent: dict[str, str]) -> tuple[dict[str, bytes], FakeStore]:
-    settings = ClassifierSettings(common=COMMON, heads_dir="",
-                                  clarity_policy_by_agent=policy_by_agent)
-    bus, store = RecordingBus(), FakeStore()
-    env = Admitted(request=AgentRequest(request_id="u-1", session_id="s", agent_id="widget",
+ASK = AgentPolicy(clarity_policy=ClarityPolicy.ASK)
+
+
+async def _route_unsure(
+    policies: dict[str, AgentPolicy], *, agent: str = "widget", confidence: float = 0.5,
+    settings: ClassifierSettings | None = None,
+) -> tuple[dict[str, bytes], FakeStore, FakePolicies]:
+    settings = settings or ClassifierSettings(common=COMMON, heads_dir="")
+    bus, store, table = RecordingBus(), FakeStore(), FakePolicies(policies)
+    env = Admitted(request=AgentRequest(request_id="u-1", session_id="s", agent_id=agent,
                                         query="tell me about the thing"), accepted_at=0.0)
     await build_stage(settings).handle(
-        FakeDelivery(stamped(env)), deps_for(Cascade(layer2=UnsureLayer2()), store, bus))
+        FakeDelivery(stamped(env)),
+        deps_for(Cascade(layer2=UnsureLayer2(confidence)), store, bus, table))
     seen = {"retrieve" if subj == "intentroute.stage.retrieve" else
-            "answer" if subj == "agent.response.widget.u-1" else subj: payload
+            "answer" if subj == f"agent.response.{agent}.u-1" else subj: payload
             for subj, _, _, payload in bus.sent}
-    return seen, store
+    return seen, store, table
 
 
 async def test_clarity_policy_ask_answers_with_options_and_generates_nothing() -> None:
-    seen, store = await _route_unsure({"widget": "ask"})
+    seen, store, table = await _route_unsure({"widget": ASK})
     assert set(seen) == {"answer"}
     chunk = decode_chunk(seen["answer"])
     assert chunk.is_final
@@ -85,13 +104,59 @@ async def test_clarity_policy_ask_answers_with_options_and_generates_nothing() -
     assert "RETRIEVAL" in chunk.text
     assert "CODE_GENERATION" in chunk.text
     assert store.kinds() == ["HistoryRow", "RequestLogRow"]
+    # The policy is looked up per request: the seam of an A/B share.
+    assert table.lookups == [("widget", "u-1")]
 
 
 async def test_clarity_policy_proceed_routes_the_best_guess() -> None:
-    seen, _ = await _route_unsure({})
+    seen, _, _ = await _route_unsure({})
     assert set(seen) == {"retrieve"}
     decision = decode_routed(seen["retrieve"]).decision
     assert decision.layer == "fallback"
+
+
+async def test_an_agents_clarity_policy_does_not_reach_other_agents() -> None:
+    seen, _, _ = await _route_unsure({"widget": ASK}, agent="other")
+    assert set(seen) == {"retrieve"}
+
+
+async def test_the_agents_policy_wins_over_the_global_clarity_policy() -> None:
+    asking = ClassifierSettings(common=COMMON, heads_dir="", clarity_policy=ClarityPolicy.ASK)
+    proceeding = {"widget": AgentPolicy(clarity_policy=ClarityPolicy.PROCEED)}
+    seen, _, _ = await _route_unsure(proceeding, settings=asking)
+    assert set(seen) == {"retrieve"}
+    seen, _, _ = await _route_unsure(proceeding, agent="other", settings=asking)
+    assert set(seen) == {"answer"}
+
+
+async def test_a_per_agent_clarity_threshold_changes_a_borderline_messages_routing() -> None:
+    """0.7 is above the global clarity threshold (0.65): the message needs confirmation
+    only and goes on with the best guess. Below an agent's threshold of 0.75 it needs
+    clarification, and that agent (policy `ask`) is asked back; an agent without a
+    policy asking too (global `ask`) is not."""
+    careful = {"careful": AgentPolicy(clarity_threshold=0.75, clarity_policy=ClarityPolicy.ASK)}
+    asking = ClassifierSettings(common=COMMON, heads_dir="", clarity_policy=ClarityPolicy.ASK)
+
+    seen, _, _ = await _route_unsure(careful, agent="careful", confidence=0.7)
+    assert set(seen) == {"answer"}
+    chunk = decode_chunk(seen["answer"])
+    assert chunk.kind == "clarification"
+    assert chunk.decision is not None
+    assert chunk.decision.clarity == "needs_clarification"
+
+    seen, _, _ = await _route_unsure(careful, agent="other", confidence=0.7, settings=asking)
+    assert set(seen) == {"retrieve"}
+    decision = decode_routed(seen["retrieve"]).decision
+    assert decision.clarity == "needs_confirmation"
+    assert {a.type for a in decision.alternatives} >= {QueryType.CODE_GENERATION}
+
+    # A lower threshold than the global one: this agent is asked less.
+    relaxed = {"relaxed": AgentPolicy(clarity_threshold=0.4)}
+    seen, _, _ = await _route_unsure(relaxed, agent="relaxed", settings=asking)
+    assert set(seen) == {"retrieve"}
+    assert decode_routed(seen["retrieve"]).decision.clarity == "needs_confirmation"
+    seen, _, _ = await _route_unsure(relaxed, agent="other", settings=asking)
+    assert set(seen) == {"answer"}
 
 
 async def test_an_envelope_that_does_not_decode_is_reported_not_retried() -> None:

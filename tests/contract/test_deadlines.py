@@ -38,6 +38,7 @@ from tests.contract.fakes import (
     FakeDelivery,
     FakeStore,
     RecordingBus,
+    feedback_recorder,
     request,
     routed_decision,
     stamped,
@@ -56,15 +57,18 @@ def stages(bus: RecordingBus, store: FakeStore) -> dict[str, tuple[Any, Any, Que
                             "admission": ADMISSION}
     return {
         "classify": (classifier_stage(ClassifierSettings(common=COMMON, heads_dir="")),
-                     ClassifierDeps(**base, cascade=Untouchable()), QueryType.RETRIEVAL),
+                     ClassifierDeps(**base, cascade=Untouchable(), policies=Untouchable()),
+                     QueryType.RETRIEVAL),
         "retrieve": (retriever_stage(RetrieverSettings(common=COMMON)),
                      RetrieverDeps(**base, retrieval=Untouchable()), QueryType.RETRIEVAL),
         "generate.main": (generator_stage(GeneratorSettings(common=COMMON)),
-                          GeneratorDeps(**base, backend=Untouchable(), model="m"),
+                          GeneratorDeps(**base, backend=Untouchable(), model="m",
+                                        policies=Untouchable()),
                           QueryType.RETRIEVAL),
         "generate.conversational": (
             generator_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL)),
-            GeneratorDeps(**base, backend=Untouchable(), model="m"), QueryType.CONVERSATIONAL),
+            GeneratorDeps(**base, backend=Untouchable(), model="m", policies=Untouchable()),
+            QueryType.CONVERSATIONAL),
         "validate": (validator_stage(ValidatorSettings(common=COMMON)),
                      ValidatorDeps(**base, checker=Untouchable()), QueryType.CODE_GENERATION),
     }
@@ -97,7 +101,7 @@ async def test_every_stage_answers_expired_work_without_doing_it(name: str) -> N
 async def test_the_gateway_sets_every_requests_deadline(timeout_ms: int, budget: float) -> None:
     bus = RecordingBus()
     deps = GatewayDeps(bus=bus, store=FakeStore(), tracer=NoOpTracer(), admission=ADMISSION,
-                       agents=FakeAgents(AgentInfo("a")))
+                       agents=FakeAgents(AgentInfo("a")), feedback=feedback_recorder())
     stage = gateway_stage(GatewaySettings(common=CommonSettings(request_deadline=120.0)))
     body = {"request_id": "d-1", "session_id": "s", "query": "hi", "timeout_ms": timeout_ms}
     before = time.time()

@@ -19,13 +19,15 @@ from tests.contract.fakes import (
     FakeDelivery,
     FakeStore,
     RecordingBus,
+    feedback_recorder,
 )
 
 
 def setup(*agents: AgentInfo) -> tuple[RecordingBus, FakeStore, GatewayDeps]:
     bus, store = RecordingBus(), FakeStore()
     deps = GatewayDeps(bus=bus, store=store, tracer=NoOpTracer(), admission=ADMISSION,
-                       agents=FakeAgents(*agents or (AgentInfo("a"),)))
+                       agents=FakeAgents(*agents or (AgentInfo("a"),)),
+                       feedback=feedback_recorder())
     return bus, store, deps
 
 

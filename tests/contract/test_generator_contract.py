@@ -3,11 +3,12 @@ the validator) out."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from opentelemetry.trace import NoOpTracer
 
-from services.generator.backends import BackendUnavailableError, ChatBackend
+from services.generator.backends import BackendUnavailableError, ChatBackend, TokenCounts
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.prompts import ChatMessage
 from services.generator.settings import GeneratorSettings
@@ -15,11 +16,13 @@ from shared.client import assemble
 from shared.codec import decode_routed
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import ModelSlot, QueryType
+from shared.policy import AgentPolicy
 from shared.store.rows import RequestLogRow, TurnRow
 from tests.contract.fakes import (
     ADMISSION,
     COMMON,
     FakeDelivery,
+    FakePolicies,
     FakeStore,
     RecordingBus,
     request,
@@ -29,28 +32,42 @@ from tests.contract.fakes import (
 
 
 class Scripted:
-    """A model backend that streams the given tokens, then fails if told to."""
+    """A model backend that streams the given tokens and the counts it is given, then
+    fails if told to; the models in `failing` fail before their first token."""
 
     name = "fake"
 
-    def __init__(self, *tokens: str, fail_after: bool = False) -> None:
+    def __init__(self, *tokens: str, fail_after: bool = False, failing: tuple[str, ...] = (),
+                 counts: TokenCounts | None = None, delay: float = 0.0) -> None:
         self.tokens = tokens
+        self.delay = delay
         self.fail_after = fail_after
+        self.failing = failing
+        self.counts = counts
         self.calls: list[list[ChatMessage]] = []
+        self.models: list[str] = []
 
-    async def stream(self, model: str, messages: list[ChatMessage]) -> AsyncIterator[str]:
+    async def stream(self, model: str, messages: list[ChatMessage]
+                     ) -> AsyncIterator[str | TokenCounts]:
         self.calls.append(messages)
+        self.models.append(model)
+        if model in self.failing:
+            raise BackendUnavailableError(f"model {model!r} not found")
         for token in self.tokens:
+            if self.delay:
+                await asyncio.sleep(self.delay)
             yield token
         if self.fail_after:
             raise BackendUnavailableError("connection reset")
+        if self.counts is not None:
+            yield self.counts
 
 
-def deps_for(bus: RecordingBus, store: FakeStore, backend: ChatBackend | None
-             ) -> GeneratorDeps:
+def deps_for(bus: RecordingBus, store: FakeStore, backend: ChatBackend | None,
+             policies: dict[str, AgentPolicy] | None = None) -> GeneratorDeps:
     return GeneratorDeps(bus=bus, store=store, tracer=NoOpTracer(),
         admission=ADMISSION, backend=backend,
-                         model="m" if backend else "")
+                         model="m" if backend else "", policies=FakePolicies(policies))
 
 
 def conversational(rid: str) -> Routed:

@@ -100,7 +100,8 @@ async def test_the_last_allowed_delivery_is_answered_and_dead_lettered() -> None
 async def test_a_redelivery_after_the_answer_went_out_is_dropped() -> None:
     bus = RecordingBus()
     env = envelope("d-1")
-    bus.sent.append(("agent.response.a.d-1", "AGENT_RESPONSES", "",
+    # The final of the envelope's run (msg id <agent>:<request>:final:<run>, run "").
+    bus.sent.append(("agent.response.a.d-1", "AGENT_RESPONSES", "a:d-1:final:",
                      encode(decode_chunk(b'{"request_id":"d-1","seq":3,"is_final":true}'))))
     _, _, searches, deps = setup(bus=bus)
     await STAGE.handle(FakeDelivery(stamped(env), deliveries=2), deps)
@@ -117,3 +118,16 @@ async def test_ids_no_subject_can_be_built_from_are_reported_not_answered() -> N
     assert [s for s, _ in bus.subjects()] == ["intentroute.invalid"] * 4
     assert searches.queries == []
     assert store.rows == []
+
+
+async def test_a_redelivery_of_a_new_run_of_a_used_request_id_is_answered() -> None:
+    """The final stored on the subject is an earlier run's (the agent used the request
+    id before): this run has not been answered, so its redelivery is not dropped."""
+    bus = RecordingBus()
+    env = envelope("d-2")
+    env.run = "12"
+    bus.sent.append(("agent.response.a.d-2", "AGENT_RESPONSES", "a:d-2:final:7",
+                     encode(decode_chunk(b'{"request_id":"d-2","seq":3,"is_final":true}'))))
+    _, _, searches, deps = setup(bus=bus)
+    await STAGE.handle(FakeDelivery(stamped(env), deliveries=2), deps)
+    assert searches.queries == ["what does addVar do"]

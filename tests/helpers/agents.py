@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import nats
+from nats.aio.client import Client
 
 from shared.natsconn import Credential
 from shared.store.agents import AgentStore
@@ -19,10 +21,16 @@ TEST_AGENTS = {"tests": True, "agent-a": False, "agent-b": False, "grpc": False,
 
 
 async def add_test_agents(nats_url: str, database_url: str) -> dict[str, Credential]:
+    return await add_agents(nats_url, database_url, TEST_AGENTS)
+
+
+async def add_agents(nats_url: str, database_url: str,
+                     agents: dict[str, bool]) -> dict[str, Credential]:
+    """Agents (id -> trusted) with fresh credentials, admitted by the server."""
     store = await AgentStore.connect(database_url)
     try:
         creds = {}
-        for agent, trusted in TEST_AGENTS.items():
+        for agent, trusted in agents.items():
             if await store.get(agent) is not None:  # a reused external database
                 creds[agent] = await store.rotate(agent)
                 await store.set_trusted(agent, trusted)
@@ -54,3 +62,22 @@ async def wait_admitted(nats_url: str, cred: Credential, timeout: float = 10.0) 
             if loop.time() > deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+class Connections:
+    """`await connect(agent_id)`: a NATS connection with that agent's credential; every
+    one opened is drained by `close()` (a fixture's teardown)."""
+
+    def __init__(self, nats_url: str, creds: Mapping[str, Credential]) -> None:
+        self.nats_url = nats_url
+        self.creds = creds
+        self.opened: list[Client] = []
+
+    async def __call__(self, agent_id: str) -> Client:
+        client = await nats.connect(self.nats_url, **self.creds[agent_id].nats)
+        self.opened.append(client)
+        return client
+
+    async def close(self) -> None:
+        for client in self.opened:
+            await client.drain()

@@ -149,13 +149,14 @@ async def auth_stack(state_dir: Path, agents: tuple[str, ...]) -> AsyncIterator[
 async def connect_eventually(
     url: str, kwargs: Mapping[str, Any], *, timeout: float = 5.0
 ) -> Recorded:
-    """Connect once the server has applied a reload (SIGHUP returns before it has)."""
+    """Connect once the server has applied a reload (SIGHUP returns before it has; a
+    TLS handshake during the reload may be reset)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         try:
             return await connect_recording(url, **dict(kwargs))
-        except nats.errors.Error:
+        except (nats.errors.Error, OSError):
             if loop.time() > deadline:
                 raise
             await asyncio.sleep(0.05)

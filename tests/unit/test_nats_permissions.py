@@ -17,17 +17,20 @@ from shared.contracts.routing import ModelSlot
 from shared.identity import split_token
 from shared.natsauth import (
     ADMIN_USER,
+    OPS_USER,
     SERVICE_USERS,
+    STACK_USERS,
     WORKER_GRANTS,
     agent_id_problem,
     agent_permissions,
     consumer_grants,
+    ops_permissions,
     service_permissions,
 )
 from shared.natsconn import connect_kwargs
 from shared.settings import CommonSettings
 
-HASHES = {name: f"$2b$10$hash-of-{name}" for name in [ADMIN_USER, *SERVICE_USERS]}
+HASHES = {name: f"$2b$10$hash-of-{name}" for name in STACK_USERS}
 
 
 def _auth_json(text: str) -> Any:
@@ -64,7 +67,33 @@ def test_a_worker_never_manages_streams_and_reads_only_its_inbox(worker: str) ->
     assert f"_INBOX.intentroute-{worker}.>" in perms.subscribe
     assert not any(s.startswith("_INBOX.") and worker not in s for s in perms.subscribe)
     assert not any(p.startswith("_INBOX") for p in perms.publish)
+    # Services-API requests are answered through `allow_responses` (one reply each).
+    assert perms.allow_responses
+    assert not any(p.startswith("$SRV") for p in perms.publish)
+
+
+@pytest.mark.parametrize("worker", list(WORKER_GRANTS))
+def test_a_worker_listens_on_the_services_api_under_its_own_name_only(worker: str) -> None:
+    own = f"intentroute-{worker}"
+    srv = {s for s in service_permissions(worker).subscribe if s.startswith("$SRV")}
+    assert srv == {"$SRV.PING", "$SRV.INFO", "$SRV.STATS", f"$SRV.*.{own}", f"$SRV.*.{own}.*"}
+    # The name nats.micro registers under is the user's name.
+    from shared.micro import service_name
+
+    assert service_name(worker) == own
+
+
+def test_the_ops_reader_reads_and_changes_nothing() -> None:
+    perms = ops_permissions()
+    assert perms.subscribe == ("_INBOX.intentroute-ops.>",)
     assert not perms.allow_responses
+    for subject in perms.publish:
+        assert subject.startswith(("$SRV.PING", "$SRV.INFO", "$SRV.STATS",
+                                   "$JS.API.CONSUMER.INFO.", "$JS.API.STREAM.INFO.")), subject
+    for grant in WORKER_GRANTS.values():
+        assert f"$JS.API.CONSUMER.INFO.{grant.stream}.{grant.durable}" in perms.publish
+    assert "$JS.API.STREAM.INFO.INTENTROUTE_DLQ" in perms.publish
+    assert agent_id_problem(OPS_USER)  # never an agent's name
 
 
 def test_stage_hand_offs_follow_the_pipeline() -> None:
@@ -81,12 +110,44 @@ def test_stage_hand_offs_follow_the_pipeline() -> None:
     assert stage_publishes("generator-conversational") == set()
     assert stage_publishes("validator") == {"intentroute.stage.generate.main"}
     # Every stage reads the last stored chunk of an answer (a redelivered message whose
-    # answer already went out is dropped), and dead-letters only on its own subject.
+    # answer already went out is dropped), and dead-letters only on its own consumers'
+    # subjects.
     for worker, grant in WORKER_GRANTS.items():
         publish = service_permissions(worker).publish
         assert "$JS.API.STREAM.MSG.GET.AGENT_RESPONSES" in publish
-        assert [p for p in publish if p.startswith("intentroute.dlq.")] == [
-            f"intentroute.dlq.{grant.durable}"]
+        assert {p for p in publish if p.startswith("intentroute.dlq.")} == {
+            f"intentroute.dlq.{d}" for d in (grant.durable, *(c.durable for c in grant.consumers))}
+
+
+def test_only_the_gateway_reads_feedback_and_acknowledges_it() -> None:
+    feedback_consumer = set(consumer_grants("AGENT_FEEDBACK", "gateway-feedback",
+                                            "agent.feedback.*"))
+    gateway = set(service_permissions("gateway").publish)
+    assert feedback_consumer <= gateway
+    assert "agent.response.*._feedback.*" in gateway
+    assert "$JS.API.STREAM.INFO.AGENT_FEEDBACK" in gateway
+    for worker in WORKER_GRANTS:
+        if worker == "gateway":
+            continue
+        publish = service_permissions(worker).publish
+        assert not feedback_consumer & set(publish), worker
+        assert not any("_feedback" in p or p.startswith("agent.feedback") for p in publish)
+    # An agent publishes its own feedback only and reads its acks with its responses.
+    alice = agent_permissions("alice")
+    assert [p for p in alice.publish if p.startswith("agent.feedback")] == [
+        "agent.feedback.alice"]
+    assert "agent.response.alice.>" in alice.subscribe
+
+
+def test_the_feedback_consumer_is_the_one_granted() -> None:
+    from services.gateway.feedback import build_feedback_consumer
+    from shared.consumer import StageSpec
+
+    spec: StageSpec = build_feedback_consumer(CommonSettings(), max_inflight=4).spec
+    config = spec.consumer_config()
+    create = (f"$JS.API.CONSUMER.CREATE.{spec.stream}.{config.name}."
+              f"{config.filter_subject}")
+    assert create in service_permissions("gateway").publish
 
 
 def _service_specs() -> dict[str, tuple[str, str, str]]:
@@ -132,8 +193,9 @@ def test_each_worker_may_create_exactly_the_consumer_its_stage_declares(
 def test_the_auth_part_lists_every_user_with_quoted_hashes() -> None:
     text = auth_config(stack_users(HASHES, [("alice", "$2b$10$alice")]))
     users = {u["user"]: u for u in _auth_json(text)["users"]}
-    assert set(users) == {ADMIN_USER, *SERVICE_USERS, "alice"}
+    assert set(users) == {ADMIN_USER, OPS_USER, *SERVICE_USERS, "alice"}
     assert "permissions" not in users[ADMIN_USER]
+    assert "allow_responses" not in users[OPS_USER]["permissions"]
     assert users["alice"]["password"] == "$2b$10$alice"
     assert users["alice"]["permissions"]["allow_responses"] is True
     assert re.search(r'"password": "\$2b\$10\$alice"', text)  # never an unquoted `$`

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from shared.accounting.partitions import is_partition
 from shared.store.models import metadata
 
 config = context.config
 
 
+def _include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """Autogenerate leaves the request log's day partitions alone: they are made at run
+    time (shared/accounting/partitions.py), not by migrations."""
+    table = obj.table.name if type_ in ("index", "unique_constraint") else name
+    return not (reflected and table is not None and is_partition(table))
+
+
 def _run(connection: Connection) -> None:
-    context.configure(connection=connection, target_metadata=metadata)
+    context.configure(connection=connection, target_metadata=metadata,
+                      include_object=_include)
     with context.begin_transaction():
         context.run_migrations()
 
@@ -28,7 +38,8 @@ async def _run_async() -> None:
 
 
 if context.is_offline_mode():
-    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=metadata)
+    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=metadata,
+                      include_object=_include)
     with context.begin_transaction():
         context.run_migrations()
 else:

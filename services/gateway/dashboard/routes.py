@@ -1,0 +1,168 @@
+"""The dashboard's HTTP routes on the gateway's aiohttp application.
+
+    GET  {prefix}                 the page (the login form, 401, without a session)
+    POST {prefix}/login           form field `token` -> session cookie, 303 to the page
+    POST {prefix}/logout          clears the cookie
+    GET  {prefix}/api/data        the figures as JSON (?days=N&until=YYYY-MM-DD); the page
+                                  renders from it; cookie or `Authorization: Bearer`
+    GET  {prefix}/static/NAME     the page's script, style and the vendored Chart.js
+
+Without a configured token none of them exist (404). Every response forbids framing
+and inline scripts; figures are never cached."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import asyncpg
+import msgspec
+from aiohttp import web
+
+from services.gateway.dashboard.auth import (
+    COOKIE,
+    bearer_matches,
+    session_cookie,
+    session_valid,
+    token_matches,
+)
+from services.gateway.dashboard.figures import build_dashboard
+from services.gateway.dashboard.queries import FiguresUnavailableError, Window, read_figures
+
+log = logging.getLogger("intentroute.gateway.dashboard")
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+_STATIC_TYPES = {
+    "chart.umd.js": "text/javascript",
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+}
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+        " connect-src 'self'; form-action 'self'; base-uri 'self'; frame-ancestors 'none'"),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+_NO_STORE = {**_HEADERS, "Cache-Control": "no-store"}
+
+
+class _Dashboard:
+    def __init__(self, pool: asyncpg.Pool, *, token: str, prefix: str, default_days: int,
+                 max_days: int, session_ttl: float, clock: Callable[[], float]) -> None:
+        self.pool = pool
+        self.token = token
+        self.prefix = prefix
+        self.default_days = default_days
+        self.max_days = max_days
+        self.session_ttl = session_ttl
+        self.clock = clock
+        base = html.escape(prefix + "/", quote=True)
+        self.page_html = (STATIC_DIR / "index.html").read_text("utf-8").replace(
+            "{{BASE}}", base)
+        self.login_template = (STATIC_DIR / "login.html").read_text("utf-8").replace(
+            "{{BASE}}", base)
+        self.static = {name: (STATIC_DIR / name).read_bytes() for name in _STATIC_TYPES}
+
+    def authorized(self, request: web.Request) -> bool:
+        if bearer_matches(self.token, request.headers.get("Authorization", "")):
+            return True
+        cookie = request.cookies.get(COOKIE, "")
+        return bool(cookie) and session_valid(self.token, cookie, now=self.clock())
+
+    def _login_form(self, message: str, status: int) -> web.Response:
+        body = self.login_template.replace("{{MESSAGE}}", html.escape(message))
+        return web.Response(text=body, status=status, content_type="text/html",
+                            headers={**_NO_STORE, "WWW-Authenticate": 'Bearer realm="dashboard"'})
+
+    async def page(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
+            return self._login_form("", 401)
+        return web.Response(text=self.page_html, content_type="text/html", headers=_NO_STORE)
+
+    async def login(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        given = form.get("token")
+        if not isinstance(given, str) or not token_matches(self.token, given):
+            log.warning("dashboard: refused a login from %s", request.remote)
+            return self._login_form("Wrong token.", 401)
+        response = web.Response(status=303, headers={**_NO_STORE, "Location": self.prefix})
+        response.set_cookie(
+            COOKIE, session_cookie(self.token, now=self.clock(), ttl=self.session_ttl),
+            max_age=int(self.session_ttl), path=self.prefix, httponly=True,
+            samesite="Strict", secure=request.secure)
+        return response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        response = web.Response(status=303, headers={**_NO_STORE, "Location": self.prefix})
+        response.del_cookie(COOKIE, path=self.prefix)
+        return response
+
+    def window(self, request: web.Request) -> Window:
+        """The requested window of UTC days; a bad parameter -> 400 with the reason."""
+        try:
+            days = int(request.query.get("days", self.default_days))
+            until_text = request.query.get("until", "")
+            until = (dt.date.fromisoformat(until_text) if until_text
+                     else dt.datetime.fromtimestamp(self.clock(), dt.UTC).date())
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=f"bad days/until: {exc}", headers=_NO_STORE) from None
+        if not 1 <= days <= self.max_days:
+            raise web.HTTPBadRequest(text=f"days must be in 1..{self.max_days}",
+                                     headers=_NO_STORE)
+        return Window.ending(until, days)
+
+    async def data(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
+            return web.json_response({"error": "dashboard token required"}, status=401,
+                                     headers={**_NO_STORE,
+                                              "WWW-Authenticate": 'Bearer realm="dashboard"'})
+        window = self.window(request)
+        try:
+            figures = await read_figures(self.pool, window)
+        except FiguresUnavailableError as exc:
+            log.error("dashboard: figures unavailable: %s", exc)
+            return web.json_response({"error": "figures unavailable, try again"},
+                                     status=503, headers=_NO_STORE)
+        dashboard = build_dashboard(window, figures)
+        return web.Response(body=msgspec.json.encode(dashboard),
+                            content_type="application/json", headers=_NO_STORE)
+
+    async def static_file(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in self.static:
+            raise web.HTTPNotFound()
+        return web.Response(body=self.static[name], content_type=_STATIC_TYPES[name],
+                            headers={**_HEADERS, "Cache-Control": "max-age=300"})
+
+
+def add_dashboard_routes(
+    app: web.Application,
+    pool: asyncpg.Pool,
+    *,
+    token: str,
+    prefix: str = "/dashboard",
+    default_days: int = 30,
+    max_days: int = 400,
+    session_ttl: float = 12 * 3600.0,
+    clock: Callable[[], float] = time.time,
+) -> bool:
+    """Add the dashboard under `prefix`; with an empty `token` add nothing (the dashboard
+    is off and its URLs answer 404). True when added."""
+    if not token:
+        log.info("dashboard off: GATEWAY_DASHBOARD_TOKEN is not set")
+        return False
+    prefix = "/" + prefix.strip("/")
+    dash = _Dashboard(pool, token=token, prefix=prefix, default_days=default_days,
+                      max_days=max_days, session_ttl=session_ttl, clock=clock)
+    app.router.add_get(prefix, dash.page)
+    app.router.add_post(prefix + "/login", dash.login)
+    app.router.add_post(prefix + "/logout", dash.logout)
+    app.router.add_get(prefix + "/api/data", dash.data)
+    app.router.add_get(prefix + "/static/{name}", dash.static_file)
+    return True

@@ -1,0 +1,133 @@
+"""The gateway's HTTP face (aiohttp.web): `POST /agents/{agent_id}/feedback` (ADR-0006).
+
+`build_http_app` returns the Application before it is started, so other parts of the
+gateway add their routes to the same server (the dashboard); `start_http` serves it.
+
+Every call carries the agent's bearer token (`Authorization: Bearer <token>`, the
+`token` of its credential file), checked like gRPC's:
+
+| answer | when |
+|---|---|
+| 200 + FeedbackAck JSON | stored (`repeat: true` when it replaced an earlier verdict) |
+| 400 | the body is not JSON |
+| 401 | no token, or not a valid one |
+| 403 | a valid token of another agent than the path's |
+| 404 | the request id is not one of the agent's (unknown, or another agent's) |
+| 422 | JSON that does not match the contract, or values out of bounds |
+| 503 | the store cannot be reached (send again) |
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from services.gateway.feedback import FeedbackRecorder, decode_feedback
+from services.gateway.grpc_server import TokenVerifier
+from shared.codec import encode
+from shared.contracts.feedback import FeedbackAck
+from shared.contracts.response import ErrorCode
+from shared.identity import bearer_value
+from shared.store.writer import StoreUnavailableError
+
+log = logging.getLogger("intentroute.gateway.http")
+
+FEEDBACK_PATH = "/agents/{agent_id}/feedback"
+# Feedback is a few hundred bytes; anything much larger is not feedback.
+MAX_BODY = 64 * 1024
+
+AGENTS_KEY = web.AppKey("agents", TokenVerifier)
+RECORDER_KEY = web.AppKey("feedback", FeedbackRecorder)
+
+_STATUS: Mapping[str, int] = {
+    ErrorCode.MALFORMED_JSON: 400,
+    ErrorCode.UNKNOWN_REQUEST: 404,
+    ErrorCode.STORE_UNAVAILABLE: 503,
+}
+
+
+def build_http_app(*, agents: TokenVerifier, feedback: FeedbackRecorder) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+    app[AGENTS_KEY] = agents
+    app[RECORDER_KEY] = feedback
+    app.router.add_post(FEEDBACK_PATH, post_feedback)
+    return app
+
+
+def _json(ack: FeedbackAck, status: int) -> web.Response:
+    return web.Response(body=encode(ack), status=status, content_type="application/json")
+
+
+def bearer(request: web.Request) -> str:
+    return bearer_value(request.headers.get("Authorization", ""))
+
+
+async def post_feedback(request: web.Request) -> web.Response:
+    path_agent = request.match_info["agent_id"]
+    token = bearer(request)
+    agent = await request.app[AGENTS_KEY].verify_token(token) if token else None
+    if agent is None:
+        return web.json_response(
+            {"accepted": False, "error_code": "UNAUTHENTICATED",
+             "message": "a valid agent bearer token is required"},
+            status=401, headers={"WWW-Authenticate": 'Bearer realm="intentroute"'})
+    if agent.agent_id != path_agent:
+        return web.json_response(
+            {"accepted": False, "error_code": ErrorCode.AGENT_MISMATCH.value,
+             "message": f"the token is agent '{agent.agent_id}', not '{path_agent}'"},
+            status=403)
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _json(FeedbackAck(request_id="", accepted=False,
+                                 error_code=ErrorCode.OVERSIZED_FIELD,
+                                 message=f"body exceeds {MAX_BODY} bytes"), 413)
+    decoded = decode_feedback(body)
+    if isinstance(decoded, FeedbackAck):
+        return _json(decoded, _STATUS.get(decoded.error_code, 422))
+    try:
+        ack = await request.app[RECORDER_KEY].record(agent.agent_id, decoded)
+    except StoreUnavailableError as exc:
+        ack = FeedbackAck(request_id=decoded.request_id, accepted=False,
+                          error_code=ErrorCode.STORE_UNAVAILABLE, message=str(exc))
+    if ack.accepted:
+        return _json(ack, 200)
+    return _json(ack, _STATUS.get(ack.error_code, 422))
+
+
+async def start_http(app: web.Application, listen: str) -> tuple[web.AppRunner, str]:
+    """Serve `app` on `listen` (`host:port`; port 0 picks a free one). Replicas may share
+    one port (SO_REUSEPORT: the kernel spreads connections among them). Returns the
+    runner (its `cleanup` stops the server) and the bound URL."""
+    host, port = split_listen(listen)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_port=True)
+    await site.start()
+    url = bound_url(runner, host)
+    log.info("[gateway] HTTP listening on %s", url)
+    return runner, url
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    parts = urlsplit(f"//{listen.strip()}")
+    if parts.port is None:
+        raise ValueError(f"GATEWAY_HTTP_LISTEN={listen!r}: expected host:port")
+    return parts.hostname or "0.0.0.0", parts.port or 0
+
+
+def http_url(host: str, port: int) -> str:
+    """The URL a local client uses for a listen address (a wildcard host -> loopback)."""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def bound_url(runner: web.AppRunner, host: str) -> str:
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return http_url(host, int(address[1]))
+    return ""

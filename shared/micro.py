@@ -1,0 +1,96 @@
+"""Every worker on the NATS services API (`$SRV.PING / INFO / STATS`), via nats.micro.
+
+A worker reads JetStream, not request-reply subjects, so its "endpoints" are its stage
+consumers: INFO lists each one (name = the durable, subject = the stage's subject,
+queue group = the durable its replicas share) and STATS reports what the stage
+consumer counted (`shared.signals`): `num_requests` (deliveries handled),
+`num_errors` (error answers, retries, dead letters, handler failures),
+`processing_time` / `average_processing_time` (ns), and in `data` the outcomes,
+redeliveries, messages in flight and the latency buckets `intentroute status` merges
+across replicas for its p95. So `nats micro ls / info / stats intentroute-classifier`
+and `intentroute status` see the same replicas.
+
+The service name is the worker's NATS user (`intentroute-<worker>`): its permissions
+allow subscribing to the control subjects of that name only (shared.natsauth).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+
+from nats.aio.client import Client
+from nats.micro.service import (
+    EndpointInfo,
+    EndpointStats,
+    Service,
+    ServiceConfig,
+    ServiceInfo,
+    ServiceStats,
+)
+
+from shared.consumer import StageSpec
+from shared.natsauth import service_user
+from shared.signals import WorkerSignals
+
+
+def service_name(worker: str) -> str:
+    """The services-API name of a worker type: its NATS user's name."""
+    return service_user(worker)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("intentroute")
+    except importlib.metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+class StageService(Service):
+    """A worker's services-API face: its stage consumers as endpoints."""
+
+    def __init__(self, nc: Client, *, worker: str, signals: WorkerSignals,
+                 specs: Sequence[StageSpec], metadata: Mapping[str, str]) -> None:
+        meta = {"worker": worker, "pid": str(os.getpid()), "host": socket.gethostname(),
+                **metadata}
+        super().__init__(nc, ServiceConfig(
+            name=service_name(worker), version=_version(), metadata=meta,
+            description=f"intentroute {worker} worker: stages "
+                        + ", ".join(spec.durable for spec in specs)))
+        self._worker = worker
+        self._signals = signals
+        self._specs = list(specs)
+        self._meta = meta
+        self._name_ = service_name(worker)
+        self._started_at = datetime.now(UTC)
+
+    def info(self) -> ServiceInfo:
+        return ServiceInfo(
+            name=self._name_, id=self.id, version=_version(),
+            description=f"intentroute {self._worker} worker", metadata=dict(self._meta),
+            endpoints=[EndpointInfo(name=spec.durable, subject=spec.subject,
+                                    queue_group=spec.durable,
+                                    metadata={"stream": spec.stream,
+                                              "max_inflight": str(spec.max_inflight)})
+                       for spec in self._specs])
+
+    def stats(self) -> ServiceStats:
+        breakers = self._signals.breaker_states()
+        endpoints = []
+        for spec in self._specs:
+            stats = self._signals.stage(spec.durable)
+            data = stats.snapshot()
+            if breakers:
+                data["breakers"] = breakers
+            endpoints.append(EndpointStats(
+                name=spec.durable, subject=spec.subject, queue_group=spec.durable,
+                num_requests=stats.handled, num_errors=stats.errors,
+                processing_time=stats.processing_ns,
+                average_processing_time=stats.processing_ns // max(1, stats.handled),
+                last_error=stats.last_error or None, data=data))
+        return ServiceStats(id=self.id, name=self._name_, version=_version(),
+                            started=self._started_at, endpoints=endpoints,
+                            metadata=dict(self._meta))

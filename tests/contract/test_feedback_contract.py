@@ -1,0 +1,205 @@
+"""Contract tier, feedback: `agent.feedback.<agent>` wire bytes in, an acknowledgement on
+the agent's `_feedback` subject out (or a report on intentroute.invalid); the HTTP face's
+status codes. Fakes of the feedback table and the agents directory."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from opentelemetry.trace import NoOpTracer
+
+from services.gateway.feedback import FeedbackRecorder, build_feedback_consumer, check_feedback
+from services.gateway.handlers import GatewayDeps
+from services.gateway.http import build_http_app, split_listen
+from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackOutcome
+from shared.ports import AgentInfo
+from tests.contract.fakes import (
+    ADMISSION,
+    COMMON,
+    FakeAgents,
+    FakeDelivery,
+    FakeFeedbackTable,
+    FakeStore,
+    RecordingBus,
+    feedback_recorder,
+)
+
+
+def setup(table: FakeFeedbackTable, *agents: AgentInfo) -> tuple[RecordingBus, GatewayDeps]:
+    bus = RecordingBus()
+    deps = GatewayDeps(bus=bus, store=FakeStore(), tracer=NoOpTracer(), admission=ADMISSION,
+                       agents=FakeAgents(*agents or (AgentInfo("a"), AgentInfo("b"))),
+                       feedback=feedback_recorder(table))
+    return bus, deps
+
+
+async def deliver(deps: GatewayDeps, subject: str, body: bytes | dict[str, Any],
+                  deliveries: int = 1) -> FakeDelivery:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    msg = FakeDelivery(raw, deliveries=deliveries, subject=subject)
+    handler = build_feedback_consumer(COMMON, max_inflight=4).bind(deps)
+    await handler(msg)
+    return msg
+
+
+def acks(bus: RecordingBus, subject: str) -> list[FeedbackAck]:
+    return [msgspec.json.decode(p, type=FeedbackAck) for p in bus.on(subject)]
+
+
+async def test_a_verdict_is_stored_and_acknowledged_on_the_agents_feedback_subject() -> None:
+    table = FakeFeedbackTable(("a", "r-1"))
+    bus, deps = setup(table)
+    spec = build_feedback_consumer(COMMON, max_inflight=4).spec
+    assert (spec.stream, spec.subject, spec.durable) == (
+        "AGENT_FEEDBACK", "agent.feedback.*", "gateway-feedback")
+    body = {"request_id": "r-1", "outcome": "user_rejected",
+            "metadata": {"completion_quality": 2, "latency_ms": 812.5, "token_count": 90}}
+    await deliver(deps, "agent.feedback.a", body)
+    await deliver(deps, "agent.feedback.a", {**body, "outcome": "success"})
+    first, repeat = acks(bus, "agent.response.a._feedback.r-1")
+    assert (first.accepted, first.repeat) == (True, False)
+    assert (repeat.accepted, repeat.repeat) == (True, True)
+    assert table.rows[("a", "r-1")].outcome == FeedbackOutcome.SUCCESS
+    assert [s for s, _ in bus.subjects()] == ["agent.response.a._feedback.r-1"] * 2
+
+
+async def test_another_agents_request_and_an_unknown_one_are_refused_alike() -> None:
+    table = FakeFeedbackTable(("a", "r-1"))
+    bus, deps = setup(table)
+    await deliver(deps, "agent.feedback.b", {"request_id": "r-1", "outcome": "error"})
+    await deliver(deps, "agent.feedback.b", {"request_id": "nope", "outcome": "error"})
+    (theirs,) = acks(bus, "agent.response.b._feedback.r-1")
+    (unknown,) = acks(bus, "agent.response.b._feedback.nope")
+    assert (theirs.accepted, theirs.error_code) == (False, "UNKNOWN_REQUEST")
+    assert (unknown.accepted, unknown.error_code) == (False, "UNKNOWN_REQUEST")
+    assert table.rows == {}
+    assert not bus.on("agent.response.a._feedback.r-1")
+
+
+@pytest.mark.parametrize(("body", "code", "ack_id"), [
+    (b"{not json", "MALFORMED_JSON", "_invalid"),
+    (b'{"request_id": "r-1"}', "MISSING_FIELD", "r-1"),
+    (b'{"request_id": "r-1", "outcome": "great"}', "INVALID_FIELD", "r-1"),
+    (b'{"request_id": "r.1", "outcome": "success"}', "INVALID_FIELD", "_invalid"),
+    (b'{"request_id": "", "outcome": "success"}', "MISSING_FIELD", "_invalid"),
+    (b'{"request_id": "r-1", "outcome": "success", "metadata": {"completion_quality": 11}}',
+     "INVALID_FIELD", "r-1"),
+    (b'{"request_id": "r-1", "outcome": "success", "metadata": {"latency_ms": -1}}',
+     "INVALID_FIELD", "r-1"),
+    (b'{"request_id": "r-1", "outcome": "success", "metadata": {"token_count": 9999999999}}',
+     "INVALID_FIELD", "r-1"),
+])
+async def test_bad_input_is_refused_with_a_typed_error(body: bytes, code: str,
+                                                       ack_id: str) -> None:
+    table = FakeFeedbackTable(("a", "r-1"))
+    bus, deps = setup(table)
+    msg = await deliver(deps, "agent.feedback.a", body)
+    (ack,) = acks(bus, f"agent.response.a._feedback.{ack_id}")
+    assert (ack.accepted, ack.error_code) == (False, code)
+    assert table.rows == {}
+    assert not msg.nacked
+
+
+@pytest.mark.parametrize("subject", ["agent.feedback.a=b", "agent.feedback.", "agent.feedback",
+                                     "agent.feedback." + "x" * 129])
+async def test_a_subject_without_a_valid_agent_is_reported_never_answered(subject: str) -> None:
+    bus, deps = setup(FakeFeedbackTable())
+    await deliver(deps, subject, {"request_id": "r-1", "outcome": "success"})
+    assert [s for s, _ in bus.subjects()] == ["intentroute.invalid"]
+
+
+async def test_a_revoked_agents_queued_feedback_is_refused() -> None:
+    table = FakeFeedbackTable(("gone", "r-1"))
+    bus, deps = setup(table, AgentInfo("gone", revoked=True))
+    await deliver(deps, "agent.feedback.gone", {"request_id": "r-1", "outcome": "success"})
+    (ack,) = acks(bus, "agent.response.gone._feedback.r-1")
+    assert ack.error_code == "UNKNOWN_AGENT"
+    assert table.calls == 0
+
+
+async def test_an_unreachable_store_is_retried_then_answered_and_dead_lettered() -> None:
+    table = FakeFeedbackTable(("a", "r-1"), down=True)
+    bus, deps = setup(table)
+    body = {"request_id": "r-1", "outcome": "success"}
+    early = await deliver(deps, "agent.feedback.a", body, deliveries=1)
+    assert early.nacked
+    assert not bus.sent
+    last = await deliver(deps, "agent.feedback.a", body, deliveries=COMMON.max_deliver)
+    (ack,) = acks(bus, "agent.response.a._feedback.r-1")
+    assert ack.error_code == "STORE_UNAVAILABLE"
+    assert [stage for stage, _ in last.dead_lettered] == ["gateway-feedback"]
+
+
+async def test_an_unknown_id_is_looked_up_again_before_it_is_refused() -> None:
+    table = FakeFeedbackTable()
+    recorder = FeedbackRecorder(table, unknown_retries=(0.0, 0.01))
+    ack = await recorder.record("a", Feedback(request_id="r-9", outcome=FeedbackOutcome.ERROR))
+    assert ack.error_code == "UNKNOWN_REQUEST"
+    assert table.calls == 3
+
+
+def test_check_feedback_accepts_the_bounds() -> None:
+    ok = msgspec.json.decode(
+        b'{"request_id": "r", "outcome": "success", "metadata": '
+        b'{"completion_quality": 10, "latency_ms": 0, "token_count": 0}}', type=Feedback)
+    assert check_feedback(ok) is None
+    assert check_feedback(Feedback(request_id="r", outcome=FeedbackOutcome.TIMEOUT)) is None
+
+
+class TokenAgents:
+    """Bearer tokens `<agent>.good` are valid."""
+
+    async def verify_token(self, token: str) -> AgentInfo | None:
+        agent, _, secret = token.partition(".")
+        return AgentInfo(agent) if secret == "good" else None
+
+
+async def test_http_status_codes() -> None:
+    table = FakeFeedbackTable(("a", "r-1"), ("b", "r-b"))
+    app = build_http_app(agents=TokenAgents(), feedback=feedback_recorder(table))
+    body = {"request_id": "r-1", "outcome": "success"}
+    async with TestClient(TestServer(app)) as client:
+        async def post(agent: str, payload: Any, token: str | None = "a.good") -> Any:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            resp = await client.post(f"/agents/{agent}/feedback", data=data, headers=headers)
+            return resp.status, await resp.json()
+
+        assert await post("a", body) == (200, {"request_id": "r-1", "accepted": True})
+        assert await post("a", body) == (200, {"request_id": "r-1", "accepted": True,
+                                               "repeat": True})
+        assert (await post("a", body, token=None))[0] == 401
+        assert (await post("a", body, token="a.bad"))[0] == 401
+        assert (await post("a", body, token="b.good"))[0] == 403
+        status, ack = await post("a", {"request_id": "r-b", "outcome": "success"})
+        assert (status, ack["error_code"]) == (404, "UNKNOWN_REQUEST")
+        assert (await post("a", {"request_id": "zz", "outcome": "success"}))[0] == 404
+        assert (await post("a", b"{oops"))[0] == 400
+        assert (await post("a", {"request_id": "r-1", "outcome": "meh"}))[0] == 422
+        assert (await post("a", {"request_id": "r-1", "outcome": "success",
+                                 "metadata": {"completion_quality": -1}}))[0] == 422
+        assert (await post("a", b"x" * 70_000))[0] == 413
+        resp = await client.post("/agents/a/feedback", data=b"{}")
+        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+    assert set(table.rows) == {("a", "r-1")}
+
+
+def test_listen_addresses() -> None:
+    from intentroute.stack.state import gateway_http_listen
+
+    assert split_listen("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert split_listen("0.0.0.0:8080") == ("0.0.0.0", 8080)
+    with pytest.raises(ValueError, match="host:port"):
+        split_listen("localhost")
+    # `up`: port 0 becomes one port every gateway replica binds, named in stack.json.
+    assert gateway_http_listen("127.0.0.1:0", lambda: 43123) == (
+        "127.0.0.1:43123", "http://127.0.0.1:43123")
+    assert gateway_http_listen("0.0.0.0:8080", lambda: 1) == (
+        "0.0.0.0:8080", "http://127.0.0.1:8080")
+    assert gateway_http_listen("off", lambda: 1) == ("", "")
+    with pytest.raises(ValueError, match="host:port"):
+        gateway_http_listen("8080", lambda: 1)

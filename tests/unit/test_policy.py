@@ -1,0 +1,59 @@
+"""Per-agent policy assignments: parsing, validation, round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.policy import (
+    AgentPolicy,
+    ClarityPolicy,
+    PolicyError,
+    Price,
+    apply_assignment,
+    decode_policy,
+    encode_policy,
+)
+
+
+def apply(*assignments: str) -> AgentPolicy:
+    policy = AgentPolicy()
+    for assignment in assignments:
+        policy = apply_assignment(policy, assignment)
+    return policy
+
+
+def test_assignments_build_a_policy_that_round_trips() -> None:
+    policy = apply("clarity_threshold=0.7", "clarity_policy=ask",
+                   "fallback.main=qwen2.5:1.5b, qwen2.5:0.5b,error", "slo_p95_ms=450",
+                   "price.qwen2.5:1.5b=0.1,0.2", "price.extractive=0,0,0.001")
+    assert policy.clarity_threshold == 0.7
+    assert policy.clarity_policy is ClarityPolicy.ASK
+    assert policy.fallback == {"main": ["qwen2.5:1.5b", "qwen2.5:0.5b", "error"]}
+    assert policy.slo_p95_ms == 450
+    assert policy.prices["qwen2.5:1.5b"] == Price(0.1, 0.2, 0.0)
+    assert policy.prices["extractive"].per_compute_s == 0.001
+    assert decode_policy(encode_policy(policy)) == policy
+
+
+def test_an_empty_value_unsets_a_key() -> None:
+    policy = apply("clarity_threshold=0.7", "fallback.main=extractive", "price.m=1,2")
+    cleared = apply_assignment(apply_assignment(apply_assignment(
+        policy, "clarity_threshold="), "fallback.main="), "price.m=")
+    assert cleared == AgentPolicy()
+    assert encode_policy(cleared) == "{}"
+
+
+@pytest.mark.parametrize("assignment", [
+    "clarity_threshold=1.5", "clarity_threshold=nan", "clarity_threshold=high",
+    "clarity_policy=maybe", "fallback.main=qwen", "fallback.main=extractive,qwen,error",
+    "fallback.main=qwen,,error", "fallback.other=extractive", "price.m=1",
+    "price.m=-1,2", "slo_p95_ms=-3", "colour=blue", "clarity_threshold", "=1",
+])
+def test_bad_assignments_are_refused_with_a_reason(assignment: str) -> None:
+    with pytest.raises(PolicyError):
+        apply(assignment)
+
+
+def test_a_stored_policy_with_unknown_keys_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown field"):
+        decode_policy('{"colour": "blue"}')
