@@ -14,6 +14,7 @@ import pytest
 
 from shared.client import ask, assemble, follow
 from shared.contracts.response import response_subject
+from tests.helpers.nats_sync import flushed
 from tests.helpers.pipeline import ask_all, base_env, make_request, running
 
 pytestmark = pytest.mark.integration
@@ -79,7 +80,7 @@ async def test_an_agent_cannot_read_another_agents_answers(
     try:
         await snoop.subscribe("agent.response.>")
         await snoop.subscribe("agent.response.agent-a.*")
-        await snoop.flush()
+        await flushed(snoop)
         async with running(env, ("gateway", "classifier", "generator-conversational")):
             req = make_request("how is my quota?", agent_id="agent-a",
                                extra_context="quota_used=80% plan=starter")

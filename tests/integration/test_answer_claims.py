@@ -23,6 +23,7 @@ from shared.contracts import response
 from shared.contracts.response import ChunkKind, ResponseChunk
 from tests.helpers.nats_auth import assert_publish_refused
 from tests.helpers.nats_auth import connect_recording as recording
+from tests.helpers.nats_sync import flushed
 
 pytestmark = pytest.mark.integration
 AGENT = "agent-a"
@@ -49,7 +50,7 @@ async def finals_seen(nc: Client, rid: str, answer: Any, agent: str = AGENT) -> 
             seen.append(msg.data)
 
     sub = await nc.subscribe(response.response_subject(agent, rid), cb=on_chunk)
-    await nc.flush()
+    await flushed(nc)
     await answer()
     await nc.flush()
     # A publish that outlived its ack wait on a busy machine still arrives: give it

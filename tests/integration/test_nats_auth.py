@@ -33,6 +33,7 @@ from tests.helpers.nats_auth import (
     auth_stack,
     connect_recording,
 )
+from tests.helpers.nats_sync import flushed
 
 pytestmark = pytest.mark.integration
 
@@ -172,7 +173,7 @@ async def test_an_agent_publishes_its_requests_and_replays_its_own_answer(
 
 async def test_an_agent_receives_its_live_answer(stack: AuthStack, alice: Recorded) -> None:
     sub = await alice.nc.subscribe("agent.response.alice.>")
-    await alice.nc.flush()
+    await flushed(alice.nc)
     worker = await connect_recording(stack.nats_url, **stack.service("classifier"))
     await worker.nc.publish("agent.response.alice.r9", b"live")
     await worker.nc.flush()
