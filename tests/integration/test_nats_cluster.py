@@ -172,7 +172,9 @@ async def test_a_node_killed_mid_load_loses_nothing_and_catches_up_when_restarte
             victim = (await leaders(admin.jetstream(), [Replicated(pipeline.STREAM)]))[
                 pipeline.STREAM]
             assert victim
-            deadline = time.monotonic() + 60
+            # Leaders are re-elected in seconds here, but on a loaded machine it takes
+            # longer: wait as long as the requests may live (REQUEST_DEADLINE 120 s).
+            deadline = time.monotonic() + 110
             sends = []
             for i, req in enumerate(requests):
                 sends.append(asyncio.create_task(
@@ -186,8 +188,9 @@ async def test_a_node_killed_mid_load_loses_nothing_and_catches_up_when_restarte
             await asyncio.sleep(1.0)  # a second answer would arrive now
             answers = {rid: set(payloads) for rid, payloads in finals.items()}
             cluster.nats.node(victim).start()
-            caught_up = await wait_until(admin.jetstream(), STREAMS + CONSUMERS, victim,
-                                         caught_up=True, timeout=30)
+            # Raises TimeoutError if the restarted node never catches up.
+            await wait_until(admin.jetstream(), STREAMS + CONSUMERS, victim,
+                             caught_up=True, timeout=90)
             stored = await stored_finals(admin)
     finally:
         await nc.close()
@@ -200,7 +203,6 @@ async def test_a_node_killed_mid_load_loses_nothing_and_catches_up_when_restarte
     assert errors == []
     ids = [r.request_id for r in requests]
     assert {rid: stored[rid] for rid in ids} == dict.fromkeys(ids, 1)
-    assert caught_up < 30
     conn = await asyncpg.connect(asyncpg_dsn(cluster.database_url))
     try:
         logged = await conn.fetchval(
