@@ -112,6 +112,11 @@ class AgentDirectory(Protocol):
         """The agent's record, None if there is no such agent."""
 
 
+class TokenVerifier(Protocol):
+    async def verify_token(self, token: str) -> AgentInfo | None:
+        """The active agent a bearer token belongs to, or None."""
+
+
 class Policies(Protocol):
     """Per-agent policies (`shared.policy_cache.PolicyCache`): a lookup, no I/O."""
 

@@ -13,6 +13,7 @@ from services.gateway.handlers import GatewayDeps, build_stage
 from services.gateway.http import build_http_app, start_http
 from services.gateway.scoring import ScoreRefresher
 from services.gateway.settings import GatewaySettings
+from services.gateway.throttle import AuthThrottle
 from shared.identity import CachedAgents
 from shared.runtime import Consumes, Wiring, build_app
 from shared.store import asyncpg_dsn
@@ -25,6 +26,8 @@ def create_app(
     tracer_provider: TracerProvider | None = None,
 ) -> FastStream:
     settings = settings or GatewaySettings.from_env()
+    # One count of wrong credentials per address, whichever door they were tried at.
+    throttle = AuthThrottle(settings.auth_failures)
     tls = None
     if settings.tls_cert and settings.tls_key:
         tls = (settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())
@@ -41,10 +44,10 @@ def create_app(
         if settings.grpc_listen:
             server = await start_grpc(wiring.nc, settings.grpc_listen, agents,
                                       answer_timeout=settings.answer_timeout,
-                                      feedback=feedback, tls=tls)
+                                      feedback=feedback, throttle=throttle, tls=tls)
             exits.push_async_callback(server.stop, 2.0)
         if settings.http_listen:
-            http_app = build_http_app(agents=agents, feedback=feedback)
+            http_app = build_http_app(agents=agents, feedback=feedback, throttle=throttle)
             board = settings.dashboard
             if board.token:
                 # Its own small pool: an operator's slow query never holds a connection
@@ -54,7 +57,8 @@ def create_app(
                 exits.push_async_callback(pool.close)
                 add_dashboard_routes(http_app, pool, token=board.token,
                                      default_days=board.default_days,
-                                     max_days=board.max_days, session_ttl=board.session_ttl)
+                                     max_days=board.max_days, session_ttl=board.session_ttl,
+                                     throttle=throttle)
             runner, _ = await start_http(http_app, settings.http_listen)
             exits.push_async_callback(runner.cleanup)
         if settings.learn.interval > 0:

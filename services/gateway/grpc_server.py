@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Protocol
 
 import grpc
 import msgspec
 from nats.aio.client import Client
 
 from services.gateway.feedback import FeedbackRecorder
+from services.gateway.throttle import AuthThrottle, ThrottledError, grpc_peer_address
 from services.gateway.validation import InputError, check_request
 from shared.client import AnswerTimeoutError, ask, assemble
 from shared.contracts.feedback import (
@@ -34,7 +34,7 @@ from shared.contracts.request import AgentRequest
 from shared.contracts.response import ErrorCode, ResponseChunk
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from shared.identity import bearer_value
-from shared.ports import AgentInfo
+from shared.ports import AgentInfo, TokenVerifier
 from shared.store.writer import StoreUnavailableError
 
 log = logging.getLogger("intentroute.gateway.grpc")
@@ -83,11 +83,6 @@ def to_feedback(msg: agent_pb2.FeedbackRequest) -> Feedback:
     )
 
 
-class TokenVerifier(Protocol):
-    async def verify_token(self, token: str) -> AgentInfo | None:
-        """The active agent a bearer token belongs to, or None."""
-
-
 def bearer_token(context: grpc.aio.ServicerContext) -> str:
     for key, value in context.invocation_metadata() or ():
         if (key.lower() == "authorization" and isinstance(value, str)
@@ -98,16 +93,23 @@ def bearer_token(context: grpc.aio.ServicerContext) -> str:
 
 class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
     def __init__(self, nc: Client, agents: TokenVerifier, *, answer_timeout: float,
-                 feedback: FeedbackRecorder) -> None:
+                 feedback: FeedbackRecorder, throttle: AuthThrottle) -> None:
         self._nc = nc
         self._agents = agents
+        self._throttle = throttle
         self._timeout = answer_timeout
         self._feedback = feedback
 
     async def _caller(self, claimed: str, context: grpc.aio.ServicerContext) -> AgentInfo:
         """The token's agent; aborts when there is none or the body names another."""
         token = bearer_token(context)
-        agent = await self._agents.verify_token(token) if token else None
+        try:
+            agent = await self._throttle.verify(self._agents, token,
+                                                grpc_peer_address(context.peer()))
+        except ThrottledError as exc:
+            context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise AssertionError("unreachable") from None
         if agent is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "a valid agent bearer token is required")
@@ -197,13 +199,15 @@ async def start_grpc(
     *,
     answer_timeout: float,
     feedback: FeedbackRecorder,
+    throttle: AuthThrottle,
     tls: tuple[bytes, bytes] | None = None,
 ) -> grpc.aio.Server:
     """`tls`: (private key, certificate chain) in PEM; None serves plain text."""
     server = grpc.aio.server()
     # The generated registration function is untyped (grpc_tools emits no annotations).
     agent_pb2_grpc.add_AssistanceEngineServicer_to_server(  # type: ignore[no-untyped-call]
-        AssistanceEngine(nc, agents, answer_timeout=answer_timeout, feedback=feedback), server
+        AssistanceEngine(nc, agents, answer_timeout=answer_timeout, feedback=feedback,
+                         throttle=throttle), server
     )
     if tls is not None:
         server.add_secure_port(listen, grpc.ssl_server_credentials([tls]))

@@ -12,6 +12,7 @@ Every call carries the agent's bearer token (`Authorization: Bearer <token>`, th
 | 400 | the body is not JSON |
 | 401 | no token, or not a valid one |
 | 403 | a valid token of another agent than the path's |
+| 429 | too many wrong credentials from this address lately (Retry-After: seconds) |
 | 404 | the request id is not one of the agent's (unknown, or another agent's) |
 | 422 | JSON that does not match the contract, or values out of bounds |
 | 503 | the store cannot be reached (send again) |
@@ -26,11 +27,12 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from services.gateway.feedback import FeedbackRecorder, decode_feedback
-from services.gateway.grpc_server import TokenVerifier
+from services.gateway.throttle import AuthThrottle, ThrottledError
 from shared.codec import encode
 from shared.contracts.feedback import FeedbackAck
 from shared.contracts.response import ErrorCode
 from shared.identity import bearer_value
+from shared.ports import TokenVerifier
 from shared.store.writer import StoreUnavailableError
 
 log = logging.getLogger("intentroute.gateway.http")
@@ -41,6 +43,7 @@ MAX_BODY = 64 * 1024
 
 AGENTS_KEY = web.AppKey("agents", TokenVerifier)
 RECORDER_KEY = web.AppKey("feedback", FeedbackRecorder)
+THROTTLE_KEY = web.AppKey("throttle", AuthThrottle)
 
 _STATUS: Mapping[str, int] = {
     ErrorCode.MALFORMED_JSON: 400,
@@ -49,16 +52,23 @@ _STATUS: Mapping[str, int] = {
 }
 
 
-def build_http_app(*, agents: TokenVerifier, feedback: FeedbackRecorder) -> web.Application:
+def build_http_app(*, agents: TokenVerifier, feedback: FeedbackRecorder,
+                   throttle: AuthThrottle) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
     app[AGENTS_KEY] = agents
     app[RECORDER_KEY] = feedback
+    app[THROTTLE_KEY] = throttle
     app.router.add_post(FEEDBACK_PATH, post_feedback)
     return app
 
 
 def _json(ack: FeedbackAck, status: int) -> web.Response:
     return web.Response(body=encode(ack), status=status, content_type="application/json")
+
+
+def throttled(exc: ThrottledError) -> web.Response:
+    return web.json_response({"accepted": False, "error_code": "THROTTLED", "message": str(exc)},
+                             status=429, headers={"Retry-After": str(exc.retry_after)})
 
 
 def bearer(request: web.Request) -> str:
@@ -68,7 +78,11 @@ def bearer(request: web.Request) -> str:
 async def post_feedback(request: web.Request) -> web.Response:
     path_agent = request.match_info["agent_id"]
     token = bearer(request)
-    agent = await request.app[AGENTS_KEY].verify_token(token) if token else None
+    try:
+        agent = await request.app[THROTTLE_KEY].verify(request.app[AGENTS_KEY], token,
+                                                       request.remote or "")
+    except ThrottledError as exc:
+        return throttled(exc)
     if agent is None:
         return web.json_response(
             {"accepted": False, "error_code": "UNAUTHENTICATED",

@@ -6,6 +6,7 @@ from pathlib import Path
 import msgspec
 
 from services.gateway.dashboard.settings import DashboardSettings
+from services.gateway.throttle import DEFAULT_AUTH_FAILURES
 from shared.learning.settings import LearnSettings
 from shared.settings import CommonSettings, env_float, env_int, env_str
 
@@ -34,6 +35,10 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     # job).
     score_refresh: float = 5.0
     score_full_refresh: float = 300.0
+    # Wrong credentials (agent tokens, the dashboard's) one client address may present
+    # before its credentials are refused unchecked for the rest of the window: a
+    # `limits` rate ("20/minute", "5 per 10 seconds"); "off" disables it.
+    auth_failures: str = DEFAULT_AUTH_FAILURES
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GatewaySettings:
@@ -52,6 +57,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
             feedback_batch=env_int("GATEWAY_FEEDBACK_BATCH", 16, environ),
             score_refresh=env_float("SCORE_REFRESH", 5.0, environ),
             score_full_refresh=env_float("SCORE_FULL_REFRESH", 300.0, environ),
+            auth_failures=_listen(env_str("GATEWAY_AUTH_FAILURES", DEFAULT_AUTH_FAILURES,
+                                          environ)),
         )
 
 
@@ -60,6 +67,6 @@ def _path(value: str) -> Path | None:
 
 
 def _listen(value: str) -> str:
-    """host:port, or "" for off (unset, empty or "off")."""
+    """A setting that "off" (or empty) turns off: "" then."""
     value = value.strip()
     return "" if value.lower() == "off" else value

@@ -15,6 +15,7 @@ from opentelemetry.trace import NoOpTracer
 from services.gateway.feedback import FeedbackRecorder, build_feedback_consumer, check_feedback
 from services.gateway.handlers import GatewayDeps
 from services.gateway.http import build_http_app, split_listen
+from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle
 from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackOutcome
 from shared.ports import AgentInfo
 from tests.contract.fakes import (
@@ -160,7 +161,8 @@ class TokenAgents:
 
 async def test_http_status_codes() -> None:
     table = FakeFeedbackTable(("a", "r-1"), ("b", "r-b"))
-    app = build_http_app(agents=TokenAgents(), feedback=feedback_recorder(table))
+    app = build_http_app(agents=TokenAgents(), feedback=feedback_recorder(table),
+                         throttle=AuthThrottle(DEFAULT_AUTH_FAILURES))
     body = {"request_id": "r-1", "outcome": "success"}
     async with TestClient(TestServer(app)) as client:
         async def post(agent: str, payload: Any, token: str | None = "a.good") -> Any:

@@ -82,6 +82,19 @@ async def running(
         yield apps
 
 
+@asynccontextmanager
+async def gateway(nats_url: str, database_url: str, tmp_path: Path,
+                  **extra: str) -> AsyncIterator[tuple[str, str]]:
+    """A gateway worker with its gRPC and HTTP listeners: (gRPC address, HTTP URL)."""
+    from intentroute.stack import free_port
+
+    grpc_addr, http_port = f"127.0.0.1:{free_port()}", free_port()
+    env = base_env(nats_url, database_url, tmp_path, GATEWAY_GRPC_LISTEN=grpc_addr,
+                   GATEWAY_HTTP_LISTEN=f"127.0.0.1:{http_port}", **extra)
+    async with running(env, ("gateway",)):
+        yield grpc_addr, f"http://127.0.0.1:{http_port}"
+
+
 def worker_env(env: Mapping[str, str], name: str) -> dict[str, str]:
     """`env` plus the worker's service credential when the stack runs with auth."""
     home = Path(env.get("INTENTROUTE_HOME", ""))

@@ -9,8 +9,6 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,6 @@ import msgspec
 import nats
 import pytest
 
-from intentroute.stack import free_port
 from shared.client import send_feedback
 from shared.confidence import ConfidenceParams
 from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackMetadata, FeedbackOutcome
@@ -32,7 +29,7 @@ from shared.store.stores import Store
 from shared.store.writer import implicit_outcome
 from tests.helpers.nats_auth import assert_publish_refused, assert_subscribe_refused
 from tests.helpers.nats_auth import connect_recording as recording
-from tests.helpers.pipeline import ask_all, base_env, make_request, running
+from tests.helpers.pipeline import ask_all, base_env, gateway, make_request, running
 
 pytestmark = pytest.mark.integration
 
@@ -65,17 +62,6 @@ async def verdicts(store: Store, agent: str, request_id: str) -> list[dict[str, 
         " created_at, updated_at FROM feedback WHERE agent_id = $1 AND request_id = $2",
         agent, request_id)
     return [dict(r) for r in rows]
-
-
-@asynccontextmanager
-async def gateway(nats_url: str, database_url: str, tmp_path: Path,
-                  **extra: str) -> AsyncIterator[tuple[str, str]]:
-    """A gateway worker with its gRPC and HTTP listeners: (gRPC address, HTTP URL)."""
-    grpc_addr, http_port = f"127.0.0.1:{free_port()}", free_port()
-    env = base_env(nats_url, database_url, tmp_path, GATEWAY_GRPC_LISTEN=grpc_addr,
-                   GATEWAY_HTTP_LISTEN=f"127.0.0.1:{http_port}", **extra)
-    async with running(env, ("gateway",)):
-        yield grpc_addr, f"http://127.0.0.1:{http_port}"
 
 
 # ---- NATS --------------------------------------------------------------------------

@@ -5,12 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from services.gateway.dashboard.auth import (
-    bearer_matches,
-    session_cookie,
-    session_valid,
-    token_matches,
-)
+from services.gateway.dashboard.auth import session_cookie, session_valid, token_matches
 from services.gateway.dashboard.figures import build_dashboard
 from services.gateway.dashboard.queries import (
     PER_DAY,
@@ -23,6 +18,7 @@ from services.gateway.dashboard.queries import (
     Window,
 )
 from services.gateway.dashboard.settings import DashboardSettings
+from shared.identity import bearer_value
 from shared.policy import AgentPolicy
 
 D1, D2, D3 = dt.date(2026, 3, 1), dt.date(2026, 3, 2), dt.date(2026, 3, 3)
@@ -111,10 +107,10 @@ def test_the_session_cookie_is_signed_with_the_token_and_expires() -> None:
 
 
 def test_bearer_and_form_tokens_must_match_exactly() -> None:
-    assert bearer_matches("tok", "Bearer tok")
-    assert bearer_matches("tok", "bearer  tok ")
-    assert not bearer_matches("tok", "Basic tok")
-    assert not bearer_matches("tok", "Bearer to")
+    assert token_matches("tok", bearer_value("Bearer tok"))
+    assert token_matches("tok", bearer_value("bearer  tok "))
+    assert not token_matches("tok", bearer_value("Basic tok"))
+    assert not token_matches("tok", bearer_value("Bearer to"))
     assert not token_matches("", "")  # no configured token: nothing matches
     assert token_matches("tok", "tok")
     assert not token_matches("tok", "TOK")

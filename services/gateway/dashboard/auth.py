@@ -10,18 +10,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from shared.identity import bearer_value
-
 COOKIE = "intentroute_dashboard"
 
 
 def token_matches(token: str, given: str) -> bool:
     """Constant-time comparison (an empty configured token matches nothing)."""
     return bool(token) and hmac.compare_digest(given.encode(), token.encode())
-
-
-def bearer_matches(token: str, authorization: str) -> bool:
-    return token_matches(token, bearer_value(authorization.strip()))
 
 
 def _signature(token: str, expires: int) -> str:

@@ -16,22 +16,18 @@ import datetime as dt
 import html
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
 import msgspec
 from aiohttp import web
 
-from services.gateway.dashboard.auth import (
-    COOKIE,
-    bearer_matches,
-    session_cookie,
-    session_valid,
-    token_matches,
-)
+from services.gateway.dashboard.auth import COOKIE, session_cookie, session_valid, token_matches
 from services.gateway.dashboard.figures import build_dashboard
 from services.gateway.dashboard.queries import FiguresUnavailableError, Window, read_figures
+from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle, ThrottledError
+from shared.identity import bearer_value
 
 log = logging.getLogger("intentroute.gateway.dashboard")
 
@@ -50,13 +46,27 @@ _HEADERS = {
     "Referrer-Policy": "no-referrer",
 }
 _NO_STORE = {**_HEADERS, "Cache-Control": "no-store"}
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def _guarded(handler: Handler) -> Handler:
+    """429 for an address that presented too many wrong tokens lately."""
+    async def run(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except ThrottledError as exc:
+            return web.Response(text=str(exc), status=429,
+                                headers={**_NO_STORE, "Retry-After": str(exc.retry_after)})
+    return run
 
 
 class _Dashboard:
     def __init__(self, pool: asyncpg.Pool, *, token: str, prefix: str, default_days: int,
-                 max_days: int, session_ttl: float, clock: Callable[[], float]) -> None:
+                 max_days: int, session_ttl: float, clock: Callable[[], float],
+                 throttle: AuthThrottle) -> None:
         self.pool = pool
         self.token = token
+        self.throttle = throttle
         self.prefix = prefix
         self.default_days = default_days
         self.max_days = max_days
@@ -69,8 +79,19 @@ class _Dashboard:
             "{{BASE}}", base)
         self.static = {name: (STATIC_DIR / name).read_bytes() for name in _STATIC_TYPES}
 
+    def _token_ok(self, request: web.Request, given: str) -> bool:
+        """Is a presented token the dashboard's? A wrong one counts against the caller's
+        address; ThrottledError, unchecked, once it has failed too often."""
+        client = request.remote or ""
+        self.throttle.check(client)
+        if token_matches(self.token, given):
+            return True
+        self.throttle.failed(client)
+        return False
+
     def authorized(self, request: web.Request) -> bool:
-        if bearer_matches(self.token, request.headers.get("Authorization", "")):
+        given = bearer_value(request.headers.get("Authorization", "").strip())
+        if given and self._token_ok(request, given):
             return True
         cookie = request.cookies.get(COOKIE, "")
         return bool(cookie) and session_valid(self.token, cookie, now=self.clock())
@@ -88,7 +109,7 @@ class _Dashboard:
     async def login(self, request: web.Request) -> web.Response:
         form = await request.post()
         given = form.get("token")
-        if not isinstance(given, str) or not token_matches(self.token, given):
+        if not isinstance(given, str) or not self._token_ok(request, given):
             log.warning("dashboard: refused a login from %s", request.remote)
             return self._login_form("Wrong token.", 401)
         response = web.Response(status=303, headers={**_NO_STORE, "Location": self.prefix})
@@ -151,6 +172,7 @@ def add_dashboard_routes(
     max_days: int = 400,
     session_ttl: float = 12 * 3600.0,
     clock: Callable[[], float] = time.time,
+    throttle: AuthThrottle | None = None,
 ) -> bool:
     """Add the dashboard under `prefix`; with an empty `token` add nothing (the dashboard
     is off and its URLs answer 404). True when added."""
@@ -159,10 +181,11 @@ def add_dashboard_routes(
         return False
     prefix = "/" + prefix.strip("/")
     dash = _Dashboard(pool, token=token, prefix=prefix, default_days=default_days,
-                      max_days=max_days, session_ttl=session_ttl, clock=clock)
-    app.router.add_get(prefix, dash.page)
-    app.router.add_post(prefix + "/login", dash.login)
+                      max_days=max_days, session_ttl=session_ttl, clock=clock,
+                      throttle=throttle or AuthThrottle(DEFAULT_AUTH_FAILURES))
+    app.router.add_get(prefix, _guarded(dash.page))
+    app.router.add_post(prefix + "/login", _guarded(dash.login))
     app.router.add_post(prefix + "/logout", dash.logout)
-    app.router.add_get(prefix + "/api/data", dash.data)
+    app.router.add_get(prefix + "/api/data", _guarded(dash.data))
     app.router.add_get(prefix + "/static/{name}", dash.static_file)
     return True
