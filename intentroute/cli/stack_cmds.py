@@ -71,6 +71,9 @@ def up(
         "--nats-cluster", min=1,
         help="Embedded NATS nodes: 1 server, or a cluster of 3 (or more) with every "
              "stream replicated 3 times")] = 1,
+    llm: Annotated[bool, typer.Option(
+        "--llm", help="Answer with a local model (SmolLM2-135M on llama.cpp, CPU) instead "
+                      "of the extractive answerer")] = False,
 ) -> None:
     """Start the embedded stack if needed, migrate, and run every worker.
 
@@ -132,6 +135,8 @@ def up(
         parser_argv = _parser_argv(env)
         if parser_argv:
             supervisor.add("parser", parser_argv, env)
+        if llm:
+            supervisor.add("llm", _llm_argv(env), env)
         plan = metrics_ports(counts, cli.common.metrics_port)
         ports = iter(plan)
         for name, count in counts.items():
@@ -254,6 +259,18 @@ def _parser_argv(env: dict[str, str]) -> list[str]:
     return [sys.executable, "-m", "intentroute.cli", "parser", "--port", str(port)]
 
 
+def _llm_argv(env: dict[str, str]) -> list[str]:
+    """The local model server's command; the generators' env points at it (its API key
+    travels in the env, never on a command line)."""
+    from intentroute.stack.llm import LOCAL_MODEL, local_model_path, new_api_key, server_env
+
+    local_model_path()  # a missing model is an error now, not a restart loop later
+    port = free_port()
+    env.update(server_env(port, new_api_key()))
+    env.setdefault("OLLAMA_MODEL_NAME", LOCAL_MODEL)
+    return [sys.executable, "-m", "intentroute.cli", "llm-server", "--port", str(port)]
+
+
 async def _declare_streams(
     nats_url: str, admin: dict[str, Any], response_ttl: float, replicas: int
 ) -> None:
@@ -333,3 +350,19 @@ def parser(
     from services.parser.server import run
 
     asyncio.run(run(host, port, default_strict=strict))
+
+
+@app.command("llm-server")
+def llm_server(
+    port: Annotated[int, typer.Option()] = 8081,
+    threads: Annotated[int, typer.Option(help="CPU threads for the model")] = 2,
+) -> None:
+    """Serve the local model (SmolLM2-135M, OpenAI-compatible chat API) on 127.0.0.1;
+    every call needs OPENAI_API_KEY from the environment as its bearer token."""
+    from intentroute.stack.llm import serve
+
+    key = settings().openai_api_key
+    if not key:
+        raise typer.BadParameter("set OPENAI_API_KEY: the model server takes no "
+                                 "anonymous calls")
+    serve(port, api_key=key, threads=threads)

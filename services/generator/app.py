@@ -5,7 +5,7 @@ from __future__ import annotations
 from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
-from services.generator.backends import ChatBackend, EchoBackend, OllamaBackend
+from services.generator.backends import ChatBackend, EchoBackend, OllamaBackend, OpenAIBackend
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.settings import GeneratorSettings
 from shared.policy_cache import open_policy_cache
@@ -14,11 +14,18 @@ from shared.runtime import Wiring, build_app
 
 def choose_backend(settings: GeneratorSettings) -> ChatBackend | None:
     """None means the extractive answerer answers on its own."""
-    if settings.backend == "echo":
+    kind = settings.backend
+    if kind == "auto":
+        kind = ("ollama" if settings.ollama_host
+                else "openai" if settings.openai_base_url else "extractive")
+    if kind == "echo":
         return EchoBackend(settings.echo_delay)
-    if settings.backend == "extractive" or not settings.ollama_host:
-        return None
-    return OllamaBackend(settings.ollama_host, timeout=settings.ollama_timeout)
+    if kind == "ollama" and settings.ollama_host:
+        return OllamaBackend(settings.ollama_host, timeout=settings.ollama_timeout)
+    if kind == "openai" and settings.openai_base_url:
+        return OpenAIBackend(settings.openai_base_url, api_key=settings.openai_api_key,
+                             timeout=settings.ollama_timeout)
+    return None
 
 
 def create_app(
@@ -30,6 +37,8 @@ def create_app(
 
     async def make_deps(wiring: Wiring) -> GeneratorDeps:
         backend = choose_backend(settings)
+        if isinstance(backend, OpenAIBackend):
+            wiring.base.exits.push_async_callback(backend.aclose)
         model = settings.model or ("echo" if isinstance(backend, EchoBackend) else "")
         policies = await open_policy_cache(wiring.store.pool,
                                            refresh=settings.common.policy_refresh,

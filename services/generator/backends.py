@@ -1,4 +1,5 @@
-"""Generation backends behind one Protocol: Ollama (streaming), echo.
+"""Generation backends behind one Protocol: Ollama (streaming), an OpenAI-compatible
+chat server (streaming; llama.cpp's server, which `intentroute up --llm` runs), echo.
 
 A backend's stream yields the answer's text pieces and, at most once and last, the
 token counts the model server reported for the call (`TokenCounts`)."""
@@ -67,6 +68,86 @@ class OllamaBackend:
                     yield TokenCounts(part.prompt_eval_count, part.eval_count)
         except (httpx.HTTPError, ollama.ResponseError, ConnectionError) as exc:
             raise BackendUnavailableError(f"ollama: {exc}") from exc
+
+
+class OpenAIBackend:
+    """An OpenAI-compatible `/v1/chat/completions` server (llama.cpp's, vLLM, ...),
+    streamed as server-sent events; the counts come from the final `usage` event."""
+
+    name = "openai"
+
+    def __init__(self, base_url: str, *, api_key: str = "", timeout: float = 120.0) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers,
+                                         timeout=timeout)
+
+    async def stream(
+        self, model: str, messages: list[ChatMessage]
+    ) -> AsyncIterator[str | TokenCounts]:
+        import httpx
+
+        body = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+                "messages": [{"role": m.role, "content": m.content} for m in messages]}
+        try:
+            async with self._client.stream("POST", "/v1/chat/completions",
+                                           json=body) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread())[:200].decode(errors="replace")
+                    raise BackendUnavailableError(
+                        f"openai: HTTP {response.status_code}: {detail}")
+                async for line in response.aiter_lines():
+                    event = _sse_event(line)
+                    if event is None:
+                        continue
+                    for choice in event.choices:
+                        if choice.delta.content:
+                            yield choice.delta.content
+                    if event.usage is not None:
+                        yield TokenCounts(event.usage.prompt_tokens,
+                                          event.usage.completion_tokens)
+        except httpx.HTTPError as exc:
+            raise BackendUnavailableError(f"openai: {exc!r}") from exc
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta = msgspec.field(default_factory=_Delta)
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _ChatEvent(msgspec.Struct):
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+
+
+_EVENT = msgspec.json.Decoder(_ChatEvent)
+
+
+def _sse_event(line: str) -> _ChatEvent | None:
+    """One `data: {...}` line of the stream as an event (None: a keep-alive, a comment,
+    `[DONE]`, or a line that is not a chat event)."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if not data or data == "[DONE]":
+        return None
+    try:
+        return _EVENT.decode(data)
+    except msgspec.DecodeError:  # not JSON, or JSON of another shape
+        log.warning("openai: ignored a stream event that is not a chat chunk: %.200s", data)
+        return None
 
 
 class EchoBackend:

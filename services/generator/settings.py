@@ -16,7 +16,11 @@ class GeneratorSettings(msgspec.Struct, frozen=True, kw_only=True):
     model_main: str = ""
     model_conversational: str = ""
     ollama_timeout: float = 120.0
-    # "auto" (Ollama when OLLAMA_HOST is set, else extractive) | "extractive" | "echo"
+    # An OpenAI-compatible chat server (`up --llm` runs llama.cpp's): base URL, key.
+    openai_base_url: str = ""
+    openai_api_key: str = ""
+    # "auto" (Ollama when OLLAMA_HOST is set, else the OpenAI-compatible server when
+    # OPENAI_BASE_URL is, else extractive) | "ollama" | "openai" | "extractive" | "echo"
     backend: str = "auto"
     # The echo backend's answer time (chaos benchmark: answers in flight long enough to
     # be caught by a kill).
@@ -41,6 +45,8 @@ class GeneratorSettings(msgspec.Struct, frozen=True, kw_only=True):
             model_main=env_str("OLLAMA_MODEL_NAME", "", environ),
             model_conversational=env_str("OLLAMA_MODEL_NAME_CONVERSATIONAL", "", environ),
             ollama_timeout=env_float("OLLAMA_TIMEOUT", 120.0, environ),
+            openai_base_url=env_str("OPENAI_BASE_URL", "", environ),
+            openai_api_key=env_str("OPENAI_API_KEY", "", environ),
             backend=env_str("GENERATOR_BACKEND", "auto", environ),
             echo_delay=env_float("GENERATOR_ECHO_DELAY", 0.0, environ),
             concurrency=env_int("GENERATOR_CONCURRENCY", 16, environ),
