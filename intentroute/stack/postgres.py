@@ -9,15 +9,21 @@ reloaded, so the data is kept and trust is gone before any worker connects.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 from intentroute.stack.procs import StackError, free_port, stop_process, wait_tcp
+
+log = logging.getLogger("intentroute.stack")
+# initdb runs again, from an empty data directory, when a signal killed it.
+INITDB_ATTEMPTS = 3
 
 # Durable: a commit returns once its WAL is on disk, so a committed turn survives a
 # host crash. Stated on the command line, where no postgresql.conf can turn it off.
@@ -109,6 +115,26 @@ class PostgresServer:
         self.pgdata.chmod(0o700)
 
     def _initdb(self) -> None:
+        """initdb, once more from an empty data directory if a signal killed it (it was
+        seen to segfault, rarely, on a loaded machine); a refusal (an exit code) is not
+        tried again."""
+        for attempt in range(1, INITDB_ATTEMPTS + 1):
+            try:
+                self._initdb_once()
+                return
+            except subprocess.CalledProcessError as exc:
+                if exc.returncode >= 0 or attempt == INITDB_ATTEMPTS:
+                    raise StackError(f"initdb failed ({exc.returncode}): "
+                                     f"{(exc.stderr or b'').decode(errors='replace')[-500:]}"
+                                     ) from exc
+                log.warning("initdb died with signal %d; again from an empty %s",
+                            -exc.returncode, self.pgdata)
+                shutil.rmtree(self.pgdata, ignore_errors=True)
+                self.pgdata.mkdir(parents=True)
+                self._chown(self.pgdata)
+                self.pgdata.chmod(0o700)
+
+    def _initdb_once(self) -> None:
         # initdb reads the password from a file it can open (it may run as another
         # user); the file lives only as long as initdb does.
         pwfile = self.data_dir / ".initdb-password"
