@@ -76,4 +76,3 @@ def server_env(port: int, api_key: str) -> dict[str, str]:
     """What the generators need to use it."""
     return {"OPENAI_BASE_URL": f"http://127.0.0.1:{port}", "OPENAI_API_KEY": api_key,
             "GENERATOR_BACKEND": "openai"}
-

@@ -53,11 +53,11 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
             agent_cache_ttl=env_float("GATEWAY_AGENT_CACHE_TTL", 5.0, environ),
             learn=LearnSettings.from_env(environ, common),
             dashboard=DashboardSettings.from_env(environ),
-            http_listen=_listen(env_str("GATEWAY_HTTP_LISTEN", "", environ)),
+            http_listen=_unless_off(env_str("GATEWAY_HTTP_LISTEN", "", environ)),
             feedback_batch=env_int("GATEWAY_FEEDBACK_BATCH", 16, environ),
             score_refresh=env_float("SCORE_REFRESH", 5.0, environ),
             score_full_refresh=env_float("SCORE_FULL_REFRESH", 300.0, environ),
-            auth_failures=_listen(env_str("GATEWAY_AUTH_FAILURES", DEFAULT_AUTH_FAILURES,
+            auth_failures=_unless_off(env_str("GATEWAY_AUTH_FAILURES", DEFAULT_AUTH_FAILURES,
                                           environ)),
         )
 
@@ -66,7 +66,7 @@ def _path(value: str) -> Path | None:
     return Path(value) if value else None
 
 
-def _listen(value: str) -> str:
-    """A setting that "off" (or empty) turns off: "" then."""
+def _unless_off(value: str) -> str:
+    """The value, or "" for off (unset, empty or "off")."""
     value = value.strip()
     return "" if value.lower() == "off" else value

@@ -39,27 +39,32 @@ class ThrottledError(Exception):
 class AuthThrottle:
     def __init__(self, limit: str) -> None:
         """`limit`: e.g. "20/minute"; "" turns the throttle off."""
-        try:
-            self._item = limits.parse(limit) if limit else None
-        except ValueError:
-            raise ValueError(f"GATEWAY_AUTH_FAILURES {limit!r} is not a rate such as "
-                             f"{DEFAULT_AUTH_FAILURES!r} (or 'off')") from None
-        self._limiter = MovingWindowRateLimiter(MemoryStorage()) if self._item else None
+        # The rate and its moving-window counter; None: off.
+        self._rule: tuple[limits.RateLimitItem, MovingWindowRateLimiter] | None = None
+        if limit:
+            try:
+                item = limits.parse(limit)
+            except ValueError:
+                raise ValueError(f"GATEWAY_AUTH_FAILURES {limit!r} is not a rate such as "
+                                 f"{DEFAULT_AUTH_FAILURES!r} (or 'off')") from None
+            self._rule = (item, MovingWindowRateLimiter(MemoryStorage()))
 
     def check(self, client: str) -> None:
         """ThrottledError if `client` has used up its failed checks."""
-        if self._item is None or self._limiter is None:
+        if self._rule is None:
             return
-        if not self._limiter.test(self._item, client):
-            reset = self._limiter.get_window_stats(self._item, client).reset_time
+        item, limiter = self._rule
+        if not limiter.test(item, client):
+            reset = limiter.get_window_stats(item, client).reset_time
             raise ThrottledError(client, max(1, math.ceil(reset - time.time())))
 
     def failed(self, client: str) -> None:
-        if self._item is None or self._limiter is None:
+        if self._rule is None:
             return
-        if not self._limiter.hit(self._item, client):
+        item, limiter = self._rule
+        if not limiter.hit(item, client):
             log.warning("throttling credential checks from %s (over %s failures)",
-                        client, self._item)
+                        client, item)
 
     async def verify(self, agents: TokenVerifier, token: str, client: str) -> AgentInfo | None:
         """The token's agent (None: no token or not a valid one, counted as a failure);
