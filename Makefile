@@ -43,6 +43,7 @@ test-unit: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy services shared intentroute bench
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: install
 	HF_HUB_OFFLINE=1 $(VENV)/bin/intentroute bench pipeline --json

@@ -30,12 +30,12 @@ import asyncpg
 
 from shared.accounting.costs import cost_report
 from shared.accounting.job import accounting_pass
-from shared.accounting.partitions import ensure_partitions
 from shared.accounting.retention import apply_retention
 from shared.accounting.rollups import refresh_rollups
 from shared.accounting.slo import slo_report
-from shared.policy import AgentPolicy, Price
+from shared.policy.agent import AgentPolicy, Price
 from shared.store import asyncpg_dsn
+from shared.store.partitions import ensure_partitions
 
 MODELS = ("big", "small", "extractive", "")
 TYPES = ("RETRIEVAL", "CODE_GENERATION", "CONVERSATIONAL", "PLATFORM")

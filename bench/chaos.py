@@ -45,13 +45,13 @@ from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_a
 from intentroute.stack.replication import Replicated, leaders, wait_until
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS, wait_for_consumers
-from shared.bus import ensure_streams
-from shared.client import publish_until_stored
-from shared.codec import decode_chunk
+from shared.client.caller import publish_until_stored
+from shared.common.settings import nats_servers
 from shared.contracts import deadletter, pipeline, request, response
+from shared.contracts.codec import decode_chunk
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import agent_responses
-from shared.settings import nats_servers
+from shared.runtime.streams import ensure_streams
 from shared.store import asyncpg_dsn, migrate
 from shared.store.agents import AgentStore
 
@@ -78,8 +78,8 @@ def _pct(values: list[float], q: float) -> float:
 
 class Tally:
     """Final chunks as the caller sees them live, per request id. A final re-sent as it
-    was (its ack lost in a leader election, shared.bus.AnswerStream) is the same message
-    again: counted in `resent`, not as a second answer."""
+    was (its ack lost in a leader election, shared.runtime.answer_stream.AnswerStream) is
+    the same message again: counted in `resent`, not as a second answer."""
 
     def __init__(self) -> None:
         self.finals: dict[str, list[tuple[float, str]]] = defaultdict(list)
@@ -368,7 +368,7 @@ def run(requests: int = 1000, rate: float = 40.0, deadline: float = 60.0, *,
         nats_cluster: int = 1, sync_interval: str = DEFAULT_SYNC_INTERVAL) -> dict[str, Any]:
     """`requests` at `rate` per second through the chaos; see the module doc."""
     from services.retriever.indexing.embedded_ingest import ingest
-    from shared.embeddings import SentenceTransformerEncoder
+    from shared.encoders.embeddings import SentenceTransformerEncoder
 
     with tempfile.TemporaryDirectory(prefix="ir-chaos-") as tmp:
         state = Path(tmp)

@@ -60,10 +60,10 @@ async def _worker_throughput(nats_url: str, db_url: str, total: int, concurrency
 
     from services.classifier.app import create_app
     from services.classifier.settings import ClassifierSettings
-    from shared.admission import Admission
-    from shared.bus import ensure_streams
-    from shared.codec import decode_routed, encode
+    from shared.auth.admission import Admission
+    from shared.contracts.codec import decode_routed, encode
     from shared.contracts.pipeline import CLASSIFY_SUBJECT, Admitted
+    from shared.runtime.streams import ensure_streams
 
     admission = Admission(b"")
 

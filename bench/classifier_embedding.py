@@ -75,7 +75,7 @@ def _head() -> Any:
     from services.classifier.layer2.registry import SHIPPED_HEADS, HeadRegistry
     from services.classifier.offline.labelled import load_labelled
     from services.classifier.offline.train import train_head
-    from shared.fast_encoder import shared_fast_encoder
+    from shared.encoders.fast import shared_fast_encoder
 
     head = HeadRegistry(SHIPPED_HEADS).current() if SHIPPED_HEADS.exists() else None
     if head is not None:
@@ -93,7 +93,7 @@ def _classifier(encoder: str = "fast", precision: str | None = None,
     head was trained with unless `precision` says otherwise (`early_exit=False`: the
     full encoder for every message)."""
     from services.classifier.layer2.classifier import Layer2Classifier
-    from shared.embeddings import pin_threads
+    from shared.encoders.embeddings import pin_threads
 
     pin_threads(1)
     head = _head()
@@ -101,10 +101,10 @@ def _classifier(encoder: str = "fast", precision: str | None = None,
         head.early = None
     precision = precision or head.precision or "fp32"
     if encoder == "reference":
-        from shared.embeddings import SentenceTransformerEncoder
+        from shared.encoders.embeddings import SentenceTransformerEncoder
 
         return Layer2Classifier(head, SentenceTransformerEncoder())
-    from shared.fast_encoder import FastEncoder
+    from shared.encoders.fast import FastEncoder
 
     # No LRU cache on either encoder: every text is encoded.
     early = (FastEncoder(head.encoder, threads=1, cache_size=0, precision=precision,

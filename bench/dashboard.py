@@ -43,7 +43,7 @@ from aiohttp import web
 from bench.browser import LAUNCH_ARGS, find_chromium
 from intentroute.stack import PostgresServer
 from services.gateway.dashboard import add_dashboard_routes
-from shared.policy import AgentPolicy
+from shared.policy.agent import AgentPolicy
 from shared.store import asyncpg_dsn, migrate
 from shared.store.policies import save_policy
 

@@ -78,7 +78,7 @@ async def _prepare(state: Path, db_url: str, nats_url: str, samples: int) -> tup
     import nats
 
     from intentroute.stack.auth import admin_kwargs, sync_agents
-    from shared.bus import ensure_streams
+    from shared.runtime.streams import ensure_streams
     from shared.store.agents import AgentStore
     from shared.store.rows import RequestLogRow
     from shared.store.scores import refresh_scores

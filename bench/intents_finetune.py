@@ -57,7 +57,7 @@ def pick_threshold(cos: np.ndarray, classes: list[str], gold: np.ndarray, oos_la
 
 def run(train: Path, val: Path, test: Path, *, epochs: float, label_smoothing: float,
         min_oos_recall: float, oos_label: str, seed: int) -> dict[str, Any]:
-    from shared.fast_encoder import FastEncoder
+    from shared.encoders.fast import FastEncoder
 
     rows = load_labelled(train)
     out_dir = Path(tempfile.mkdtemp(prefix="intentroute-ft-bench-"))

@@ -31,11 +31,11 @@ from typing import Any
 
 import asyncpg
 
-from shared.accounting.partitions import ensure_partitions
 from shared.learning.job import learn_once
 from shared.learning.settings import LearnSettings
-from shared.policy import AgentPolicy, apply_assignment
+from shared.policy.agent import AgentPolicy, apply_assignment
 from shared.store import asyncpg_dsn, migrate
+from shared.store.partitions import ensure_partitions
 from shared.store.policies import save_policy
 
 

@@ -34,12 +34,12 @@ from nats.aio.msg import Msg
 
 from intentroute.stack import DEFAULT_SYNC_INTERVAL, embedded_stack
 from intentroute.workers import WORKERS, wait_for_consumers
-from shared.bus import ensure_streams
-from shared.client import publish_request
-from shared.codec import decode_chunk
+from shared.client.caller import publish_request
+from shared.common.settings import nats_servers
+from shared.contracts.codec import decode_chunk
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import agent_responses
-from shared.settings import nats_servers
+from shared.runtime.streams import ensure_streams
 
 REPO = Path(__file__).resolve().parent.parent
 AGENTS = ("bench-load", "bench-seq")
@@ -212,7 +212,7 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
     accounting=False runs the workers with ACCOUNTING=off (what accounting costs)."""
     from intentroute.stack.auth import service_env
     from services.retriever.indexing.embedded_ingest import ingest
-    from shared.embeddings import SentenceTransformerEncoder
+    from shared.encoders.embeddings import SentenceTransformerEncoder
     from shared.store import migrate
 
     with tempfile.TemporaryDirectory(prefix="ir-bench-") as tmp:

@@ -27,25 +27,25 @@ from typing import Any
 
 import msgspec
 
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 
 def make_encoder(kind: str = "st") -> Encoder:
-    """"st": sentence-transformers (the reference); "fast": shared.fast_encoder (same
+    """"st": sentence-transformers (the reference); "fast": shared.encoders.fast (same
     vectors, cosine >= 0.9999, less per-call overhead: the query-latency path)."""
     if kind == "fast":
-        from shared.fast_encoder import FastEncoder
+        from shared.encoders.fast import FastEncoder
 
         return FastEncoder(threads=1, cache_size=0)  # no cache: every query pays
-    from shared.embeddings import SentenceTransformerEncoder
+    from shared.encoders.embeddings import SentenceTransformerEncoder
 
     return SentenceTransformerEncoder()
 
 
 def ingest_encoder() -> Encoder:
     """The encoder `intentroute ingest` uses (ONNX, 2 threads, settings' precision)."""
-    from shared.fast_encoder import batch_fast_encoder
-    from shared.settings import CommonSettings
+    from shared.common.settings import CommonSettings
+    from shared.encoders.fast import batch_fast_encoder
 
     common = CommonSettings.from_env()
     return batch_fast_encoder(precision=common.ingest_precision,
@@ -70,7 +70,7 @@ def ingest_speed(
     from services.retriever.indexing.documents import load_documents
     from services.retriever.indexing.embedded_ingest import ingest
     from services.retriever.offline.evaluation import CACHE_ROOT
-    from shared.embeddings import pin_threads
+    from shared.encoders.embeddings import pin_threads
 
     pin_threads(1)
     enc = encoder if encoder is not None else make_encoder("st")
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kb", type=Path, default=None, help="Markdown dir for ingest-speed")
     ap.add_argument("--n-docs", type=int, default=120, help="SciFact docs for ingest-speed")
     ap.add_argument("--encoder", choices=["st", "fast"], default="st",
-                    help="query encoder: sentence-transformers or shared.fast_encoder")
+                    help="query encoder: sentence-transformers or shared.encoders.fast")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--ingest-encoder", choices=["st", "fast"], default="fast",
                     help="short-ingest: sentence-transformers or the ingest encoder")
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     from services.retriever.offline.relevance_calibration import relevance_report
 
     if args.command == "short-ingest":
-        from shared.embeddings import pin_threads
+        from shared.encoders.embeddings import pin_threads
 
         pin_threads(2)
         enc_i = ingest_encoder() if args.ingest_encoder == "fast" else make_encoder("st")

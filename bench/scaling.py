@@ -45,14 +45,14 @@ from nats.aio.client import Client
 from intentroute.stack import embedded_stack
 from intentroute.stack.auth import admin_kwargs, auth_files, ops_kwargs, service_env
 from intentroute.status import Instance, gather, parse_stats
-from shared.admission import Admission
-from shared.bus import ensure_streams
+from shared.auth.admission import Admission
 from shared.contracts import pipeline
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import Layer as RoutingLayer
 from shared.contracts.routing import QueryType, RoutingDecision, slot_for
-from shared.signals import bucket_delta, merge_buckets, quantile
+from shared.runtime.signals import bucket_delta, merge_buckets, quantile
+from shared.runtime.streams import ensure_streams
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = {"classifier": pipeline.CLASSIFY_SUBJECT, "retriever": pipeline.RETRIEVE_SUBJECT}
@@ -208,7 +208,7 @@ def run(stage: str = "classifier", replicas: tuple[int, ...] = (1, 2, 4), repeat
         models: bool = True) -> dict[str, Any]:
     """See the module doc."""
     from services.retriever.indexing.embedded_ingest import ingest
-    from shared.embeddings import SentenceTransformerEncoder
+    from shared.encoders.embeddings import SentenceTransformerEncoder
     from shared.store import migrate
 
     if stage not in STAGES:

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 
 from intentroute.stack.natsconf import DEFAULT_SYNC_INTERVAL, sync_interval_problem
-from shared.settings import CommonSettings, env_str
+from shared.common.settings import CommonSettings, env_str
 
 
 class CliSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,7 +1,7 @@
 """What `intentroute status` reads and how it turns two readings into a table.
 
 A reading (`Sample`) asks the services API once (`$SRV.STATS`: every replica of every
-worker answers with its counts, `shared.micro`), and the server for each stage's
+worker answers with its counts, `shared.runtime.micro`), and the server for each stage's
 durable consumer (lag) and for the dead-letter stream (parked letters per stage).
 Rates and the p95 are over the time between two readings: the difference of each
 replica's counters and latency buckets (a replica restarted in between counts from
@@ -20,9 +20,9 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from shared.auth.permissions import SERVICES_API, WORKER_GRANTS, service_user
 from shared.contracts import deadletter
-from shared.natsauth import SERVICES_API, WORKER_GRANTS, service_user
-from shared.signals import Lag, bucket_delta, merge_buckets, quantile
+from shared.runtime.signals import Lag, bucket_delta, merge_buckets, quantile
 
 
 class Instance(msgspec.Struct, frozen=True, kw_only=True):

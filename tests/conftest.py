@@ -129,7 +129,7 @@ async def fake_ollama() -> AsyncIterator[object]:
 def kb_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo knowledge base ingested once with the real encoder."""
     from services.retriever.indexing.embedded_ingest import ingest
-    from shared.embeddings import SentenceTransformerEncoder
+    from shared.encoders.embeddings import SentenceTransformerEncoder
 
     index_dir = tmp_path_factory.mktemp("kb-index")
     ingest(REPO / "kb" / "avap", index_dir, SentenceTransformerEncoder(), progress=False)

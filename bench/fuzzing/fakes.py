@@ -21,12 +21,12 @@ from services.generator.prompts import ChatMessage
 from services.parser.avap import validate
 from services.retriever.port import SearchResult
 from services.validator.parser_client import ParseOutcome
-from shared.codec import decode_chunk
+from shared.auth.ports import AgentInfo
+from shared.contracts.codec import decode_chunk
 from shared.contracts.ids import MAX_ID_CHARS
 from shared.contracts.pipeline import Passage
 from shared.contracts.response import ResponseChunk
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
-from shared.ports import AgentInfo
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
 from shared.store.writer import StoreRejectedError
 

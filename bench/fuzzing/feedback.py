@@ -31,7 +31,9 @@ from services.gateway.feedback import (
     decode_feedback,
 )
 from services.gateway.handlers import GatewayDeps
-from shared.admission import Admission
+from shared.auth.admission import Admission
+from shared.auth.ports import AgentInfo
+from shared.common.settings import CommonSettings
 from shared.contracts.feedback import (
     SUBJECT_PREFIX,
     Feedback,
@@ -41,8 +43,6 @@ from shared.contracts.feedback import (
     feedback_subject,
 )
 from shared.contracts.ids import MAX_ID_CHARS
-from shared.ports import AgentInfo
-from shared.settings import CommonSettings
 from shared.store.feedback import Recorded
 
 COMMON = CommonSettings(nats_url="nats://unused:4222", max_deliver=3)

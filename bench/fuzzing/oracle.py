@@ -23,9 +23,10 @@ from itertools import pairwise
 import msgspec
 
 from bench.fuzzing.fakes import FuzzDelivery, RecordingBus, Sent
-from shared.admission import Admission
-from shared.codec import decode_admitted, decode_chunk, decode_routed
+from shared.auth.admission import Admission
+from shared.auth.ports import AgentInfo
 from shared.contracts import pipeline, response
+from shared.contracts.codec import decode_admitted, decode_chunk, decode_routed
 from shared.contracts.feedback import (
     INVALID_ACK_ID,
     MAX_QUALITY,
@@ -45,7 +46,6 @@ from shared.contracts.response import (
     ResponseChunk,
 )
 from shared.contracts.routing import QueryType
-from shared.ports import AgentInfo
 
 TYPED_CODES = frozenset(c.value for c in ErrorCode)
 

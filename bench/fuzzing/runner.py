@@ -20,7 +20,7 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from bench.fuzzing.oracle import Verdict
 from bench.fuzzing.targets import TARGETS, Example, Target
-from shared.settings import CommonSettings
+from shared.common.settings import CommonSettings
 
 DEFAULT_EXAMPLES = 10_000
 

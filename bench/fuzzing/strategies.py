@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
-from shared.admission import Admission
+from shared.auth.admission import Admission
 from shared.contracts.ids import MAX_ID_CHARS
 from shared.contracts.pipeline import Admitted, Passage
 from shared.contracts.request import MAX_CONTEXT_CHARS, MAX_QUERY_CHARS, AgentRequest

@@ -60,8 +60,10 @@ from services.validator.handlers import ValidatorDeps
 from services.validator.handlers import build_stage as validator_stage
 from services.validator.parser_client import GuardedParser
 from services.validator.settings import ValidatorSettings
-from shared.admission import Admission
-from shared.codec import decode_admitted, decode_chunk, decode_routed, encode
+from shared.auth.admission import Admission
+from shared.auth.ports import AgentInfo
+from shared.common.settings import CommonSettings
+from shared.contracts.codec import decode_admitted, decode_chunk, decode_routed, encode
 from shared.contracts.ids import is_valid_id
 from shared.contracts.pipeline import (
     CLASSIFY_SUBJECT,
@@ -74,10 +76,8 @@ from shared.contracts.pipeline import (
 from shared.contracts.request import AgentRequest, agent_of, request_subject
 from shared.contracts.response import ChunkKind, ErrorInfo, ResponseChunk
 from shared.contracts.routing import ModelSlot, QueryType
-from shared.policy import AgentPolicy, ClarityPolicy
-from shared.ports import AgentInfo
-from shared.settings import CommonSettings
-from shared.stage import Stage, StageDeps
+from shared.policy.agent import AgentPolicy, ClarityPolicy
+from shared.runtime.stage import Stage, StageDeps
 
 # Few deliveries: a retried deterministic failure is already a finding on the first.
 COMMON = CommonSettings(nats_url="nats://unused:4222", max_deliver=3)

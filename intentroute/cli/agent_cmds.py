@@ -20,7 +20,7 @@ import asyncpg
 import typer
 
 from intentroute.cli.apps import app, require_db, settings
-from shared.policy import AgentPolicy, PolicyError, encode_policy
+from shared.policy.agent import AgentPolicy, PolicyError, encode_policy
 from shared.store import asyncpg_dsn
 from shared.store.agents import AgentError, AgentRecord, AgentStore
 from shared.store.policies import show_policy, update_policy
@@ -74,7 +74,7 @@ def add(
     """Create an agent and print its credential (JSON); the secret is not shown again."""
     import msgspec
 
-    from shared.natsconn import write_credential
+    from shared.auth.natsconn import write_credential
 
     db_url = require_db()
     cred = _with_store(db_url, lambda store: store.add(name, trusted=trusted))

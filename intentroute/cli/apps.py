@@ -37,8 +37,8 @@ def operator_kwargs(cli: CliSettings | None = None) -> dict[str, object]:
     """`nats.connect` kwargs of an operator command: the running embedded stack's admin,
     or the NATS_* settings (an external server)."""
     from intentroute.stack.auth import admin_kwargs, auth_files
-    from shared.natsauth import ADMIN_USER
-    from shared.natsconn import connect_kwargs, tls_kwargs
+    from shared.auth.natsconn import connect_kwargs, tls_kwargs
+    from shared.auth.permissions import ADMIN_USER
 
     cli = cli or settings()
     if not cli.nats_url and auth_files(cli.state_dir).credential(ADMIN_USER).exists():

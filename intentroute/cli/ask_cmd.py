@@ -11,7 +11,7 @@ import typer
 from nats.aio.client import Client
 
 from intentroute.cli.apps import app, settings, urls
-from shared.settings import nats_servers
+from shared.common.settings import nats_servers
 
 
 @app.command()
@@ -73,7 +73,7 @@ def caller_kwargs(creds: Path | None) -> tuple[dict[str, Any], str]:
     """`nats.connect` kwargs and agent id of a caller: the credential file given, else
     the running stack's demo agent (`<state>/creds/demo.json`), else the settings."""
     from intentroute.stack.auth import DEMO_AGENT, auth_files
-    from shared.natsconn import connect_kwargs, credential_kwargs, read_credential
+    from shared.auth.natsconn import connect_kwargs, credential_kwargs, read_credential
 
     cli = settings()
     if creds is None:
@@ -100,7 +100,7 @@ async def ask_and_print(
     """Ask one question and print its chunks as they stream; 1 if it ended in an error."""
     import msgspec
 
-    from shared.client import ask as ask_stream
+    from shared.client.caller import ask as ask_stream
     from shared.contracts.request import AgentRequest
     from shared.contracts.response import ChunkKind
 

@@ -228,8 +228,8 @@ def eval_retrieval(
     """nDCG@10, Recall@10, MRR@10 per method, ingest speed and hybrid query latency."""
     from intentroute.cli.apps import settings
     from services.retriever.offline.evaluation import evaluate
-    from shared.embeddings import pin_threads
-    from shared.fast_encoder import batch_fast_encoder
+    from shared.encoders.embeddings import pin_threads
+    from shared.encoders.fast import batch_fast_encoder
 
     common = settings().common
     methods = ["bm25", "dense", "hybrid"] if method == "all" else [method]

@@ -12,7 +12,7 @@ import typer
 from intentroute.cli.apps import app, require_db, settings
 
 if TYPE_CHECKING:
-    from shared.embeddings import Encoder
+    from shared.encoders.embeddings import Encoder
 
 
 @app.command()
@@ -29,8 +29,8 @@ def ingest_into(path: Path, index_dir: Path) -> None:
     import msgspec
 
     from services.retriever.settings import RetrieverSettings
-    from shared.embeddings import pin_threads
-    from shared.fast_encoder import batch_fast_encoder
+    from shared.encoders.embeddings import pin_threads
+    from shared.encoders.fast import batch_fast_encoder
 
     retriever = RetrieverSettings.from_env()
     pin_threads(2)
@@ -104,7 +104,7 @@ def train_classifier(
     from services.classifier.layer2.registry import seed_registry
     from services.classifier.offline.promote import HeadWriter, train_and_promote
     from services.classifier.settings import ClassifierSettings
-    from shared.fast_encoder import shared_fast_encoder
+    from shared.encoders.fast import shared_fast_encoder
 
     classifier = ClassifierSettings.from_env()
     common = classifier.common

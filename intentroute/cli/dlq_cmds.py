@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from intentroute.cli.apps import app, emit, operator_kwargs, settings, urls
-from shared.settings import nats_servers
+from shared.common.settings import nats_servers
 
 dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters: look and retry.")
 app.add_typer(dlq_app, name="dlq")

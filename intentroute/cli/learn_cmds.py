@@ -41,7 +41,7 @@ def propose(
     promotes or rejects it, as it does its own."""
     from shared.learning.job import utc_now
     from shared.learning.proposals import insert, parse_assignment
-    from shared.policy import PolicyError
+    from shared.policy.agent import PolicyError
 
     try:
         key, value = parse_assignment(assignment)

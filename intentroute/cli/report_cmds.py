@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import asyncpg
 
     from shared.accounting.costs import CostReport, ModelCost
-    from shared.policy import AgentPolicy
+    from shared.policy.agent import AgentPolicy
 
 report_app = typer.Typer(no_args_is_help=True,
                          help="Accounting reports from the daily rollups (UTC days).")

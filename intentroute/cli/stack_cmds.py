@@ -26,8 +26,8 @@ from intentroute.stack.state import (
 )
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS, wait_for_consumers
-from shared.natsconn import connect_kwargs, credential_kwargs, read_credential, tls_kwargs
-from shared.settings import nats_servers
+from shared.auth.natsconn import connect_kwargs, credential_kwargs, read_credential, tls_kwargs
+from shared.common.settings import nats_servers
 
 DEMO_KB = Path(__file__).resolve().parent.parent.parent / "kb" / "avap"
 
@@ -276,7 +276,7 @@ async def _declare_streams(
 ) -> None:
     import nats
 
-    from shared.bus import ensure_streams
+    from shared.runtime.streams import ensure_streams
 
     nc = await nats.connect(nats_servers(nats_url), **admin)
     try:
@@ -319,7 +319,7 @@ def worker(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(WORKERS
         os.environ["DATABASE_URL"] = db_url
     cli = settings()
     if not cli.common.nats_authenticated and name in WORKERS:
-        from shared.natsauth import service_user
+        from shared.auth.permissions import service_user
 
         if auth_files(cli.state_dir).credential(service_user(name)).exists():
             os.environ.update(service_env(cli.state_dir, name))

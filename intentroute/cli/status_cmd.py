@@ -17,8 +17,8 @@ def status_kwargs() -> dict[str, Any]:
     """The monitoring reader's connection: the running embedded stack's `intentroute-ops`
     credential, else the NATS_* settings (an external server: give it an ops user)."""
     from intentroute.stack.auth import auth_files, ops_kwargs
-    from shared.natsauth import OPS_USER
-    from shared.natsconn import connect_kwargs, tls_kwargs
+    from shared.auth.natsconn import connect_kwargs, tls_kwargs
+    from shared.auth.permissions import OPS_USER
 
     cli = settings()
     if not cli.nats_url and auth_files(cli.state_dir).credential(OPS_USER).exists():

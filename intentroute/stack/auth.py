@@ -1,6 +1,6 @@
 """The embedded nats-server's users: files in the state directory, reload on change.
 
-<state>/creds/ (0700) holds one credential per user (0600, `shared.natsconn` format):
+<state>/creds/ (0700) holds one credential per user (0600, `shared.auth.natsconn` format):
 `admin.json`, `intentroute-<worker>.json`, the monitoring reader's `intentroute-ops.json`
 (`intentroute status`), and the demo agent's `demo.json`.
 <state>/nats/users.json (0600) keeps the bcrypt hashes of the admin and service
@@ -30,9 +30,9 @@ from typing import NamedTuple
 import msgspec
 
 from intentroute.stack.natsconf import AUTH_FILE, auth_config, stack_users
-from shared.identity import hash_secret
-from shared.natsauth import ADMIN_USER, OPS_USER, STACK_USERS, service_user
-from shared.natsconn import read_credential, user_credential, write_credential
+from shared.auth.identity import hash_secret
+from shared.auth.natsconn import read_credential, user_credential, write_credential
+from shared.auth.permissions import ADMIN_USER, OPS_USER, STACK_USERS, service_user
 from shared.store.agents import AgentStore
 
 log = logging.getLogger("intentroute.stack")
@@ -130,7 +130,7 @@ def ops_kwargs(state_dir: Path) -> dict[str, str]:
 
 def service_env(state_dir: Path, worker: str) -> dict[str, str]:
     """The environment a worker process connects with: its service user and the
-    deployment's admission key (shared.admission)."""
+    deployment's admission key (shared.auth.admission)."""
     files = auth_files(state_dir)
     nats = read_credential(files.credential(service_user(worker))).nats
     return {"NATS_USER": nats["user"], "NATS_PASSWORD": nats["password"],

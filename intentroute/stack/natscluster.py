@@ -16,7 +16,7 @@ from pathlib import Path
 from intentroute.stack.natsconf import DEFAULT_SYNC_INTERVAL, ClusterNode, ServerTls
 from intentroute.stack.natsserver import NatsServer
 from intentroute.stack.procs import StackError, free_port, wait_tcp
-from shared.identity import hash_secret
+from shared.auth.identity import hash_secret
 
 CLUSTER_NAME = "intentroute"
 ROUTE_USER = "route"
@@ -83,7 +83,7 @@ class NatsCluster:
 
     def start(self, timeout: float = 15.0) -> NatsCluster:
         """Start every node, then wait until each listens for clients and routes. The
-        JetStream leaders are elected a moment later: `shared.bus.ensure_streams`
+        JetStream leaders are elected a moment later: `shared.runtime.streams.ensure_streams`
         waits for them."""
         try:
             for node in self.nodes:

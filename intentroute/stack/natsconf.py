@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from shared.natsauth import (
+from shared.auth.permissions import (
     ADMIN_USER,
     OPS_USER,
     SERVICE_USERS,

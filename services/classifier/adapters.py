@@ -55,7 +55,7 @@ def build_classifier(
         log.warning("[classify] CLASSIFIER_HEADS_DIR is empty: embedding layer off")
         return None
     seed_registry(root)
-    from shared.embeddings import pin_threads
+    from shared.encoders.embeddings import pin_threads
 
     pin_threads(1)
     return Layer2Classifier.from_registry(

@@ -8,8 +8,8 @@ from opentelemetry.trace import TracerProvider
 from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.handlers import ClassifierDeps, build_stage
 from services.classifier.settings import ClassifierSettings
-from shared.policy_cache import open_policy_cache
-from shared.runtime import Wiring, build_app
+from shared.runtime.worker import Wiring, build_app
+from shared.store.policy_cache import open_policy_cache
 
 
 def create_app(

@@ -6,10 +6,8 @@ from dataclasses import dataclass
 
 from services.classifier.cascade import Cascade
 from services.classifier.settings import ClassifierSettings
-from shared.answers import request_log_row
-from shared.bus import AnswerStream
-from shared.codec import decode_admitted
 from shared.contracts import pipeline
+from shared.contracts.codec import decode_admitted
 from shared.contracts.pipeline import (
     CLASSIFY_SUBJECT,
     RETRIEVE_SUBJECT,
@@ -25,9 +23,11 @@ from shared.contracts.routing import (
     QueryType,
     RoutingDecision,
 )
-from shared.policy import ClarityPolicy
-from shared.ports import Policies
-from shared.stage import (
+from shared.policy.agent import ClarityPolicy
+from shared.policy.ports import Policies
+from shared.runtime.answer_stream import AnswerStream
+from shared.runtime.answers import request_log_row
+from shared.runtime.stage import (
     Call,
     Handoff,
     Stage,
@@ -96,7 +96,7 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
         else:
             subject = generate_subject(decision.model_slot)
         # This turn's classify_history row travels in the envelope's decision and is
-        # written with the turn by the stage that ends it (shared.stage.finish_turn).
+        # written with the turn by the stage that ends it (shared.runtime.stage.finish_turn).
         return Handoff(subject, routed, "classified")
 
     return Stage(

@@ -10,8 +10,8 @@ from pathlib import Path
 from string import Template
 from typing import Protocol
 
+from shared.common.deadline import time_left
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
-from shared.deadline import time_left
 
 log = logging.getLogger("intentroute.classifier")
 

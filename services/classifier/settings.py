@@ -6,8 +6,8 @@ from pathlib import Path
 import msgspec
 
 from services.classifier.clarity import DECIDE_THRESHOLD
-from shared.policy import ClarityPolicy
-from shared.settings import CommonSettings, env_float, env_int, env_str
+from shared.common.settings import CommonSettings, env_float, env_int, env_str
+from shared.policy.agent import ClarityPolicy
 
 
 class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,8 +14,8 @@ from services.gateway.http import build_http_app, start_http
 from services.gateway.scoring import ScoreRefresher
 from services.gateway.settings import GatewaySettings
 from services.gateway.throttle import AuthThrottle
-from shared.identity import CachedAgents
-from shared.runtime import Consumes, Wiring, build_app
+from shared.auth.identity import CachedAgents
+from shared.runtime.worker import Consumes, Wiring, build_app
 from shared.store import asyncpg_dsn
 from shared.store.feedback import FeedbackTable
 

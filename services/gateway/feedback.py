@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 from services.gateway.validation import salvage_request_id
-from shared.answers import report_invalid
-from shared.codec import encode
-from shared.consumer import Handler, StageSpec
+from shared.auth.permissions import FEEDBACK_DURABLE
+from shared.common.settings import CommonSettings
 from shared.contracts import feedback as feedback_contract
+from shared.contracts.codec import encode
 from shared.contracts.feedback import MAX_QUALITY, Feedback, FeedbackAck
 from shared.contracts.ids import id_problem
 from shared.contracts.response import ErrorCode
-from shared.natsauth import FEEDBACK_DURABLE
-from shared.ports import Delivery
-from shared.settings import CommonSettings
+from shared.runtime.answers import report_invalid
+from shared.runtime.consumer import Handler, StageSpec
+from shared.runtime.ports import Delivery
 from shared.store.feedback import Recorded
 from shared.store.writer import StoreUnavailableError
 

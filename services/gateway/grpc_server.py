@@ -23,7 +23,9 @@ from nats.aio.client import Client
 from services.gateway.feedback import FeedbackRecorder
 from services.gateway.throttle import AuthThrottle, ThrottledError, grpc_peer_address
 from services.gateway.validation import InputError, check_request
-from shared.client import AnswerTimeoutError, ask, assemble
+from shared.auth.identity import bearer_value
+from shared.auth.ports import AgentInfo, TokenVerifier
+from shared.client.caller import AnswerTimeoutError, ask, assemble
 from shared.contracts.feedback import (
     Feedback,
     FeedbackAck,
@@ -33,8 +35,6 @@ from shared.contracts.feedback import (
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ErrorCode, ResponseChunk
 from shared.grpc import agent_pb2, agent_pb2_grpc
-from shared.identity import bearer_value
-from shared.ports import AgentInfo, TokenVerifier
 from shared.store.writer import StoreUnavailableError
 
 log = logging.getLogger("intentroute.gateway.grpc")

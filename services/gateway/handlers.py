@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from services.gateway.feedback import FeedbackRecorder
 from services.gateway.settings import GatewaySettings
 from services.gateway.validation import InputError, parse_request, salvage_field
-from shared.answers import write_after_answer
-from shared.bus import AnswerStream
-from shared.codec import encode
+from shared.auth.ports import AgentDirectory
 from shared.contracts import request as request_contract
+from shared.contracts.codec import encode
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, Admitted
 from shared.contracts.request import agent_of
 from shared.contracts.response import (
@@ -29,8 +28,10 @@ from shared.contracts.response import (
     ResponseChunk,
     response_subject,
 )
-from shared.ports import AgentDirectory, Delivery
-from shared.stage import Call, Decode, Handoff, PermanentError, Stage, StageDeps, stage_spec
+from shared.runtime.answer_stream import AnswerStream
+from shared.runtime.answers import write_after_answer
+from shared.runtime.ports import Delivery
+from shared.runtime.stage import Call, Decode, Handoff, PermanentError, Stage, StageDeps, stage_spec
 from shared.store.rows import RequestLogRow
 
 log = logging.getLogger("intentroute.gateway")

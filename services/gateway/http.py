@@ -28,11 +28,11 @@ from aiohttp import web
 
 from services.gateway.feedback import FeedbackRecorder, decode_feedback
 from services.gateway.throttle import AuthThrottle, ThrottledError
-from shared.codec import encode
+from shared.auth.identity import bearer_value
+from shared.auth.ports import TokenVerifier
+from shared.contracts.codec import encode
 from shared.contracts.feedback import FeedbackAck
 from shared.contracts.response import ErrorCode
-from shared.identity import bearer_value
-from shared.ports import TokenVerifier
 from shared.store.writer import StoreUnavailableError
 
 log = logging.getLogger("intentroute.gateway.http")

@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from shared.confidence import ConfidenceParams
+from shared.common.tasks import cancel_and_wait
+from shared.policy.confidence import ConfidenceParams
 from shared.store.scores import refresh_scores
-from shared.tasks import cancel_and_wait
 
 log = logging.getLogger("intentroute.gateway.scores")
 

@@ -7,8 +7,8 @@ import msgspec
 
 from services.gateway.dashboard.settings import DashboardSettings
 from services.gateway.throttle import DEFAULT_AUTH_FAILURES
+from shared.common.settings import CommonSettings, env_float, env_int, env_str
 from shared.learning.settings import LearnSettings
-from shared.settings import CommonSettings, env_float, env_int, env_str
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,7 +21,7 @@ import limits
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
-from shared.ports import AgentInfo, TokenVerifier
+from shared.auth.ports import AgentInfo, TokenVerifier
 
 log = logging.getLogger("intentroute.gateway.throttle")
 

@@ -8,8 +8,8 @@ from opentelemetry.trace import TracerProvider
 from services.generator.backends import ChatBackend, EchoBackend, OllamaBackend, OpenAIBackend
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.settings import GeneratorSettings
-from shared.policy_cache import open_policy_cache
-from shared.runtime import Wiring, build_app
+from shared.runtime.worker import Wiring, build_app
+from shared.store.policy_cache import open_policy_cache
 
 
 def choose_backend(settings: GeneratorSettings) -> ChatBackend | None:

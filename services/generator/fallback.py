@@ -22,9 +22,9 @@ from opentelemetry.trace import Tracer
 from services.generator.backends import BackendUnavailableError, ChatBackend, TokenCounts
 from services.generator.extractive import extractive_answer
 from services.generator.prompts import render_prompt
+from shared.common.deadline import time_left
 from shared.contracts.pipeline import Routed, Usage
-from shared.deadline import time_left
-from shared.policy import AgentPolicy, FallbackEnd
+from shared.policy.agent import AgentPolicy, FallbackEnd
 
 log = logging.getLogger("intentroute.generator")
 

@@ -9,14 +9,14 @@ from services.generator.backends import ChatBackend
 from services.generator.fallback import Answered, Sink, merged, steps_for
 from services.generator.fallback import produce as produce_answer
 from services.generator.settings import GeneratorSettings
-from shared.bus import AnswerStream
-from shared.codec import decode_routed
 from shared.contracts import pipeline
+from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import QueryType
-from shared.ports import Policies
-from shared.stage import (
+from shared.policy.ports import Policies
+from shared.runtime.answer_stream import AnswerStream
+from shared.runtime.stage import (
     Call,
     Handoff,
     PermanentError,

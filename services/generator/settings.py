@@ -4,8 +4,8 @@ from collections.abc import Mapping
 
 import msgspec
 
+from shared.common.settings import CommonSettings, env_float, env_int, env_str
 from shared.contracts.routing import ModelSlot
-from shared.settings import CommonSettings, env_float, env_int, env_str
 
 
 class GeneratorSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,8 +11,8 @@ from pathlib import Path
 from string import Template
 from typing import Protocol
 
+from shared.common.deadline import time_left
 from shared.contracts.pipeline import Passage
-from shared.deadline import time_left
 
 log = logging.getLogger("intentroute.retriever")
 

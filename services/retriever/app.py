@@ -9,7 +9,7 @@ from services.retriever.embedded import EmbeddedRetrieval
 from services.retriever.handlers import RetrieverDeps, build_stage
 from services.retriever.port import Retrieval
 from services.retriever.settings import RetrieverSettings
-from shared.runtime import Wiring, build_app
+from shared.runtime.worker import Wiring, build_app
 
 
 def build_retrieval(settings: RetrieverSettings) -> Retrieval:
@@ -19,8 +19,8 @@ def build_retrieval(settings: RetrieverSettings) -> Retrieval:
         return ElasticsearchRetrieval.from_settings(settings)
     encoder = None
     if settings.method != "bm25":
-        from shared.embeddings import pin_threads
-        from shared.fast_encoder import shared_fast_encoder
+        from shared.encoders.embeddings import pin_threads
+        from shared.encoders.fast import shared_fast_encoder
 
         # Query embedding is most of a hybrid query's cost: one thread, the fast path.
         pin_threads(1)

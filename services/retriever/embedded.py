@@ -10,7 +10,7 @@ from pathlib import Path
 from services.retriever.index import EmbeddedIndex
 from services.retriever.port import SearchResult, check_method
 from services.retriever.rrf import FusionSettings
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 log = logging.getLogger("intentroute.retriever")
 

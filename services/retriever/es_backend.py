@@ -29,9 +29,9 @@ from services.retriever.es_bodies import (
 from services.retriever.port import SearchResult, check_method
 from services.retriever.rrf import FusionSettings, rrf
 from services.retriever.settings import RetrieverSettings
+from shared.common.deadline import time_left
 from shared.contracts.pipeline import Passage
-from shared.deadline import time_left
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 # HNSW candidates per shard = k x this factor.
 NUM_CANDIDATES_FACTOR = 2.0
@@ -65,7 +65,7 @@ class ElasticsearchRetrieval:
     def from_settings(cls, settings: RetrieverSettings) -> ElasticsearchRetrieval:
         encoder: Encoder | None = None
         if settings.method != "bm25":
-            from shared.embeddings import SentenceTransformerEncoder, pin_threads
+            from shared.encoders.embeddings import SentenceTransformerEncoder, pin_threads
 
             pin_threads(1)
             encoder = SentenceTransformerEncoder(settings.embedding_model)

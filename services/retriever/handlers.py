@@ -8,12 +8,20 @@ from services.retriever.adapters import RelevanceJudge
 from services.retriever.logic import RelevancePolicy, retrieve
 from services.retriever.port import Retrieval
 from services.retriever.settings import RetrieverSettings
-from shared.codec import decode_routed
 from shared.contracts import pipeline
+from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import RETRIEVE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import RETRIEVING_TYPES
-from shared.stage import Call, Handoff, PermanentError, Stage, StageDeps, payload, stage_spec
+from shared.runtime.stage import (
+    Call,
+    Handoff,
+    PermanentError,
+    Stage,
+    StageDeps,
+    payload,
+    stage_spec,
+)
 
 
 @dataclass(kw_only=True)

@@ -36,7 +36,7 @@ from services.retriever.indexing.chunking import Chunk
 from services.retriever.port import SearchResult, check_method
 from services.retriever.rrf import FusionSettings, rrf
 from shared.contracts.pipeline import Passage
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import msgspec
 
-from shared.embeddings import DEFAULT_MODEL
-from shared.settings import CommonSettings, env_float, env_int, env_str
+from shared.common.settings import CommonSettings, env_float, env_int, env_str
+from shared.encoders.embeddings import DEFAULT_MODEL
 
 
 class RetrieverSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,7 +9,7 @@ from services.validator.breaker import CircuitBreaker
 from services.validator.handlers import ValidatorDeps, build_stage
 from services.validator.parser_client import GrpcParserClient, GuardedParser
 from services.validator.settings import ValidatorSettings
-from shared.runtime import Wiring, build_app
+from shared.runtime.worker import Wiring, build_app
 
 
 def build_checker(settings: ValidatorSettings) -> GuardedParser:

@@ -9,13 +9,13 @@ from typing import Protocol
 from services.validator.extract import extract_avap_code
 from services.validator.parser_client import CheckResult, CheckStatus
 from services.validator.settings import ValidatorSettings
-from shared.bus import AnswerStream
-from shared.codec import decode_routed
 from shared.contracts import pipeline
+from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import ValidationStatus
 from shared.contracts.routing import ModelSlot
-from shared.stage import Call, Handoff, Stage, StageDeps, finish_turn, payload, stage_spec
+from shared.runtime.answer_stream import AnswerStream
+from shared.runtime.stage import Call, Handoff, Stage, StageDeps, finish_turn, payload, stage_spec
 
 log = logging.getLogger("intentroute.validator")
 

@@ -18,8 +18,8 @@ import msgspec
 
 from services.validator.breaker import CircuitBreaker
 from services.validator.feedback import render_parser_feedback
+from shared.common.deadline import time_left
 from shared.contracts.parser import TraceLine
-from shared.deadline import time_left
 from shared.grpc import avap_parser_pb2, avap_parser_pb2_grpc
 
 log = logging.getLogger("intentroute.validator")

@@ -4,7 +4,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from shared.settings import CommonSettings, env_float, env_int, env_str
+from shared.common.settings import CommonSettings, env_float, env_int, env_str
 
 
 class ValidatorSettings(msgspec.Struct, frozen=True, kw_only=True):

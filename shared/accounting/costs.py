@@ -28,7 +28,7 @@ import msgspec
 
 from shared.accounting.hashing import AgentNamer, identity
 from shared.accounting.rollups import Prices
-from shared.policy import Price
+from shared.policy.agent import Price
 
 TRAILING_DAYS = 28
 MIN_HISTORY_DAYS = 7

@@ -22,14 +22,14 @@ from typing import Any
 
 import asyncpg
 
-from shared.accounting.partitions import (
+from shared.accounting.rollups import Prices, prices_of, refresh_rollups
+from shared.store.partitions import (
     PartitionsBusyError,
     days_ahead,
     drop_partitions_before,
     ensure_partitions,
     partition_days,
 )
-from shared.accounting.rollups import Prices, prices_of, refresh_rollups
 from shared.store.policies import load_policies
 
 log = logging.getLogger("intentroute.accounting")

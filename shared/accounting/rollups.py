@@ -25,8 +25,8 @@ from typing import Any
 
 import asyncpg
 
-from shared.accounting.partitions import default_days, partition_days
-from shared.policy import AgentPolicy, Price
+from shared.policy.agent import AgentPolicy, Price
+from shared.store.partitions import default_days, partition_days
 
 # agent id -> model -> price
 Prices = Mapping[str, Mapping[str, Price]]

@@ -18,7 +18,7 @@ import asyncpg
 import msgspec
 
 from shared.accounting.hashing import AgentNamer, identity
-from shared.policy import AgentPolicy
+from shared.policy.agent import AgentPolicy
 
 
 class SloDay(msgspec.Struct, kw_only=True):

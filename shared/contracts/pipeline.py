@@ -63,13 +63,13 @@ class Admitted(msgspec.Struct, kw_only=True):
     # The gateway's reading of the agents table: may this agent declare a query_type
     # and use the RC-01 platform prefix?
     trusted: bool = False
-    # HMAC of the request's identity and trust under the workers' key (shared.admission).
+    # HMAC of the request's identity and trust under the workers' key (shared.auth.admission).
     admission: str = ""
     # Epoch seconds after which no stage works on the request (0: none).
     deadline: float = 0.0
     # Which run of the request this is: its sequence in AGENT_REQUESTS (a request id the
     # agent used before is a new run), plus `r<id>` per operator replay of a dead letter.
-    # Each run has one final chunk (its answer claim, shared.bus).
+    # Each run has one final chunk (its answer claim, shared.runtime.bus).
     run: str = ""
 
 

@@ -20,7 +20,8 @@ INTERNAL_INVALID_SUBJECT = "intentroute.invalid"
 
 # One claim per run of a request (`intentroute.claim.<agent>.<request_id>.<run>`): the
 # first delivery to store its final chunk there decides the answer; any other delivery of
-# that run sends the claimed chunk, byte for byte, or nothing (shared.bus.AnswerStream).
+# that run sends the claimed chunk, byte for byte, or nothing
+# (shared.runtime.answer_stream.AnswerStream).
 CLAIM_STREAM = "ANSWER_CLAIMS"
 CLAIM_SUBJECT_PREFIX = "intentroute.claim"
 

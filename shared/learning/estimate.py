@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from shared.clarity import DECIDE_THRESHOLD, asks, clarity
+from shared.policy.clarity import DECIDE_THRESHOLD, asks, clarity
 
 # Pseudo-observations of a prior: an agent's own rate is shrunk toward the pooled one
 # (all agents) with this weight, and a pooled rate needs this many observations to be
@@ -123,7 +123,7 @@ def replay_threshold(agent: Half, pooled: Half, threshold: float, *,
                      ask_value: float, ask_policy: bool = True) -> Replay | None:
     """The agent's decisions replayed through the clarity gate with `threshold` under
     its clarity policy (`ask`: below the threshold it asks, at or above it answers;
-    `proceed`: it always answers, `shared.clarity.asks`). A decision handled as logged
+    `proceed`: it always answers, `shared.policy.clarity.asks`). A decision handled as logged
     keeps its observed value. One that would now be asked gets the agent's observed
     value of its clarifying questions (shrunk toward `ask_value`); one that would now be
     answered gets the agent's observed success rate of answered decisions in its 0.05

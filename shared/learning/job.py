@@ -22,11 +22,11 @@ from typing import Any
 import asyncpg
 
 from shared.accounting.job import accounting_phase
+from shared.common.tasks import cancel_and_wait
 from shared.learning.phases import Clock, PolicyLearning
 from shared.learning.settings import LearnSettings
 from shared.store import asyncpg_dsn
 from shared.store.scores import refresh_scores
-from shared.tasks import cancel_and_wait
 
 log = logging.getLogger("intentroute.learning")
 

@@ -13,9 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.clarity import CONFIRM_THRESHOLD
 from shared.learning import proposals as store
-from shared.learning.ab import apply_proposal, arm_sql
 from shared.learning.estimate import (
     Half,
     Replay,
@@ -31,7 +29,9 @@ from shared.learning.estimate import (
 from shared.learning.proposals import Proposal, Status
 from shared.learning.settings import LearnSettings
 from shared.learning.slices import FROM_SQL, AgentSlice, gated_sql, load_slices, value_sql
-from shared.policy import SLOTS, AgentPolicy, ClarityPolicy
+from shared.policy.ab import apply_proposal, arm_sql
+from shared.policy.agent import SLOTS, AgentPolicy, ClarityPolicy
+from shared.policy.clarity import CONFIRM_THRESHOLD
 from shared.store.policies import load_policies, load_policy, save_policy
 
 log = logging.getLogger("intentroute.learning")

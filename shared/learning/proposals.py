@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from shared.learning.ab import apply_proposal
-from shared.policy import SLOTS, AgentPolicy, PolicyError
+from shared.policy.ab import apply_proposal
+from shared.policy.agent import SLOTS, AgentPolicy, PolicyError
 
 
 class Status(enum.StrEnum):

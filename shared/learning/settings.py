@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-from shared.confidence import ConfidenceParams
-from shared.settings import CommonSettings, env_float, env_int
+from shared.common.settings import CommonSettings, env_float, env_int
+from shared.policy.confidence import ConfidenceParams
 
 
 class LearnSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -8,8 +8,8 @@ from datetime import datetime
 
 import asyncpg
 
-from shared.clarity import DECIDE_THRESHOLD
 from shared.learning.estimate import BINS, Half, Tally, pool
+from shared.policy.clarity import DECIDE_THRESHOLD
 
 # Decisions the clarity threshold governs: Layer 3 and Layer 2's unsure best guess
 # (rules, declared types and confident Layer-2 decisions are CLEAR whatever it is).

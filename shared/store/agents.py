@@ -16,14 +16,14 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from shared.identity import (
+from shared.auth.identity import (
     agent_token,
     check_or_decoy,
     hash_secret,
     split_token,
 )
-from shared.natsauth import agent_id_problem
-from shared.natsconn import Credential, user_credential
+from shared.auth.natsconn import Credential, user_credential
+from shared.auth.permissions import agent_id_problem
 from shared.store import asyncpg_dsn
 
 

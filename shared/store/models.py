@@ -70,7 +70,7 @@ classify_history = sa.Table(
 )
 
 # Partitioned by UTC day (`request_log_pYYYYMMDD`, plus `request_log_default` for a day
-# whose partition does not exist yet; see shared/accounting/partitions.py). A unique key
+# whose partition does not exist yet; see shared/store/partitions.py). A unique key
 # must contain the partition key, hence created_at in the primary key: it is the
 # request's admission time from its envelope, the same for every write of one request,
 # so a rewrite updates the same row (migration 0005).
@@ -110,7 +110,7 @@ request_log = sa.Table(
     postgresql_partition_by="RANGE (created_at)",
 )
 
-# Per-agent policy (`intentroute agent set`): a JSON object of `shared.policy.AgentPolicy`
+# Per-agent policy (`intentroute agent set`): a JSON object of `shared.policy.agent.AgentPolicy`
 # fields; workers re-read it periodically.
 agent_policies = sa.Table(
     "agent_policies",
@@ -139,7 +139,7 @@ feedback = sa.Table(
 
 # Success estimate per (agent, model, query type); agent_id "*" holds the global one.
 # successes / trials are the raw counts of the evidence, score the estimate at
-# updated_at (decayed and shrunk toward the global rate: shared/confidence.py).
+# updated_at (decayed and shrunk toward the global rate: shared/policy/confidence.py).
 agent_scores = sa.Table(
     "agent_scores",
     metadata,
@@ -152,7 +152,7 @@ agent_scores = sa.Table(
     sa.Column("last_seen", sa.DateTime(timezone=True), nullable=True),
     sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
     # score - the global rate at the last refresh; diverged: beyond the configured bound,
-    # logged and shown for review (shared.confidence, shared.store.scores).
+    # logged and shown for review (shared.policy.confidence, shared.store.scores).
     sa.Column("divergence", sa.Float, nullable=True),
     sa.Column("diverged", sa.Boolean, nullable=False, server_default=sa.false()),
 )

@@ -6,7 +6,7 @@ import logging
 
 import asyncpg
 
-from shared.policy import (
+from shared.policy.agent import (
     AgentPolicy,
     PolicyError,
     apply_assignment,

@@ -1,4 +1,4 @@
-"""`agent_scores` recomputed from the feedback table (shared/confidence.py holds the rule).
+"""`agent_scores` recomputed from the feedback table (shared/policy/confidence.py holds the rule).
 
 `refresh_scores(conn, now)` is the one way scores change: the learning job calls it for
 every agent; the gateway calls it for the agents that just sent feedback (`agents=`).
@@ -27,8 +27,8 @@ from typing import NamedTuple
 
 import asyncpg
 
-from shared.confidence import GLOBAL_AGENT, ConfidenceParams, estimate, global_rate
 from shared.contracts.feedback import FeedbackOutcome
+from shared.policy.confidence import GLOBAL_AGENT, ConfidenceParams, estimate, global_rate
 
 log = logging.getLogger("intentroute.scores")
 

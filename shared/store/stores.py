@@ -12,8 +12,8 @@ import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
+from shared.auth.ports import AgentInfo
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
-from shared.ports import AgentInfo
 from shared.store import asyncpg_dsn
 from shared.store.rows import Row
 from shared.store.writer import (

@@ -32,10 +32,10 @@ from typing import Any
 
 import asyncpg
 
+from shared.common.tasks import cancel_and_wait
 from shared.contracts.feedback import FeedbackOutcome, FeedbackSource
 from shared.contracts.response import ErrorCode, ValidationStatus
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
-from shared.tasks import cancel_and_wait
 
 log = logging.getLogger("intentroute.store")
 

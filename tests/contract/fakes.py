@@ -4,8 +4,10 @@ it wrote, and a delivery as its consumer would hand it over."""
 from __future__ import annotations
 
 from services.gateway.feedback import FeedbackRecorder
-from shared.admission import Admission
-from shared.codec import decode_chunk, encode
+from shared.auth.admission import Admission
+from shared.auth.ports import AgentInfo
+from shared.common.settings import CommonSettings
+from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.feedback import Feedback
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.request import AgentRequest
@@ -18,9 +20,7 @@ from shared.contracts.routing import (
     RoutingDecision,
     slot_for,
 )
-from shared.policy import AgentPolicy
-from shared.ports import AgentInfo
-from shared.settings import CommonSettings
+from shared.policy.agent import AgentPolicy
 from shared.store.feedback import Recorded
 from shared.store.rows import Row
 from shared.store.writer import StoreUnavailableError

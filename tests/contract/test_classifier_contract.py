@@ -10,12 +10,12 @@ from opentelemetry.trace import NoOpTracer
 from services.classifier.cascade import Cascade
 from services.classifier.handlers import ClassifierDeps, build_stage
 from services.classifier.settings import ClassifierSettings
-from shared.codec import decode_chunk, decode_routed
+from shared.contracts.codec import decode_chunk, decode_routed
 from shared.contracts.pipeline import Admitted
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import HistoryEntry, QueryType
-from shared.policy import AgentPolicy, ClarityPolicy
-from shared.stage import history_row
+from shared.policy.agent import AgentPolicy, ClarityPolicy
+from shared.runtime.stage import history_row
 from shared.store.rows import HistoryRow
 from tests.contract.fakes import (
     ADMISSION,

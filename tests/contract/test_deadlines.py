@@ -26,11 +26,11 @@ from services.retriever.settings import RetrieverSettings
 from services.validator.handlers import ValidatorDeps
 from services.validator.handlers import build_stage as validator_stage
 from services.validator.settings import ValidatorSettings
-from shared.codec import decode_admitted
+from shared.auth.ports import AgentInfo
+from shared.common.settings import CommonSettings
+from shared.contracts.codec import decode_admitted
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.routing import ModelSlot, QueryType
-from shared.ports import AgentInfo
-from shared.settings import CommonSettings
 from tests.contract.fakes import (
     ADMISSION,
     COMMON,

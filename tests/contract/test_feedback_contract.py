@@ -16,8 +16,8 @@ from services.gateway.feedback import FeedbackRecorder, build_feedback_consumer,
 from services.gateway.handlers import GatewayDeps
 from services.gateway.http import build_http_app, split_listen
 from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle
+from shared.auth.ports import AgentInfo
 from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackOutcome
-from shared.ports import AgentInfo
 from tests.contract.fakes import (
     ADMISSION,
     COMMON,

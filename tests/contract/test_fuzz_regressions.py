@@ -31,12 +31,12 @@ from services.validator.handlers import ValidatorDeps
 from services.validator.handlers import build_stage as validator_stage
 from services.validator.parser_client import CheckResult, CheckStatus
 from services.validator.settings import ValidatorSettings
-from shared.codec import decode_chunk, encode
+from shared.auth.ports import AgentInfo
+from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.feedback import FeedbackAck
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.response import ChunkKind, ResponseChunk
 from shared.contracts.routing import ModelSlot, QueryType
-from shared.ports import AgentInfo
 from shared.store.rows import Row, TurnRow
 from shared.store.writer import StoreRejectedError
 from tests.contract.fakes import (

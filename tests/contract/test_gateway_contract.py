@@ -9,9 +9,9 @@ from opentelemetry.trace import NoOpTracer
 
 from services.gateway.handlers import GatewayDeps, build_stage
 from services.gateway.settings import GatewaySettings
-from shared.codec import decode_admitted, decode_chunk, encode
+from shared.auth.ports import AgentInfo
+from shared.contracts.codec import decode_admitted, decode_chunk, encode
 from shared.contracts.request import AgentRequest
-from shared.ports import AgentInfo
 from tests.contract.fakes import (
     ADMISSION,
     COMMON,

@@ -12,11 +12,11 @@ from services.generator.backends import BackendUnavailableError, ChatBackend, To
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.prompts import ChatMessage
 from services.generator.settings import GeneratorSettings
-from shared.client import assemble
-from shared.codec import decode_routed
+from shared.client.caller import assemble
+from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import ModelSlot, QueryType
-from shared.policy import AgentPolicy
+from shared.policy.agent import AgentPolicy
 from shared.store.rows import RequestLogRow, TurnRow
 from tests.contract.fakes import (
     ADMISSION,

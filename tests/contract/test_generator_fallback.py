@@ -10,11 +10,11 @@ import msgspec
 from services.generator.backends import TokenCounts
 from services.generator.handlers import build_stage
 from services.generator.settings import GeneratorSettings
-from shared.client import assemble
-from shared.codec import decode_routed
+from shared.client.caller import assemble
+from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import Passage, Routed, Usage
 from shared.contracts.routing import ModelSlot, QueryType
-from shared.policy import AgentPolicy
+from shared.policy.agent import AgentPolicy
 from shared.store.rows import RequestLogRow
 from tests.contract.fakes import (
     COMMON,

@@ -8,7 +8,7 @@ from opentelemetry.trace import NoOpTracer
 from services.retriever.handlers import RetrieverDeps, build_stage
 from services.retriever.index import SearchResult
 from services.retriever.settings import RetrieverSettings
-from shared.codec import decode_chunk, decode_routed, encode
+from shared.contracts.codec import decode_chunk, decode_routed, encode
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import QueryType
 from tests.contract.fakes import (

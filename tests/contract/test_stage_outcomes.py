@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from shared.codec import decode_chunk, encode
-from shared.signals import Outcome
+from shared.contracts.codec import decode_chunk, encode
+from shared.runtime.signals import Outcome
 from tests.contract.fakes import FakeDelivery, RecordingBus, stamped
 from tests.contract.test_stage_template import STAGE, envelope, setup
 

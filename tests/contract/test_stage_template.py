@@ -1,4 +1,4 @@
-"""The stage template (shared.stage.run_stage) through one stage: what every stage does
+"""The stage template (shared.runtime.stage.run_stage) through one stage: what every stage does
 with expired work, retries, redeliveries of answered requests and unusable ids."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from opentelemetry.trace import NoOpTracer
 from services.retriever.handlers import RetrieverDeps, build_stage
 from services.retriever.port import SearchResult
 from services.retriever.settings import RetrieverSettings
-from shared.codec import decode_chunk, encode
+from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.pipeline import Routed
 from shared.contracts.routing import QueryType
 from tests.contract.fakes import (

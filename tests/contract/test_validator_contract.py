@@ -7,8 +7,8 @@ from opentelemetry.trace import NoOpTracer
 from services.validator.handlers import ValidatorDeps, build_stage
 from services.validator.parser_client import CheckResult, CheckStatus
 from services.validator.settings import ValidatorSettings
-from shared.client import assemble
-from shared.codec import decode_routed
+from shared.client.caller import assemble
+from shared.contracts.codec import decode_routed
 from shared.contracts.parser import TraceCode, TraceLine
 from shared.contracts.pipeline import Routed
 from shared.contracts.routing import QueryType

@@ -12,7 +12,7 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client
 
-from shared.natsconn import Credential
+from shared.auth.natsconn import Credential
 from shared.store.agents import AgentStore
 
 # "tests" is trusted: it declares query types. The others are ordinary agents.

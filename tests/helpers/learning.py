@@ -16,8 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from shared.learning.ab import effective_policy
-from shared.policy import AgentPolicy
+from shared.policy.ab import effective_policy
+from shared.policy.agent import AgentPolicy
 from shared.store import asyncpg_dsn, migrate
 
 _TEMPLATE = "learn_template"

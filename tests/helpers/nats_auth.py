@@ -21,8 +21,8 @@ from nats.aio.client import Client
 
 from intentroute.stack import embedded_stack
 from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
-from shared.bus import ensure_streams
-from shared.natsconn import Credential
+from shared.auth.natsconn import Credential
+from shared.runtime.streams import ensure_streams
 from shared.store import migrate
 from shared.store.agents import AgentStore
 

@@ -15,7 +15,7 @@ import nats
 
 from intentroute.stack import NatsServer, PostgresServer
 from intentroute.stack.auth import admin_kwargs, auth_files, sync_agents
-from shared.natsconn import Credential
+from shared.auth.natsconn import Credential
 from shared.store import migrate
 from shared.store.agents import AgentStore
 from tests.helpers.agents import wait_admitted

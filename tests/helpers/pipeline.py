@@ -13,7 +13,7 @@ from faststream import FastStream, TestApp
 from nats.aio.client import Client
 
 from intentroute.workers import WORKERS, create_worker
-from shared.client import ask
+from shared.client.caller import ask
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ResponseChunk
 

@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 from intentroute.cli import app
 from shared.accounting.costs import cost_report, price_cost
 from shared.accounting.hashing import agent_hasher
-from shared.accounting.partitions import ensure_partitions
 from shared.accounting.rollups import prices_of, refresh_rollups
-from shared.policy import AgentPolicy, Price, apply_assignment
+from shared.policy.agent import AgentPolicy, Price, apply_assignment
 from shared.store import asyncpg_dsn
+from shared.store.partitions import ensure_partitions
 from shared.store.policies import load_policies, save_policy
 from tests.helpers.databases import fresh_database
 

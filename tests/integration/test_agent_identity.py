@@ -12,7 +12,7 @@ from typing import Any
 import nats
 import pytest
 
-from shared.client import ask, assemble, follow
+from shared.client.caller import ask, assemble, follow
 from shared.contracts.response import response_subject
 from tests.helpers.nats_sync import flushed
 from tests.helpers.pipeline import ask_all, base_env, make_request, running
@@ -97,7 +97,7 @@ async def test_an_agent_cannot_read_another_agents_answers(
 
 async def _replay_or_refusal(nc: Any, request_id: str) -> Any:
     """Agent-b tries to replay agent-a's answer: the consumer creation is refused."""
-    from shared.client import replay
+    from shared.client.caller import replay
 
     try:
         async for chunk in replay(nc, "agent-a", request_id, timeout=3):
@@ -160,7 +160,7 @@ async def test_a_revoked_agents_queued_request_is_refused_by_the_gateway(
         nc = await nats.connect(nats_url, **cred.nats)
         req = make_request("what is addVar?", agent_id=agent)
         sub = await nc.subscribe(response_subject(agent, req.request_id))
-        from shared.client import publish_request
+        from shared.client.caller import publish_request
 
         await publish_request(nc, req)  # no gateway runs yet: it waits in the stream
         await store.revoke(agent)

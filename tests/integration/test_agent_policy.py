@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 
 from shared.contracts.response import ChunkKind
-from shared.policy import AgentPolicy, ClarityPolicy, Price
+from shared.policy.agent import AgentPolicy, ClarityPolicy, Price
 from shared.store import asyncpg_dsn
 from shared.store.policies import load_policy, save_policy
 from tests.helpers.agents import Connections, add_agents

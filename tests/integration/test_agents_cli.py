@@ -18,7 +18,7 @@ import pytest
 
 from intentroute.stack import StackInfo, write_state
 from intentroute.stack.auth import AuthSync, auth_files
-from shared.natsconn import read_credential
+from shared.auth.natsconn import read_credential
 from shared.store import asyncpg_dsn
 from shared.store.agents import AgentExistsError, AgentStore, InvalidAgentIdError, UnknownAgentError
 from tests.helpers.nats_auth import AuthStack, auth_stack, connect_eventually, connect_recording

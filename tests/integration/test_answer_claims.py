@@ -17,10 +17,11 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from intentroute.stack.auth import service_env
-from shared.bus import ANSWER_LEASE, AnswerStream, Bus, Lease
-from shared.codec import decode_chunk, encode
 from shared.contracts import response
+from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.response import ChunkKind, ResponseChunk
+from shared.runtime.answer_stream import ANSWER_LEASE, AnswerStream, Lease
+from shared.runtime.bus import Bus
 from tests.helpers.nats_auth import assert_publish_refused
 from tests.helpers.nats_auth import connect_recording as recording
 from tests.helpers.nats_sync import flushed

@@ -28,7 +28,7 @@ from services.gateway.dashboard.queries import (
     FeedbackGroup,
     RollupGroup,
 )
-from shared.policy import AgentPolicy
+from shared.policy.agent import AgentPolicy
 from shared.store import asyncpg_dsn
 from shared.store.policies import save_policy
 from shared.store.stores import Store

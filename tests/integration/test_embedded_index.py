@@ -11,7 +11,7 @@ from services.retriever.embedded import EmbeddedRetrieval
 from services.retriever.index import EmbeddedIndex, read_current
 from services.retriever.indexing.embedded_ingest import ingest
 from services.retriever.port import Retrieval
-from shared.embeddings import Vectors
+from shared.encoders.embeddings import Vectors
 
 DOCS = {
     "loops.md": """# Loops
@@ -68,7 +68,7 @@ class CountingEncoder:
 
 @pytest.fixture(scope="session")
 def minilm() -> object:
-    from shared.embeddings import SentenceTransformerEncoder, pin_threads
+    from shared.encoders.embeddings import SentenceTransformerEncoder, pin_threads
 
     pin_threads(1)
     return SentenceTransformerEncoder()

@@ -19,10 +19,10 @@ import msgspec
 import nats
 import pytest
 
-from shared.client import send_feedback
-from shared.confidence import ConfidenceParams
+from shared.client.caller import send_feedback
 from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackMetadata, FeedbackOutcome
 from shared.grpc import agent_pb2, agent_pb2_grpc
+from shared.policy.confidence import ConfidenceParams
 from shared.store.rows import RequestLogRow
 from shared.store.scores import OUTCOME_SQL, refresh_scores
 from shared.store.stores import Store

@@ -54,7 +54,7 @@ async def test_history_export_trains_and_promotes_a_head(store, database_url, tm
     assert all(e["layer"] != "fallback" for e in exported)  # guesses are not labels
     assert {"topic", "type", "layer", "confidence"} <= set(exported[0])
 
-    from shared.fast_encoder import shared_fast_encoder
+    from shared.encoders.fast import shared_fast_encoder
 
     enc = shared_fast_encoder()
     registry = HeadWriter(tmp_path / "heads", encoder=enc)
@@ -85,7 +85,7 @@ async def test_history_export_trains_and_promotes_a_head(store, database_url, tm
 def test_train_classifier_cli_keeps_the_current_heads_early_exit(tmp_path, monkeypatch) -> None:
     from typer.testing import CliRunner
 
-    from shared.fast_encoder import FastEncoder
+    from shared.encoders.fast import FastEncoder
 
     # A cold ONNX cache: the export's progress output goes to stderr, not into the JSON.
     # (The CLI builds its settings from the environment when the command runs.)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.retriever.index import EmbeddedIndex
-from shared.fast_encoder import shared_fast_encoder
+from shared.encoders.fast import shared_fast_encoder
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.head import EmbeddingHead
 from services.classifier.offline.promote import HeadWriter
 from services.classifier.offline.train import train_head
-from shared.embeddings import SentenceTransformerEncoder, pin_threads
-from shared.fast_encoder import FastEncoder, onnxruntime_available
-from shared.fast_encoder.build import smooth_onnx
+from shared.encoders.embeddings import SentenceTransformerEncoder, pin_threads
+from shared.encoders.fast import FastEncoder, onnxruntime_available
+from shared.encoders.fast.build import smooth_onnx
 
 SAMPLE = [
     "how do I paginate results from the orders endpoint",

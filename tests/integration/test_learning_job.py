@@ -17,10 +17,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from shared.learning.ab import arm_sql, in_ab_arm, load_candidates
 from shared.learning.job import LearnLoop, Phase, default_phases, learn_once, run_job
 from shared.learning.settings import LearnSettings
-from shared.policy import AgentPolicy, ClarityPolicy, apply_assignment
+from shared.policy.ab import arm_sql, in_ab_arm, load_candidates
+from shared.policy.agent import AgentPolicy, ClarityPolicy, apply_assignment
 from shared.store.policies import load_policy, save_policy
 from tests.helpers.learning import (
     Clock,

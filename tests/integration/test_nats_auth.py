@@ -20,10 +20,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from intentroute.stack import nats_server_binary
 from intentroute.stack.auth import auth_files
-from shared.consumer import StageConsumer, StageSpec, ensure_consumer
+from shared.auth.permissions import STREAM_SUBJECTS
 from shared.contracts import pipeline
 from shared.contracts.response import STREAM as RESPONSES
-from shared.natsauth import STREAM_SUBJECTS
+from shared.runtime.consumer import StageConsumer, StageSpec, ensure_consumer
 from tests.helpers.nats_auth import (
     AuthStack,
     Recorded,

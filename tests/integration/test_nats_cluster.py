@@ -24,14 +24,14 @@ from nats.aio.msg import Msg
 from intentroute.stack import NatsCluster
 from intentroute.stack.auth import admin_kwargs, auth_files, sync_agents
 from intentroute.stack.replication import Replicated, leaders, wait_until
-from shared.bus import ensure_streams
-from shared.client import ask, publish_until_stored
-from shared.codec import decode_chunk
+from shared.auth.natsconn import Credential
+from shared.client.caller import ask, publish_until_stored
+from shared.common.settings import nats_servers
 from shared.contracts import deadletter, pipeline, request, response
+from shared.contracts.codec import decode_chunk
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import agent_responses
-from shared.natsconn import Credential
-from shared.settings import nats_servers
+from shared.runtime.streams import ensure_streams
 from shared.store import asyncpg_dsn
 from shared.store.agents import AgentStore
 from tests.helpers.agents import wait_admitted

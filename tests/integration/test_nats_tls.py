@@ -27,10 +27,10 @@ from intentroute.stack.auth import (
     reload_server,
     write_auth,
 )
-from shared.client import assemble
-from shared.identity import hash_secret
-from shared.natsconn import credential_kwargs, tls_context
-from shared.settings import CommonSettings
+from shared.auth.identity import hash_secret
+from shared.auth.natsconn import credential_kwargs, tls_context
+from shared.client.caller import assemble
+from shared.common.settings import CommonSettings
 from shared.store.agents import AgentStore, new_credential
 from tests.helpers.nats_auth import connect_eventually, declare_streams
 from tests.helpers.pipeline import ask_all, base_env, make_request, running

@@ -19,9 +19,9 @@ from intentroute.cli import app
 from intentroute.stack import free_port
 from intentroute.stack.auth import admin_kwargs, ops_kwargs
 from intentroute.status import gather
-from shared.client import publish_request
-from shared.consumer import ensure_consumer
+from shared.client.caller import publish_request
 from shared.contracts import pipeline
+from shared.runtime.consumer import ensure_consumer
 from tests.helpers.nats_auth import assert_publish_refused, connect_recording
 from tests.helpers.pipeline import ask_all, base_env, make_request, running
 

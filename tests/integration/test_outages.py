@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from shared.client import ask
+from shared.client.caller import ask
 from shared.contracts.request import AgentRequest
 from shared.store.rows import RequestLogRow, TurnRow
 from shared.store.stores import Store, StoreRejectedError

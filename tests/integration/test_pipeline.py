@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.retriever.embedded import EmbeddedRetrieval
-from shared.client import assemble, replay
+from shared.client.caller import assemble, replay
 from shared.contracts.response import ChunkKind, ValidationStatus
 from shared.contracts.routing import Layer, ModelSlot, QueryType
 from tests.helpers.pipeline import RecordingRetrieval, ask_all, base_env, make_request, running
@@ -161,7 +161,7 @@ async def test_late_subscriber_reads_the_whole_answer(nc, nats_url, database_url
 async def test_bad_input_gets_an_error_chunk(nc, nats_url, database_url, kb_index) -> None:
     import json
 
-    from shared.client import follow
+    from shared.client.caller import follow
     from shared.contracts.response import INVALID_REQUEST_ID, response_subject
 
     env = base_env(nats_url, database_url, kb_index)

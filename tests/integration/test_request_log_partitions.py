@@ -13,16 +13,16 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from shared.accounting.partitions import (
+from shared.accounting.retention import apply_retention
+from shared.accounting.rollups import refresh_rollups
+from shared.policy.agent import Price
+from shared.store import asyncpg_dsn
+from shared.store.partitions import (
     DEFAULT_PARTITION,
     ensure_partitions,
     partition_days,
     partition_name,
 )
-from shared.accounting.retention import apply_retention
-from shared.accounting.rollups import refresh_rollups
-from shared.policy import Price
-from shared.store import asyncpg_dsn
 from shared.store.rows import RequestLogRow
 from shared.store.stores import Store
 from tests.helpers.databases import alembic_config, fresh_database
@@ -315,9 +315,9 @@ async def test_the_schema_of_record_matches_the_migrated_database(fresh_db: str)
     from alembic.migration import MigrationContext
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from shared.accounting.partitions import is_partition
     from shared.store import sqlalchemy_url
     from shared.store.models import metadata
+    from shared.store.partitions import is_partition
 
     def include(obj, name, type_, reflected, compare_to):  # type: ignore[no-untyped-def]
         table = obj.table.name if type_ in ("index", "unique_constraint") else name

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from intentroute.supervisor import Supervisor
-from shared.client import ask, assemble
+from shared.client.caller import ask, assemble
 from shared.contracts.response import ChunkKind
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from tests.helpers.pipeline import ask_all, base_env, make_request, running

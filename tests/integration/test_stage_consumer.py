@@ -10,7 +10,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import RetentionPolicy, StreamConfig
 
-from shared.consumer import Delivery, StageConsumer, StageSpec
+from shared.runtime.consumer import Delivery, StageConsumer, StageSpec
 
 pytestmark = pytest.mark.integration
 

@@ -57,7 +57,7 @@ async def test_accounting_fields_of_a_log_row_are_stored(store: Store) -> None:
 
 
 async def test_policies_are_saved_and_read_back_per_agent(store: Store) -> None:
-    from shared.policy import AgentPolicy, apply_assignment
+    from shared.policy.agent import AgentPolicy, apply_assignment
     from shared.store.policies import load_policies, load_policy, save_policy
 
     agent = f"policy-{uuid.uuid4().hex[:8]}"

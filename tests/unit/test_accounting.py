@@ -10,7 +10,7 @@ import pytest
 
 from shared.accounting.costs import MIN_HISTORY_DAYS, anomalies, build_cost_report
 from shared.accounting.hashing import HashKeyError, agent_hasher, load_key
-from shared.policy import Price
+from shared.policy.agent import Price
 
 DAY = date(2026, 3, 31)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from shared.bus import Lease
+from shared.runtime.answer_stream import Lease
 
 
 def lease(*, first: bool = True, left: float = 10.0, reconnected: list[int]) -> Lease:

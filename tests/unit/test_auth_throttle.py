@@ -8,7 +8,7 @@ import pytest
 
 from services.gateway.settings import GatewaySettings
 from services.gateway.throttle import AuthThrottle, ThrottledError, grpc_peer_address
-from shared.ports import AgentInfo
+from shared.auth.ports import AgentInfo
 
 
 class CountingAgents:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.classifier.settings import ClassifierSettings
-from shared.policy import ClarityPolicy
+from shared.policy.agent import ClarityPolicy
 
 
 def test_the_global_clarity_policy_defaults_to_proceed_and_reads_ask() -> None:

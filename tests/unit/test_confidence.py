@@ -1,4 +1,4 @@
-"""Agent confidence arithmetic (shared/confidence.py) on a clock the test controls, and the
+"""Agent confidence arithmetic (shared/policy/confidence.py) on a clock the test controls, and the
 implicit outcome of a request-log row (shared/store/writer.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.confidence import (
+from shared.contracts.feedback import FeedbackOutcome
+from shared.policy.confidence import (
     ConfidenceParams,
     estimate,
     evidence_weight,
@@ -18,7 +19,6 @@ from shared.confidence import (
     shrunk_score,
     success_value,
 )
-from shared.contracts.feedback import FeedbackOutcome
 from shared.store.rows import RequestLogRow
 from shared.store.writer import implicit_outcome
 

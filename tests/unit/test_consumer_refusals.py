@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.consumer import Delivery, StageConsumer, StageSpec
+from shared.runtime.consumer import Delivery, StageConsumer, StageSpec
 
 NEXT = "$JS.API.CONSUMER.MSG.NEXT.S.work"
 

@@ -18,8 +18,8 @@ from services.gateway.dashboard.queries import (
     Window,
 )
 from services.gateway.dashboard.settings import DashboardSettings
-from shared.identity import bearer_value
-from shared.policy import AgentPolicy
+from shared.auth.identity import bearer_value
+from shared.policy.agent import AgentPolicy
 
 D1, D2, D3 = dt.date(2026, 3, 1), dt.date(2026, 3, 2), dt.date(2026, 3, 3)
 WINDOW = Window(D1, D3)

@@ -16,7 +16,7 @@ from services.classifier.adapters import build_classifier
 from services.classifier.layer2.head import EmbeddingHead
 from services.classifier.layer2.registry import SHIPPED_HEADS, HeadRegistry, seed_registry
 from services.classifier.settings import ClassifierSettings
-from shared.settings import CommonSettings
+from shared.common.settings import CommonSettings
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_MODULES = [

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.clarity import asks, clarity
 from shared.contracts.routing import Clarity
-from shared.learning.ab import apply_proposal, effective_policy, in_ab_arm
 from shared.learning.estimate import (
     SHRINK,
     Half,
@@ -19,7 +17,9 @@ from shared.learning.estimate import (
 )
 from shared.learning.proposals import parse_assignment
 from shared.learning.settings import LearnSettings
-from shared.policy import AgentPolicy, PolicyError
+from shared.policy.ab import apply_proposal, effective_policy, in_ab_arm
+from shared.policy.agent import AgentPolicy, PolicyError
+from shared.policy.clarity import asks, clarity
 
 
 def test_arm_assignment_is_deterministic_and_about_the_share() -> None:

@@ -12,10 +12,9 @@ import pytest
 
 from intentroute.stack.natsconf import ServerTls, User, auth_config, server_config, stack_users
 from intentroute.stack.postgres import hba_to_scram, hba_uses_trust
-from shared.bus import broker_security
-from shared.contracts.routing import ModelSlot
-from shared.identity import split_token
-from shared.natsauth import (
+from shared.auth.identity import split_token
+from shared.auth.natsconn import connect_kwargs
+from shared.auth.permissions import (
     ADMIN_USER,
     OPS_USER,
     SERVICE_USERS,
@@ -27,8 +26,9 @@ from shared.natsauth import (
     ops_permissions,
     service_permissions,
 )
-from shared.natsconn import connect_kwargs
-from shared.settings import CommonSettings
+from shared.common.settings import CommonSettings
+from shared.contracts.routing import ModelSlot
+from shared.runtime.streams import broker_security
 
 HASHES = {name: f"$2b$10$hash-of-{name}" for name in STACK_USERS}
 
@@ -78,7 +78,7 @@ def test_a_worker_listens_on_the_services_api_under_its_own_name_only(worker: st
     srv = {s for s in service_permissions(worker).subscribe if s.startswith("$SRV")}
     assert srv == {"$SRV.PING", "$SRV.INFO", "$SRV.STATS", f"$SRV.*.{own}", f"$SRV.*.{own}.*"}
     # The name nats.micro registers under is the user's name.
-    from shared.micro import service_name
+    from shared.runtime.micro import service_name
 
     assert service_name(worker) == own
 
@@ -141,7 +141,7 @@ def test_only_the_gateway_reads_feedback_and_acknowledges_it() -> None:
 
 def test_the_feedback_consumer_is_the_one_granted() -> None:
     from services.gateway.feedback import build_feedback_consumer
-    from shared.consumer import StageSpec
+    from shared.runtime.consumer import StageSpec
 
     spec: StageSpec = build_feedback_consumer(CommonSettings(), max_inflight=4).spec
     config = spec.consumer_config()
@@ -183,7 +183,7 @@ def test_each_worker_may_create_exactly_the_consumer_its_stage_declares(
     create, info, pull, ack = consumer_grants(stream, durable, subject)
     assert {create, info, pull, ack} <= set(perms.publish)
     # ... and the subject nats-py sends for that config is the granted one.
-    from shared.consumer import StageSpec
+    from shared.runtime.consumer import StageSpec
 
     config = StageSpec(stream=stream, subject=subject, durable=durable, max_inflight=1,
                        ack_wait=1, max_deliver=1).consumer_config()

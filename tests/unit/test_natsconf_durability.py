@@ -9,7 +9,7 @@ import pytest
 
 from intentroute.settings import CliSettings
 from intentroute.stack.natsconf import ClusterNode, server_config, sync_interval_problem
-from shared.settings import CommonSettings, nats_servers
+from shared.common.settings import CommonSettings, nats_servers
 
 
 def _block(text: str, key: str) -> dict[str, object]:

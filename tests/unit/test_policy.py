@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.policy import (
+from shared.policy.agent import (
     AgentPolicy,
     ClarityPolicy,
     PolicyError,

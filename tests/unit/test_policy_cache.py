@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from shared.policy import AgentPolicy, ClarityPolicy
-from shared.policy_cache import NO_POLICY, PolicyCache
+from shared.policy.agent import AgentPolicy, ClarityPolicy
+from shared.store.policy_cache import NO_POLICY, PolicyCache
 
 
 class Table:
@@ -122,7 +122,7 @@ def test_a_refresh_that_would_miss_the_30_s_pickup_bound_is_refused(refresh: flo
 
 
 async def test_an_ab_candidate_serves_its_arm_of_the_agents_requests_only() -> None:
-    from shared.learning.ab import in_ab_arm
+    from shared.policy.ab import in_ab_arm
 
     candidate = AgentPolicy(clarity_threshold=0.8)
 

@@ -1,4 +1,4 @@
-"""The counts every exporter reads (shared.signals) and how `intentroute status` turns two
+"""The counts every exporter reads (shared.runtime.signals) and how `intentroute status` turns two
 readings into rows (intentroute.status), without a server."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from intentroute.status import Instance, Sample, parse_stats, stage_rows
-from shared.signals import (
+from shared.runtime.signals import (
     LATENCY_BUCKETS,
     Lag,
     Outcome,

@@ -10,7 +10,7 @@ from services.classifier.clarity import DECIDE_THRESHOLD
 from services.classifier.layer2.head import EmbeddingHead
 from services.classifier.layer2.predict import Prediction, head_predictions
 from services.classifier.layer2.registry import HeadRegistry
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 
 class Layer2Classifier:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from services.classifier.layer2.features import LexicalFeatures
-from shared.embeddings import DEFAULT_MODEL, Encoder
+from shared.encoders.embeddings import DEFAULT_MODEL, Encoder
 
 HEAD_FORMAT = 1
 EARLY_DIR = "early"  # the early-exit head's subdirectory in a head directory
@@ -122,7 +122,7 @@ class EmbeddingHead:
     ) -> Encoder:
         """The encoder this head expects (fast path; fine-tuned weights if any), at the
         precision its training vectors had (`default_precision` when it names none)."""
-        from shared.fast_encoder import FastEncoder, shared_fast_encoder
+        from shared.encoders.fast import FastEncoder, shared_fast_encoder
 
         if self.encoder_dir is not None:
             # A fine-tuned encoder's head is trained on that encoder's fp32 vectors.

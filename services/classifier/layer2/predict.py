@@ -10,7 +10,7 @@ import numpy as np
 
 from services.classifier.clarity import DECIDE_THRESHOLD
 from services.classifier.layer2.head import EmbeddingHead
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 
 class Prediction(msgspec.Struct, frozen=True):

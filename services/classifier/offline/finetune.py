@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.embeddings import DEFAULT_MODEL, resolve_model_path
+from shared.encoders.embeddings import DEFAULT_MODEL, resolve_model_path
 
 log = logging.getLogger("intentroute.classifier.finetune")
 

@@ -31,7 +31,7 @@ from services.classifier.offline.calibration import expected_calibration_error
 from services.classifier.offline.labelled import load_labelled
 from services.classifier.offline.metrics import macro_f1
 from services.classifier.offline.train import train_head
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 
 def _encode_cached(encoder: Encoder, texts: list[str], cache_dir: Path | None) -> np.ndarray:
@@ -83,7 +83,7 @@ def eval_intents(
     te_texts, te_labels = [t for t, _ in test_rows], np.array([lab for _, lab in test_rows])
 
     if encoder is None:
-        from shared.fast_encoder import FastEncoder
+        from shared.encoders.fast import FastEncoder
 
         encoder = FastEncoder(threads=max(1, os.cpu_count() or 1), cache_size=0,
                               onnx_cache_dir=onnx_cache_dir)

@@ -26,7 +26,7 @@ from services.classifier.layer2.registry import VERSION_PREFIX, HeadRegistry, wr
 from services.classifier.offline.labelled import dedupe, load_labelled, stratified_split
 from services.classifier.offline.metrics import macro_f1
 from services.classifier.offline.train import train_head
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 log = logging.getLogger("intentroute.classifier.promote")
 

@@ -21,7 +21,7 @@ from services.classifier.layer2.features import LexicalFeatures
 from services.classifier.layer2.head import EmbeddingHead, softmax
 from services.classifier.offline.calibration import expected_calibration_error, fit_temperature
 from services.classifier.offline.metrics import macro_f1
-from shared.embeddings import DEFAULT_MODEL, Encoder
+from shared.encoders.embeddings import DEFAULT_MODEL, Encoder
 
 log = logging.getLogger("intentroute.classifier.train")
 
@@ -82,7 +82,7 @@ def _full_logits(model: Any, x: np.ndarray, n_classes: int) -> np.ndarray:
 def _shallow_encoder(head: EmbeddingHead, layers: int, onnx_cache_dir: Path | None
                      ) -> Encoder:
     """The frozen encoder of `head` (same model and precision) cut to its first `layers`."""
-    from shared.fast_encoder import shared_fast_encoder
+    from shared.encoders.fast import shared_fast_encoder
 
     return shared_fast_encoder(head.encoder, precision=head.precision or "fp32", layers=layers,
                                onnx_cache_dir=onnx_cache_dir)
@@ -189,7 +189,7 @@ def train_head(
                                 epochs=finetune_epochs, seed=seed, progress=say,
                                 options=finetune_options)
         finetune_seconds = time.perf_counter() - t0
-        from shared.fast_encoder import FastEncoder
+        from shared.encoders.fast import FastEncoder
 
         # The graph exported for a fine-tuned encoder lives and goes with its directory
         # (a head's save copies the encoder without it).

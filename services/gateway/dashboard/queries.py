@@ -11,7 +11,7 @@ import datetime as dt
 import asyncpg
 import msgspec
 
-from shared.policy import AgentPolicy
+from shared.policy.agent import AgentPolicy
 from shared.store.policies import load_policies
 
 # GROUPING(day, query_type, layer, model): a set bit = that column was aggregated away.

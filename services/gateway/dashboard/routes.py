@@ -27,7 +27,7 @@ from services.gateway.dashboard.auth import COOKIE, session_cookie, session_vali
 from services.gateway.dashboard.figures import build_dashboard
 from services.gateway.dashboard.queries import FiguresUnavailableError, Window, read_figures
 from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle, ThrottledError
-from shared.identity import bearer_value
+from shared.auth.identity import bearer_value
 
 log = logging.getLogger("intentroute.gateway.dashboard")
 

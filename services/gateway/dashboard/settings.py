@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from shared.settings import env_float, env_int, env_str
+from shared.common.settings import env_float, env_int, env_str
 
 
 class DashboardSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -35,7 +35,7 @@ from services.retriever.index import (
 )
 from services.retriever.indexing.chunking import collect_chunks
 from services.retriever.indexing.report import IngestReport
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 LOCK_FILE = ".ingest.lock"
 FORMAT_VERSION = 1

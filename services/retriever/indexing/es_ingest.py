@@ -13,7 +13,7 @@ from typing import Any
 from services.retriever.es_bodies import DEFAULT_INDEX, build_mapping, call, chunk_source
 from services.retriever.indexing.chunking import collect_chunks
 from services.retriever.indexing.report import IngestReport
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 
 async def _ensure_index(client: Any, index: str, dims: int) -> None:

@@ -25,7 +25,7 @@ from services.retriever.indexing.embedded_ingest import ingest
 from services.retriever.offline.beir import load_qrels, load_queries
 from services.retriever.offline.metrics import evaluate_run
 from services.retriever.port import SearchResult
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 CACHE_ROOT = Path(tempfile.gettempdir()) / "intentroute-bench"
 DEMO_KB = Path(__file__).resolve().parents[3] / "kb" / "avap"
@@ -66,7 +66,7 @@ def open_index(corpus: Path, index_dir: Path | None, encoder: Encoder, progress:
 
 def sentence_transformer() -> Encoder:
     """The reference query encoder of the published figures."""
-    from shared.embeddings import SentenceTransformerEncoder
+    from shared.encoders.embeddings import SentenceTransformerEncoder
 
     return SentenceTransformerEncoder()
 
@@ -89,7 +89,7 @@ def evaluate(
     throughput (the corpus, and `short_chunk_ingest` of `short_kb`) and hybrid query
     latency (query embedding included, 1 thread). The corpus is ingested with
     `ingest_encoder` and queried with `encoder` (default: sentence-transformers)."""
-    from shared.embeddings import pin_threads
+    from shared.encoders.embeddings import pin_threads
 
     pin_threads(1)
     enc = encoder if encoder is not None else sentence_transformer()
@@ -151,7 +151,7 @@ def short_chunks(kb: Path = DEMO_KB, max_tokens: int = SHORT_CHUNK_TOKENS,
     import tokenizers
 
     from services.retriever.indexing.chunking import iter_chunks
-    from shared.embeddings import DEFAULT_MODEL, resolve_model_path
+    from shared.encoders.embeddings import DEFAULT_MODEL, resolve_model_path
 
     tok = tokenizers.Tokenizer.from_file(
         str(Path(resolve_model_path(DEFAULT_MODEL)) / "tokenizer.json"))

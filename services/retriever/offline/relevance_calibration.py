@@ -19,7 +19,7 @@ from services.retriever.offline.metrics import ndcg_at_k, roc_auc
 from services.retriever.reformulate import reformulate_with_hint
 from services.retriever.relevance import SIGNALS, relevance_signal
 from services.retriever.rrf import rrf
-from shared.embeddings import Encoder
+from shared.encoders.embeddings import Encoder
 
 
 def calibrate(signals: Sequence[float], labels: Sequence[bool]) -> tuple[float, float]:
@@ -67,7 +67,7 @@ def relevance_report(
     """AUC of each relevance signal for telling nDCG@10 == 0 queries from the rest
     (hybrid retrieval), the calibrated threshold of the best one, how often it fires,
     and what the one reformulation retry does to nDCG@10 on the queries it fires on."""
-    from shared.embeddings import pin_threads
+    from shared.encoders.embeddings import pin_threads
 
     pin_threads(1)
     enc = encoder if encoder is not None else sentence_transformer()

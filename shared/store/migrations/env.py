@@ -9,15 +9,15 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from shared.accounting.partitions import is_partition
 from shared.store.models import metadata
+from shared.store.partitions import is_partition
 
 config = context.config
 
 
 def _include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
     """Autogenerate leaves the request log's day partitions alone: they are made at run
-    time (shared/accounting/partitions.py), not by migrations."""
+    time (shared/store/partitions.py), not by migrations."""
     table = obj.table.name if type_ in ("index", "unique_constraint") else name
     return not (reflected and table is not None and is_partition(table))
 

@@ -6,7 +6,7 @@ Revises: 0004
 `request_log` becomes `PARTITION BY RANGE (created_at)` with one partition per UTC day
 (`request_log_pYYYYMMDD`) and a DEFAULT partition as the safety net: a row whose day
 has no partition yet lands there instead of failing the write, and
-`shared.accounting.partitions.ensure_partitions` moves it into its day's partition
+`shared.store.partitions.ensure_partitions` moves it into its day's partition
 when it creates that day. Existing rows are moved into their days' partitions; the
 days from today to `AHEAD_DAYS` ahead are created too.
 

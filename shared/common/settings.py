@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from shared.confidence import ConfidenceParams
+from shared.policy.confidence import ConfidenceParams
 
 
 def env_str(name: str, default: str = "", environ: Mapping[str, str] | None = None) -> str:
@@ -61,7 +61,7 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # How long answers stay readable for late subscribers.
     response_ttl: float = 3600.0
     otlp_endpoint: str = ""
-    # Prometheus scrape endpoint of the worker's metrics (shared.metrics): 0 = off. Under
+    # Prometheus scrape endpoint of the worker's metrics (shared.runtime.metrics): 0 = off. Under
     # `intentroute up` it is the first port, each worker process takes the next one.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -77,7 +77,7 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     onnx_cache_dir: Path = Path.home() / ".cache" / "intentroute" / "onnx"
     # NATS credentials (one kind at a time): user + password, a token, or a .creds file
     # (decentralized JWT auth on an external server). Unset = anonymous (open servers only).
-    # HMAC key of the gateway's admission stamp (shared.admission); every worker of a
+    # HMAC key of the gateway's admission stamp (shared.auth.admission); every worker of a
     # deployment holds the same one. Required when NATS authentication is on.
     admission_key: str = ""
     nats_user: str = ""
@@ -102,7 +102,7 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # kept, and days the daily rollups are kept.
     log_hot_days: int = 30
     rollup_keep_days: int = 365
-    # Agent confidence (shared/confidence.py): prior strength, daily decay, divergence
+    # Agent confidence (shared/policy/confidence.py): prior strength, daily decay, divergence
     # bound; the gateway's score refresh and the learning job read the same.
     confidence: ConfidenceParams = ConfidenceParams()
 

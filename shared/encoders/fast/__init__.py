@@ -2,14 +2,14 @@
 (`model_dir`), the on-disk graph cache (`graphs`), and the ONNX build toolchain
 (`build`, imported only when a graph must be built)."""
 
-from shared.fast_encoder.encoder import (
+from shared.encoders.fast.encoder import (
     PRECISIONS,
     FastEncoder,
     batch_fast_encoder,
     onnxruntime_available,
     shared_fast_encoder,
 )
-from shared.fast_encoder.model_dir import load_embedding_module
+from shared.encoders.fast.model_dir import load_embedding_module
 
 __all__ = [
     "PRECISIONS",

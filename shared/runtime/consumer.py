@@ -28,10 +28,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Tracer
 
-from shared.bus import until_ready
 from shared.contracts import deadletter
-from shared.ports import Delivery
-from shared.signals import Outcome, StageStats
+from shared.runtime.ports import Delivery
+from shared.runtime.signals import Outcome, StageStats
+from shared.runtime.streams import until_ready
 
 log = logging.getLogger("intentroute.consumer")
 
@@ -45,7 +45,7 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
     The consumer is durable and pull-based with explicit acks: a message is acked
     after its handler returns, nacked with a delay by the handler on a retryable
     error, and after `max_deliver` deliveries the stage answers with an error
-    instead of trying again (shared.stage.run_stage)."""
+    instead of trying again (shared.runtime.stage.run_stage)."""
 
     stream: str
     subject: str
@@ -154,7 +154,7 @@ class StageConsumer:
         self.spec = spec
         self._handler = handler
         self._tracer = tracer
-        # Counted here for the services API and the metrics (shared.signals).
+        # Counted here for the services API and the metrics (shared.runtime.signals).
         self.stats = stats or StageStats(spec.durable)
         self._on_handled = on_handled
         self._heartbeat = heartbeat

@@ -8,9 +8,8 @@ import logging
 import time
 from typing import Any
 
-from shared.bus import AnswerStream
-from shared.codec import encode
 from shared.contracts import response
+from shared.contracts.codec import encode
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.response import (
     INTERNAL_INVALID_SUBJECT,
@@ -21,7 +20,9 @@ from shared.contracts.response import (
     response_subject,
 )
 from shared.contracts.routing import RoutingDecision, topic_snippet
-from shared.ports import Publisher, TurnStore
+from shared.runtime.answer_stream import AnswerStream
+from shared.runtime.ports import Publisher
+from shared.store.ports import TurnStore
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow, storable
 from shared.store.writer import StoreError
 

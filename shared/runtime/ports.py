@@ -1,16 +1,11 @@
-"""The small interfaces a stage's logic depends on; adapters implement them, tests pass
-hand-written fakes."""
+"""The bus as a stage's logic sees it: what it publishes through, the delivery it handles.
+Adapters (`shared.runtime.bus`, `shared.runtime.consumer`) implement them; tests pass fakes."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-import msgspec
-
 from shared.contracts.response import ResponseChunk
-from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry
-from shared.policy import AgentPolicy
-from shared.store.rows import Row
 
 
 class Publisher(Protocol):
@@ -44,29 +39,6 @@ class Publisher(Protocol):
         """The last chunk stored on a response subject (None if there is none)."""
 
 
-class HistoryReader(Protocol):
-    async def last_history(
-        self, agent_id: str, session_id: str, n: int = HISTORY_WINDOW
-    ) -> list[HistoryEntry]:
-        """At most the last `n` classify_history entries of a session, oldest first."""
-
-
-class TurnStore(HistoryReader, Protocol):
-    """What the stages read from and write to Postgres."""
-
-    async def previous_answer(self, agent_id: str, session_id: str) -> str | None:
-        """The session's last assistant answer."""
-
-    async def last_turns(
-        self, agent_id: str, session_id: str, n: int = 4
-    ) -> list[tuple[str, str]]:
-        """The session's last `n` messages as (role, content), oldest first."""
-
-    async def write(self, *rows: Row, deadline: float | None = None) -> None:
-        """Returns once every row is committed, retrying an unreachable store until
-        `deadline` (epoch seconds); raises a StoreError otherwise."""
-
-
 class Delivery(Protocol):
     """One JetStream message as a stage handler sees it."""
 
@@ -97,28 +69,3 @@ class Delivery(Protocol):
     async def dead_letter(self, stage: str, reason: str) -> None:
         """Park the message in the dead-letter stream with its stage and reason, and
         acknowledge it: it is never delivered again (`intentroute dlq replay` can)."""
-
-
-class AgentInfo(msgspec.Struct, frozen=True):
-    """An agent as the pipeline sees it: may it declare types, is it still allowed in."""
-
-    agent_id: str
-    trusted: bool = False
-    revoked: bool = False
-
-
-class AgentDirectory(Protocol):
-    async def get(self, agent_id: str) -> AgentInfo | None:
-        """The agent's record, None if there is no such agent."""
-
-
-class TokenVerifier(Protocol):
-    async def verify_token(self, token: str) -> AgentInfo | None:
-        """The active agent a bearer token belongs to, or None."""
-
-
-class Policies(Protocol):
-    """Per-agent policies (`shared.policy_cache.PolicyCache`): a lookup, no I/O."""
-
-    def policy_for(self, agent_id: str, request_id: str = "") -> AgentPolicy:
-        """The agent's policy for this request (the empty policy: global defaults)."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from shared.settings import CommonSettings
+from shared.common.settings import CommonSettings
 
 
 class Credential(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import bcrypt
 
-from shared.ports import AgentInfo
+from shared.auth.ports import AgentInfo
 
 
 def bearer_value(authorization: str) -> str:

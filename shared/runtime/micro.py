@@ -3,7 +3,7 @@
 A worker reads JetStream, not request-reply subjects, so its "endpoints" are its stage
 consumers: INFO lists each one (name = the durable, subject = the stage's subject,
 queue group = the durable its replicas share) and STATS reports what the stage
-consumer counted (`shared.signals`): `num_requests` (deliveries handled),
+consumer counted (`shared.runtime.signals`): `num_requests` (deliveries handled),
 `num_errors` (error answers, retries, dead letters, handler failures),
 `processing_time` / `average_processing_time` (ns), and in `data` the outcomes,
 redeliveries, messages in flight and the latency buckets `intentroute status` merges
@@ -11,7 +11,7 @@ across replicas for its p95. So `nats micro ls / info / stats intentroute-classi
 and `intentroute status` see the same replicas.
 
 The service name is the worker's NATS user (`intentroute-<worker>`): its permissions
-allow subscribing to the control subjects of that name only (shared.natsauth).
+allow subscribing to the control subjects of that name only (shared.auth.permissions).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from nats.micro.service import (
     ServiceStats,
 )
 
-from shared.consumer import StageSpec
-from shared.natsauth import service_user
-from shared.signals import WorkerSignals
+from shared.auth.permissions import service_user
+from shared.runtime.consumer import StageSpec
+from shared.runtime.signals import WorkerSignals
 
 
 def service_name(worker: str) -> str:

@@ -1,14 +1,14 @@
 """Composition root shared by the workers: the same lifecycle for every stage.
 
 FastStream runs the application: its broker owns the connection (connect, reconnect,
-drain). The stage consumers (`shared.consumer.StageConsumer`, the lean pull consumer on
+drain). The stage consumers (`shared.runtime.consumer.StageConsumer`, the lean pull consumer on
 the hot path) are a component of that application, driven by its hooks:
 
 * after start-up (the broker is connected): declare the streams, build the tracer, bus,
   store and the worker's own clients and models once, then start one consumer per stage,
-  and register the worker on the NATS services API (`shared.micro`: a replica that
+  and register the worker on the NATS services API (`shared.runtime.micro`: a replica that
   answers `$SRV.PING` is consuming) and, when configured, serve its metrics
-  (`shared.metrics`, Prometheus); both read the same counts (`shared.signals`);
+  (`shared.runtime.metrics`, Prometheus); both read the same counts (`shared.runtime.signals`);
 * on shutdown (before the broker drains): the worker leaves the services API, the
   consumers stop pulling and finish what they hold, while the connection can still
   publish their answers;
@@ -29,16 +29,17 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client
 from opentelemetry.trace import TracerProvider
 
-from shared.admission import Admission
-from shared.bus import Bus, make_broker, prepare_streams
-from shared.consumer import Handler, StageConsumer, StageSpec
-from shared.metrics import Metrics
-from shared.micro import StageService, service_name
-from shared.settings import CommonSettings
-from shared.signals import WorkerSignals
-from shared.stage import StageDeps
+from shared.auth.admission import Admission
+from shared.common.settings import CommonSettings
+from shared.runtime.bus import Bus
+from shared.runtime.consumer import Handler, StageConsumer, StageSpec
+from shared.runtime.metrics import Metrics
+from shared.runtime.micro import StageService, service_name
+from shared.runtime.signals import WorkerSignals
+from shared.runtime.stage import StageDeps
+from shared.runtime.streams import make_broker, prepare_streams
+from shared.runtime.telemetry import build_tracer_provider, tracer_for
 from shared.store.stores import Store
-from shared.telemetry import build_tracer_provider, tracer_for
 
 D = TypeVar("D", bound=StageDeps)
 D_contra = TypeVar("D_contra", bound=StageDeps, contravariant=True)
@@ -46,7 +47,7 @@ D_contra = TypeVar("D_contra", bound=StageDeps, contravariant=True)
 
 class Consumes(Protocol[D_contra]):
     """What a worker reads through a durable consumer: its delivery settings and the
-    handler it binds to the worker's dependencies (a `shared.stage.Stage`, or another
+    handler it binds to the worker's dependencies (a `shared.runtime.stage.Stage`, or another
     consumer of the worker such as the gateway's feedback one)."""
 
     @property

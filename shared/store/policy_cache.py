@@ -17,10 +17,10 @@ from contextlib import AsyncExitStack
 
 import asyncpg
 
-from shared.learning.ab import effective_policy, load_candidates
-from shared.policy import AgentPolicy
+from shared.common.tasks import cancel_and_wait
+from shared.policy.ab import effective_policy, load_candidates
+from shared.policy.agent import AgentPolicy
 from shared.store.policies import load_policies
-from shared.tasks import cancel_and_wait
 
 log = logging.getLogger("intentroute.policy")
 
@@ -54,7 +54,7 @@ class PolicyCache:
         """The agent's policy (the empty policy, i.e. the global defaults, if it has
         none), or the learning job's candidate under A/B when the request is in its
         arm. Every stage asking about the same request gets the same answer: the arm
-        is a function of the ids only (`shared.learning.ab`)."""
+        is a function of the ids only (`shared.policy.ab`)."""
         base = self._policies.get(agent_id, NO_POLICY)
         candidate = self._candidates.get(agent_id)
         if candidate is None or not request_id:

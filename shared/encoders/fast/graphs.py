@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.fast_encoder.model_dir import model_key
+from shared.encoders.fast.model_dir import model_key
 
 
 def cpu_has_vnni() -> bool:

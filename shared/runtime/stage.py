@@ -33,19 +33,21 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from opentelemetry.trace import Tracer
 
-from shared.admission import Admission
-from shared.answers import answer_error, finish_turn, history_row, report_invalid
-from shared.bus import ANSWER_LEASE, ANSWER_RUN, AnswerStream, Lease, publish_stage
-from shared.codec import encode
-from shared.consumer import Handler, StageSpec
+from shared.auth.admission import Admission
+from shared.common.deadline import bounded_by, time_left
+from shared.common.settings import CommonSettings
+from shared.contracts.codec import encode
 from shared.contracts.ids import id_problem
 from shared.contracts.pipeline import Admitted, Routed, envelope_problem
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ErrorCode
-from shared.deadline import bounded_by, time_left
-from shared.ports import Delivery, Publisher, TurnStore
-from shared.settings import CommonSettings
-from shared.signals import Outcome
+from shared.runtime.answer_stream import ANSWER_LEASE, ANSWER_RUN, AnswerStream, Lease
+from shared.runtime.answers import answer_error, finish_turn, history_row, report_invalid
+from shared.runtime.bus import publish_stage
+from shared.runtime.consumer import Handler, StageSpec
+from shared.runtime.ports import Delivery, Publisher
+from shared.runtime.signals import Outcome
+from shared.store.ports import TurnStore
 from shared.store.writer import StoreRejectedError
 
 # Re-exported: what a stage's logic calls to end a turn.
@@ -192,7 +194,7 @@ def stage_spec(
 
 async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> Outcome:
     """Decode, check, run the logic, hand off; errors end as answers (module doc).
-    Returns how it ended, for the stage's signals (shared.signals).
+    Returns how it ended, for the stage's signals (shared.runtime.signals).
 
     A failure of this function itself (the bus unreachable while answering) reaches the
     consumer, which redelivers the message, and dead-letters it after its last
@@ -240,7 +242,7 @@ async def _run_checked(stage: Stage[E, D], msg: Delivery, deps: D, env: E) -> Ou
     req = env.request
     if msg.deliveries > 1 and await AnswerStream(
             deps.bus, req.agent_id, req.request_id).send_claimed():
-        # An earlier delivery claimed the answer (shared.bus.AnswerStream): it stands.
+        # An earlier delivery claimed the answer (AnswerStream.send_claimed): it stands.
         log.warning("[%s] %s: answer claimed by an earlier delivery; not answered again",
                     stage.name, req.request_id)
         return Outcome.DUPLICATE

@@ -1,7 +1,7 @@
 """Build toolchain for the encoder's ONNX graphs: export, fusion, SmoothQuant smoothing,
 dynamic int8 and blockwise 8-bit quantisation, calibration texts.
 
-The runtime (`shared.fast_encoder.encoder`) imports this module only when a graph it
+The runtime (`shared.encoders.fast.encoder`) imports this module only when a graph it
 needs is not in the cache yet (`GraphFiles.ready`); `build_graph` then builds what is
 missing. Every step writes its file atomically (temp file + os.replace), so replicas
 building the same graph at once each end with a complete file.
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from shared.fast_encoder.graphs import GraphFiles, cpu_has_vnni
-from shared.fast_encoder.model_dir import load_auto_model
+from shared.encoders.fast.graphs import GraphFiles, cpu_has_vnni
+from shared.encoders.fast.model_dir import load_auto_model
 
 log = logging.getLogger("intentroute.fast_encoder")
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from shared.auth.natsconn import inbox_prefix
 from shared.contracts import deadletter, feedback, pipeline, request, response
 from shared.contracts.routing import ModelSlot
-from shared.natsconn import inbox_prefix
 
 ADMIN_USER = "admin"
 SERVICE_PREFIX = "intentroute-"

@@ -3,8 +3,8 @@
 A worker's stage consumers count here (`StageStats`: messages by outcome, processing
 time, latency buckets, redeliveries), a poller keeps the consumer's lag (`Lag`), and a
 service registers the state of what it guards (the validator's breaker). Two exporters
-read the same figures: the NATS services API (`shared.micro`, `$SRV.STATS`) and the
-OpenTelemetry metrics (`shared.metrics`, Prometheus). Plain counters, no I/O: recording
+read the same figures: the NATS services API (`shared.runtime.micro`, `$SRV.STATS`) and the
+OpenTelemetry metrics (`shared.runtime.metrics`, Prometheus). Plain counters, no I/O: recording
 one message costs a bisect and a few additions on the hot path.
 """
 

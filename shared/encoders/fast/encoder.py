@@ -8,7 +8,7 @@ is framework overhead around a tiny (6 x 384) transformer. `FastEncoder`:
   dynamic padding to the longest text for a batch, texts sorted by length),
 * runs the transformer with ONNX Runtime (graph optimisations on, 1 thread by default)
   when `onnxruntime` (+ `onnx` for the export) is installed. The graph is built once
-  per model, layer count and precision (`shared.fast_encoder.build`, imported only
+  per model, layer count and precision (`shared.encoders.fast.build`, imported only
   then) and cached under `onnx_cache_dir` (see `GraphFiles` for the names and the
   rule for model directories under the temp dir); without ONNX Runtime it calls the
   Hugging Face model directly under `torch.inference_mode`,
@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from shared.embeddings import DEFAULT_MODEL, Vectors, resolve_model_path
-from shared.fast_encoder.graphs import GraphFiles
-from shared.fast_encoder.model_dir import (
+from shared.encoders.embeddings import DEFAULT_MODEL, Vectors, resolve_model_path
+from shared.encoders.fast.graphs import GraphFiles
+from shared.encoders.fast.model_dir import (
     check_mean_pooling,
     load_auto_model,
     load_embedding_module,
@@ -145,7 +145,7 @@ class FastEncoder:
         files = GraphFiles.for_model(self.model_dir, self.layers, cache_dir)
         path = files.ready(self.precision)
         if path is None:
-            from shared.fast_encoder.build import build_graph
+            from shared.encoders.fast.build import build_graph
 
             path = build_graph(self.model_dir, files, self.precision, self.layers, self._tok)
         so = ort.SessionOptions()

@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.policy import AgentPolicy, PolicyError, decode_policy
+from shared.policy.agent import AgentPolicy, PolicyError, decode_policy
 
 log = logging.getLogger("intentroute.learning")
 
@@ -57,7 +57,7 @@ def assignment(key: str, value: Any) -> str:
 
 
 def apply_proposal(policy: AgentPolicy, key: str, value: Any) -> AgentPolicy:
-    from shared.policy import apply_assignment
+    from shared.policy.agent import apply_assignment
 
     return apply_assignment(policy, assignment(key, value))
 

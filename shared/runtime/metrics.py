@@ -36,10 +36,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
-from shared.consumer import OnHandled, StageSpec
+from shared.common.tasks import cancel_and_wait
 from shared.contracts import deadletter
-from shared.signals import BREAKER_LEVELS, LATENCY_BUCKETS, Lag, Outcome, WorkerSignals
-from shared.tasks import cancel_and_wait
+from shared.runtime.consumer import OnHandled, StageSpec
+from shared.runtime.signals import BREAKER_LEVELS, LATENCY_BUCKETS, Lag, Outcome, WorkerSignals
 
 log = logging.getLogger("intentroute.metrics")
 

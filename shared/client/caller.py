@@ -22,10 +22,10 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from shared.codec import decode_chunk, encode
 from shared.contracts import feedback as feedback_contract
 from shared.contracts import request as request_contract
 from shared.contracts import response as response_contract
+from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.feedback import Feedback, FeedbackAck
 from shared.contracts.request import AgentRequest, request_subject
 from shared.contracts.response import ChunkKind, ResponseChunk, response_subject

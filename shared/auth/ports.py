@@ -1,0 +1,26 @@
+"""Who an agent is, as the pipeline needs to know it: the record, its lookup, token checks.
+The store (`shared.store.stores`, `shared.store.agents`) implements them."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+
+class AgentInfo(msgspec.Struct, frozen=True):
+    """An agent as the pipeline sees it: may it declare types, is it still allowed in."""
+
+    agent_id: str
+    trusted: bool = False
+    revoked: bool = False
+
+
+class AgentDirectory(Protocol):
+    async def get(self, agent_id: str) -> AgentInfo | None:
+        """The agent's record, None if there is no such agent."""
+
+
+class TokenVerifier(Protocol):
+    async def verify_token(self, token: str) -> AgentInfo | None:
+        """The active agent a bearer token belongs to, or None."""

@@ -1,0 +1,3 @@
+"""The caller's side of the contract (`caller`): publish a request, follow or replay its
+answer, send a verdict. Imports `contracts` only, so any agent's code can use it; the
+CLI, the gateway's gRPC face, tests and benchmarks import it."""

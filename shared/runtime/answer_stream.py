@@ -1,0 +1,303 @@
+"""Streaming one answer (`AnswerStream`): text chunks in order, exactly one final chunk per
+run of a request (claimed in ANSWER_CLAIMS when another delivery may have company), reset
+when a stage restarts an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TypeVar
+
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import (
+    NoStreamResponseError,
+    ServiceUnavailableError,
+)
+
+from shared.common.deadline import time_left
+from shared.contracts import response
+from shared.contracts.codec import decode_chunk, encode
+from shared.contracts.response import ChunkKind, ErrorInfo, ResponseChunk, response_subject
+from shared.contracts.routing import RoutingDecision
+from shared.runtime.ports import Publisher
+
+log = logging.getLogger("intentroute.bus")
+T = TypeVar("T")
+
+
+# The run (`Admitted.run`) of the request a stage handles: its answer's final chunk is
+# claimed for that run (AnswerStream.final).
+ANSWER_RUN: ContextVar[str] = ContextVar("intentroute_answer_run", default="")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a stage knows of the delivery it handles. While it is the message's first
+    delivery, its connection has not been lost since, and less than half its ack wait
+    has passed, the server cannot have redelivered it: it is the only one, and its
+    final chunk needs no claim (AnswerStream.final)."""
+
+    first: bool
+    until: float  # time.monotonic()
+    reconnects: Callable[[], int]
+    at_start: int
+
+    @classmethod
+    def start(cls, deliveries: int, ack_wait: float, reconnects: Callable[[], int]) -> Lease:
+        return cls(first=deliveries == 1, until=time.monotonic() + ack_wait / 2,
+                   reconnects=reconnects, at_start=reconnects())
+
+    def sole(self) -> bool:
+        return (self.first and time.monotonic() < self.until
+                and self.reconnects() == self.at_start)
+
+
+ANSWER_LEASE: ContextVar[Lease | None] = ContextVar("intentroute_answer_lease", default=None)
+
+
+
+
+_UNACKED = (NatsTimeoutError, TimeoutError, NoRespondersError, NoStreamResponseError,
+            ServiceUnavailableError)
+# How long an answer's final chunk is re-sent at most (less when the deadline is nearer):
+# a NATS cluster elects a lost stream leader within about ten seconds.
+FINAL_RESEND_WINDOW = 30.0
+# Seconds to wait for the ack of one attempt (an ack normally takes milliseconds).
+FINAL_ACK_WAIT = 1.0
+
+
+def _seq_of(payload: bytes) -> int:
+    try:
+        return decode_chunk(payload).seq
+    except Exception:  # not a chunk: no order to keep
+        return -1
+
+
+class AnswerStream:
+    """Publishes the ordered chunks of one answer on `agent.response.<agent>.<request_id>`.
+
+    Text chunks go out as core publishes on one connection (ordered, stored by the
+    AGENT_RESPONSES stream); the final chunk is a JetStream publish whose ack
+    confirms the whole answer is stored, and whose msg id keeps it unique.
+
+    Exactly one final chunk per run of a request, even when two deliveries of it answer
+    at once (one cut off from the server mid-answer, the other its redelivery): before
+    it is sent, the final chunk is stored as the run's claim (ANSWER_CLAIMS, only if no
+    claim is stored yet). A delivery that finds another's claim sends that chunk, byte
+    for byte, if it is not stored yet, so a caller never sees two different finals.
+
+    The latest text piece is held back until the next one comes, so the last piece
+    rides on the final chunk: one message fewer per answer (an answer made in one
+    piece is a single chunk) for a one-piece delay in the stream.
+    """
+
+    def __init__(
+        self, bus: Publisher, agent_id: str, request_id: str, *, start_seq: int = 0,
+        run: str | None = None,
+    ) -> None:
+        self._bus = bus
+        self.agent_id = agent_id
+        self.request_id = request_id
+        # The run whose one final chunk this stream claims (the stage's, by default).
+        self.run = ANSWER_RUN.get() if run is None else run
+        self._claim_id = uuid.uuid4().hex
+        self._final_id = f"{agent_id}:{request_id}:final:{self.run}"
+        self._claim_subject = response.claim_subject(agent_id, request_id, self.run)
+        self.subject = response_subject(agent_id, request_id)
+        self.seq = start_seq
+        self.text_parts: list[str] = []
+        self._held = ""
+        # Epoch seconds when the first piece of the answer's text went out (None: not
+        # yet; an answer made in one piece goes out with the final chunk).
+        self.first_text_at: float | None = None
+
+    @classmethod
+    async def resume(
+        cls, bus: Publisher, agent_id: str, request_id: str, *, start_seq: int,
+        redelivered: bool,
+    ) -> AnswerStream:
+        """The answer stream of a stage that may have run on this message before: a
+        redelivery goes on after whatever an earlier delivery stored (a worker that died,
+        or lost its connection, mid-answer) and resets it, so seqs keep increasing."""
+        if redelivered:
+            last = await bus.last_chunk(response_subject(agent_id, request_id),
+                                        response.STREAM)
+            if last is not None and last.seq >= start_seq:
+                stream = cls(bus, agent_id, request_id, start_seq=last.seq + 1)
+                await stream.reset()
+                return stream
+        return cls(bus, agent_id, request_id, start_seq=start_seq)
+
+    async def _send(self, chunk: ResponseChunk) -> None:
+        await self._bus.publish(self.subject, encode(chunk))
+        self.seq += 1
+
+    async def _flush(self) -> None:
+        if self._held:
+            held, self._held = self._held, ""
+            if self.first_text_at is None:
+                self.first_text_at = time.time()
+            await self._send(ResponseChunk(request_id=self.request_id, seq=self.seq, text=held))
+
+    async def text(self, text: str) -> None:
+        if text:
+            self.text_parts.append(text)
+            await self._flush()
+            self._held = text
+
+    async def status(self, text: str) -> None:
+        await self._flush()
+        await self._send(
+            ResponseChunk(
+                request_id=self.request_id, seq=self.seq, text=text, kind=ChunkKind.STATUS
+            )
+        )
+
+    async def reset(self) -> None:
+        self.text_parts.clear()
+        self._held = ""
+        self.first_text_at = None
+        await self._send(
+            ResponseChunk(request_id=self.request_id, seq=self.seq, kind=ChunkKind.RESET)
+        )
+
+    async def final(
+        self,
+        *,
+        decision: RoutingDecision | None,
+        text: str = "",
+        kind: ChunkKind = ChunkKind.FINAL,
+        validation_status: str = "",
+        avap_code: str = "",
+        answered_by: str = "",
+        retried: bool = False,
+        error: ErrorInfo | None = None,
+    ) -> None:
+        if kind == ChunkKind.FINAL and error is None and not text:
+            text, self._held = self._held, ""
+        else:
+            await self._flush()
+        chunk = ResponseChunk(
+            request_id=self.request_id,
+            seq=self.seq,
+            text=text,
+            kind=kind,
+            is_final=True,
+            query_type=decision.type.value if decision else "",
+            validation_status=validation_status,
+            error=error,
+            decision=decision,
+            avap_code=avap_code,
+            answered_by=answered_by,
+            retried=retried,
+        )
+        payload = encode(chunk)
+        lease = ANSWER_LEASE.get()
+        # No other delivery of this run can exist under a lease: no claim needed.
+        if not (lease is not None and lease.sole() and await self._sent_alone(payload)):
+            await self._claimed_final(payload)
+        self.seq += 1
+
+    async def _sent_alone(self, payload: bytes) -> bool:
+        """One attempt without a claim; if its ack is lost, False: the claim decides
+        (a redelivery may answer meanwhile)."""
+        try:
+            await asyncio.wait_for(self._publish_final(payload), FINAL_ACK_WAIT)
+        except _UNACKED:
+            return False
+        return True
+
+    async def final_stored(self) -> bool:
+        """Is this run's final chunk stored (by any delivery)?"""
+        return await self._bus.stored(self.subject, stream=response.STREAM,
+                                      msg_id=self._final_id) is not None
+
+    async def send_claimed(self) -> bool:
+        """For a redelivery, before it answers: True if another delivery of this run
+        claimed its final chunk (it may be alive, cut off, or dead), which is then sent
+        byte for byte unless it is stored, instead of a second answer."""
+        claimed = await self._bus.claimed(self._claim_subject, stream=response.CLAIM_STREAM)
+        if claimed is None:
+            return False
+        if not await self.final_stored():
+            log.warning("[%s] sending the final chunk an earlier delivery claimed",
+                        self.request_id)
+            await self._until_acked(lambda: self._publish_final(claimed))
+        return True
+
+    async def _claimed_final(self, payload: bytes) -> None:
+        """Send the run's one final chunk: `payload` if this delivery claims the run
+        first, or the chunk that was claimed first, or nothing if it is stored."""
+        claimed = await self._until_acked(lambda: self._bus.publish_first(
+            self._claim_subject, payload, stream=response.CLAIM_STREAM,
+            msg_id=self._claim_id))
+        if claimed is None:
+            # Not a claim any worker made: an agent's deliveries pointed at the subject.
+            log.error("[%s] %s holds a forged claim; answering without one",
+                      self.request_id, self._claim_subject)
+            claimed = payload
+        # Stored already (by the claimant, or by a first delivery that needed no claim),
+        # wherever on the subject: this delivery's own chunks may have followed it.
+        if await self.final_stored():
+            log.warning("[%s] answered by another delivery; final chunk not sent again",
+                        self.request_id)
+            return
+        if claimed != payload:
+            # Another delivery of this run (the server redelivered the message while
+            # this one was cut off, or this one is the redelivery) claimed the answer
+            # first and has not sent it (it may have died): it goes out byte for byte,
+            # unless this delivery's chunks went past it (it was never stored, nor seen):
+            # then this delivery's own final goes, so the answer never goes back.
+            if _seq_of(claimed) < self.seq:
+                claimed = payload
+            log.warning("[%s] sending the final chunk %s claimed", self.request_id,
+                        "this delivery" if claimed == payload else "another delivery")
+        await self._until_acked(lambda: self._publish_final(claimed))
+
+    async def _publish_final(self, payload: bytes) -> None:
+        await self._bus.publish_durable(self.subject, payload, stream=response.STREAM,
+                                        msg_id=self._final_id)
+
+    async def _until_acked(self, op: Callable[[], Awaitable[T]]) -> T:
+        """`op()` (a publish of the final chunk or its claim) until the stream acknowledges it.
+
+        A live subscriber gets the chunk as it is published, the stream stores it when
+        it has a leader: a publish whose ack is lost (a cluster electing the stream's
+        new leader, a server restarting) may have reached the caller all the same. It
+        is sent again as it was, the same bytes under the same msg id, so the stream
+        stores it once and a caller that saw it sees an identical copy, never a second
+        answer (which a redelivery, generating again, could be). Up to the request's
+        deadline; then the error goes up and the message is redelivered."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + time_left(FINAL_RESEND_WINDOW)
+        attempt = 0
+        while True:
+            try:
+                # Each attempt briefly: a copy stored soon after the stream is back is
+                # what a redelivery of this request (on another replica, once this one's
+                # progress acks were lost too) finds, instead of answering again.
+                return await asyncio.wait_for(op(), FINAL_ACK_WAIT)
+            except _UNACKED as exc:
+                attempt += 1
+                if loop.time() >= give_up:
+                    raise
+                log.warning("[%s] final chunk not acknowledged (%r); sending it again",
+                            self.request_id, exc)
+                # A timeout has waited already; a quick refusal (503) waits a little.
+                await asyncio.sleep(min(0.05 * 2 ** attempt, 0.25))
+
+    async def error(
+        self, code: str, message: str, *, decision: RoutingDecision | None = None
+    ) -> None:
+        """The final chunk of an answer that failed: `code` is an `ErrorCode`."""
+        await self.final(decision=decision, error=ErrorInfo(code=code, message=message))
+
+    @property
+    def answer(self) -> str:
+        return "".join(self.text_parts)

@@ -1,0 +1,181 @@
+"""The worker's connection and the streams it works on: the broker factory, the stream
+definitions and their declaration or check at start.
+
+Streams:
+- AGENT_REQUESTS (`agent.request.*`), work-queue retention: the gateway's durable
+  pull consumer shares requests among gateway replicas.
+- INTENTROUTE_PIPELINE (`intentroute.stage.>`), work-queue retention: one durable
+  pull consumer per stage (and per model slot for the generator).
+- AGENT_RESPONSES (`agent.response.>`), limits retention with a TTL: every chunk is
+  stored, so a subscriber that joins late still reads the whole answer.
+- AGENT_FEEDBACK (`agent.feedback.*`), work-queue retention: agents' verdicts on their
+  answers, read by the gateway's `gateway-feedback` durable consumer.
+
+Every stream has the same number of replicas (`NATS_STREAM_REPLICAS`; 3 on a cluster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
+
+from faststream.nats import NatsBroker
+from faststream.nats.security import NatsCredentials, NatsSecurity, NatsToken, NatsUserPassword
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
+
+from shared.auth.natsconn import connect_kwargs
+from shared.auth.permissions import STREAM_SUBJECTS
+from shared.common.settings import CommonSettings
+from shared.contracts import deadletter, feedback, pipeline, request, response
+
+log = logging.getLogger("intentroute.bus")
+T = TypeVar("T")
+
+
+def _stream(name: str, retention: RetentionPolicy, max_age: float, *,
+            duplicate_window: float = 120) -> StreamConfig:
+    """A file-backed stream on the subjects the permission table gives it
+    (`duplicate_window` 0: the server's default)."""
+    return StreamConfig(name=name, subjects=list(STREAM_SUBJECTS[name]), retention=retention,
+                        storage=StorageType.FILE, max_age=max_age,
+                        duplicate_window=duplicate_window)
+
+
+def stream_configs(response_ttl: float, replicas: int = 1) -> list[StreamConfig]:
+    day = 24 * 3600
+    configs = [
+        _stream(request.STREAM, RetentionPolicy.WORK_QUEUE, day),
+        _stream(pipeline.STREAM, RetentionPolicy.WORK_QUEUE, day),
+        _stream(response.STREAM, RetentionPolicy.LIMITS, response_ttl),
+        _stream(feedback.STREAM, RetentionPolicy.WORK_QUEUE, day),
+        # One final chunk per run of a request, kept as long as the answers.
+        _stream(response.CLAIM_STREAM, RetentionPolicy.LIMITS, response_ttl),
+        # Messages that exhausted their deliveries, kept a week for an operator.
+        _stream(deadletter.STREAM, RetentionPolicy.LIMITS, 7 * day, duplicate_window=0),
+    ]
+    for cfg in configs:
+        cfg.num_replicas = replicas
+    return configs
+
+
+
+
+# A cluster that has just started answers these until its JetStream leader is elected
+# and its peers have joined (503 "JetStream system temporarily unavailable",
+# "insufficient resources" while too few peers are known, or no answer yet).
+_NOT_READY = (ServiceUnavailableError, NoRespondersError, NatsTimeoutError, TimeoutError)
+_JS_INSUFFICIENT_RESOURCES = 10023
+_JS_NO_PEERS = 10005
+
+
+async def ensure_streams(
+    js: JetStreamContext, response_ttl: float, replicas: int = 1, *, timeout: float = 30.0
+) -> None:
+    """Create or update the streams; every worker may call it at start. Waits (up to
+    `timeout`) for a cluster that is still electing its leaders."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    for cfg in stream_configs(response_ttl, replicas):
+        async def declare(cfg: StreamConfig = cfg) -> None:
+            try:
+                await js.add_stream(config=cfg)
+            except BadRequestError:
+                await js.update_stream(config=cfg)
+
+        await until_ready(declare, f"stream {cfg.name}", max(0.0, deadline - loop.time()))
+
+
+class StreamsMissingError(RuntimeError):
+    """A worker with a credential found a stream missing: it may not declare one."""
+
+
+async def require_streams(
+    js: JetStreamContext, response_ttl: float, *, timeout: float = 30.0
+) -> None:
+    """Check the streams exist (a restricted user may look, not create); waits, up to
+    `timeout`, for a stream that has no leader yet (a cluster electing one)."""
+    for cfg in stream_configs(response_ttl, 1):
+        try:
+            await until_ready(partial(js.stream_info, cfg.name or ""), f"stream {cfg.name}",
+                              timeout)
+        except NotFoundError:
+            raise StreamsMissingError(
+                f"stream {cfg.name} does not exist; an admin declares the streams "
+                "(`intentroute up` does) before the workers start"
+            ) from None
+
+
+async def until_ready(op: Callable[[], Awaitable[T]], what: str, timeout: float = 30.0) -> T:
+    """`op()`, tried again while JetStream is not ready for it (a cluster starting or
+    electing a leader: no answer, 503, too few peers yet), up to `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            return await op()
+        except (*_NOT_READY, APIError) as exc:
+            transient = isinstance(exc, _NOT_READY) or (
+                isinstance(exc, APIError)
+                and exc.err_code in (_JS_INSUFFICIENT_RESOURCES, _JS_NO_PEERS))
+            if not transient or loop.time() > deadline:
+                raise
+            log.info("%s: JetStream not ready yet (%r); retrying", what, exc)
+            await asyncio.sleep(0.25)
+
+
+async def prepare_streams(js: JetStreamContext, settings: CommonSettings) -> None:
+    """Make sure the streams exist before a worker's consumers start: on an open server
+    (no credential) the worker declares them, as it always has; a worker with a
+    credential only checks, since streams are the admin's (`intentroute up`)."""
+    if settings.nats_authenticated:
+        await require_streams(js, settings.response_ttl)
+    else:
+        await ensure_streams(js, settings.response_ttl, settings.replicas())
+
+
+def broker_security(kwargs: dict[str, Any]) -> NatsSecurity | None:
+    """`shared.auth.natsconn.connect_kwargs` as FastStream's security object."""
+    tls = kwargs.get("tls")
+    if "user_credentials" in kwargs:
+        return NatsCredentials(kwargs["user_credentials"], ssl_context=tls)
+    if "user" in kwargs:
+        return NatsUserPassword(kwargs["user"], kwargs.get("password", ""), ssl_context=tls)
+    if "token" in kwargs:
+        return NatsToken(kwargs["token"], ssl_context=tls)
+    return NatsSecurity(ssl_context=tls) if tls is not None else None
+
+
+def make_broker(settings: CommonSettings) -> NatsBroker:
+    """The worker's connection (FastStream owns connect, reconnect and shutdown);
+    stages read through `shared.runtime.consumer.StageConsumer` and publish through `Bus`."""
+    # FastStream logs two lines per message at INFO; that costs more than a hop.
+    quiet = logging.getLogger("intentroute.faststream")
+    quiet.setLevel(logging.WARNING)
+    kwargs = connect_kwargs(settings)
+    extra: dict[str, Any] = {}
+    if "inbox_prefix" in kwargs:
+        extra["inbox_prefix"] = kwargs["inbox_prefix"]
+    return NatsBroker(
+        settings.nats_servers,
+        logger=quiet,
+        graceful_timeout=10.0,
+        max_reconnect_attempts=-1,
+        # Try again soon after a server restart: the consumers pull again as soon as the
+        # connection is back, so this is most of a restart's stall.
+        # (FastStream annotates it int; nats-py takes seconds as a float.)
+        reconnect_time_wait=0.25,  # type: ignore[arg-type]
+        security=broker_security(kwargs),
+        **extra,
+    )
