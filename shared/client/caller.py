@@ -12,6 +12,7 @@ that one subject, for callers that join late.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,14 +36,22 @@ class AnswerTimeoutError(Exception):
     """No final chunk arrived in time."""
 
 
-async def publish_request(nc: Client, req: AgentRequest) -> None:
-    """Durable publish on `agent.request.<agent_id>` (JetStream ack; the msg id makes a
-    resend of the same request a no-op)."""
+def request_msg_id(req: AgentRequest) -> str:
+    """The stream's dedupe key for one request: its ids and 128 random bits. The
+    AGENT_REQUESTS stream deduplicates across every agent's subject, so a key another
+    agent could predict would let it publish first and have this request dropped as a
+    duplicate; a resend of the same request reuses the key it was given."""
+    return f"{req.agent_id}:{req.request_id}:{secrets.token_hex(16)}"
+
+
+async def publish_request(nc: Client, req: AgentRequest, *, msg_id: str = "") -> None:
+    """Durable publish on `agent.request.<agent_id>` (JetStream ack). A resend with the
+    same `msg_id` is a no-op; without one, a fresh unpredictable id is used."""
     await nc.jetstream().publish(
         request_subject(req.agent_id),
         encode(req),
         stream=request_contract.STREAM,
-        headers={"Nats-Msg-Id": f"{req.agent_id}:{req.request_id}"},
+        headers={"Nats-Msg-Id": msg_id or request_msg_id(req)},
     )
 
 
@@ -51,9 +60,10 @@ async def publish_until_stored(nc: Client, req: AgentRequest, *, give_up_at: flo
     """Publish again until the stream acknowledges the request (through a server
     restart or a stream's leader election): the same msg id, so it is stored once.
     After `give_up_at` (time.monotonic()) the last error is raised."""
+    msg_id = request_msg_id(req)
     while True:
         try:
-            await publish_request(nc, req)
+            await publish_request(nc, req, msg_id=msg_id)
             return
         except Exception:
             if time.monotonic() > give_up_at:

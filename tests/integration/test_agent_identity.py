@@ -184,3 +184,28 @@ async def test_live_answers_follow_the_agent_scoped_subject(
         chunks = [c async for c in ask(nc, req, timeout=20)]
     assert chunks[-1].is_final
     assert chunks[-1].request_id == req.request_id
+
+
+async def test_an_agent_cannot_squat_another_agents_request_dedupe_key(
+    connect_as: Any, nats_url: str, database_url: str, kb_index: Path
+) -> None:
+    # The request stream deduplicates by msg id across every agent's subject: agent-a
+    # publishes first, on its own subject, under every key agent-b's request could
+    # predictably use; agent-b's request must still be stored and answered.
+    a, b = await connect_as("agent-a"), await connect_as("agent-b")
+    req = make_request("what does addVar do?", agent_id="agent-b")
+    for key in (req.request_id, f"agent-b:{req.request_id}",
+                f"agent-b:{req.request_id}:{req.session_id}"):
+        decoy = make_request("hello", agent_id="agent-a", request_id=req.request_id)
+        ack = await a.jetstream().publish(
+            "agent.request.agent-a", json.dumps(
+                {"request_id": decoy.request_id, "session_id": decoy.session_id,
+                 "query": decoy.query}).encode(),
+            headers={"Nats-Msg-Id": key})
+        assert not ack.duplicate
+    env = base_env(nats_url, database_url, kb_index)
+    async with running(env):
+        chunks = await ask_all(b, req)
+    assert chunks[-1].is_final
+    assert chunks[-1].error is None
+    assert assemble(chunks).strip()
