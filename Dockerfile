@@ -7,6 +7,7 @@ COPY intentroute intentroute
 COPY services services
 COPY shared shared
 COPY bench bench
+COPY testkit testkit
 COPY kb kb
 # TORCH_PIP_ARGS: e.g. "--index-url <your CPU wheel index>" to avoid the CUDA build.
 ARG TORCH_PIP_ARGS=""

@@ -42,7 +42,7 @@ test-unit: install
 
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy services shared intentroute bench
+	$(VENV)/bin/mypy services shared intentroute bench testkit
 	$(VENV)/bin/lint-imports --no-cache
 
 bench: install

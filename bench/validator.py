@@ -20,7 +20,8 @@ from typing import Any
 
 from services.parser.avap import validate
 from services.validator.breaker import CircuitBreaker
-from services.validator.parser_client import CheckStatus, GuardedParser, ParseOutcome
+from services.validator.parser_client import GuardedParser
+from services.validator.ports import CheckStatus, ParseOutcome
 from shared.contracts.parser import is_error
 
 REPO = Path(__file__).resolve().parents[1]

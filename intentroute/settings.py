@@ -4,39 +4,53 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
 from intentroute.stack.natsconf import DEFAULT_SYNC_INTERVAL, sync_interval_problem
-from shared.common.settings import CommonSettings, env_str
+from shared.common.settings import CommonSettings, env, is_set, read_env
 
 
 class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
+    # NATS_URL, DATABASE_URL, INDEX_DIR, OLLAMA_MODEL_NAME and OPENAI_API_KEY are common
+    # settings; the CLI reads two of them its own way (below).
     common: CommonSettings
-    # Set by the environment only; "" means "start an embedded server" (`up`) or
-    # "use the running `intentroute up`" (other commands).
+    # NATS_URL when the environment sets it; "" (unset) means "start an embedded server"
+    # (`up`) or "use the running `intentroute up`" (other commands).
     nats_url: str = ""
-    database_url: str = ""
+    # INDEX_DIR when the environment sets it, else `<state dir>/index`.
     index_dir: Path = Path(".intentroute/index")
     # TLS for the embedded nats-server: its certificate and key; with a CA the server
     # also verifies client certificates (mutual TLS).
-    nats_tls_server_cert: str = ""
-    nats_tls_server_key: str = ""
-    nats_tls_server_ca: str = ""
-    # Reports: the main slot's model (the saving is priced against it) and the key that
-    # replaces agent ids with their HMAC (`--hash-agents`): a file, or the value itself.
-    main_model: str = ""
-    agent_hash_key_file: str = ""
-    agent_hash_key: str = ""
+    nats_tls_server_cert: Annotated[str, env("NATS_TLS_SERVER_CERT")] = ""
+    nats_tls_server_key: Annotated[str, env("NATS_TLS_SERVER_KEY")] = ""
+    nats_tls_server_ca: Annotated[str, env("NATS_TLS_SERVER_CA")] = ""
+    # Reports: the key that replaces agent ids with their HMAC (`--hash-agents`): a file,
+    # or the value itself (the saving is priced against `main_model`).
+    agent_hash_key_file: Annotated[str, env("AGENT_HASH_KEY_FILE")] = ""
+    agent_hash_key: Annotated[str, env("AGENT_HASH_KEY")] = ""
     # How often the embedded JetStream fsyncs its store: a duration or "always"
     # (README, Reliability: what a host crash can lose with each).
-    nats_sync_interval: str = DEFAULT_SYNC_INTERVAL
-    # The bearer token `intentroute llm-server` requires (`up --llm` generates one).
-    openai_api_key: str = ""
+    nats_sync_interval: Annotated[str, env("NATS_SYNC_INTERVAL")] = DEFAULT_SYNC_INTERVAL
 
     @property
     def state_dir(self) -> Path:
         return self.common.state_dir
+
+    @property
+    def database_url(self) -> str:
+        return self.common.database_url
+
+    @property
+    def main_model(self) -> str:
+        """The main slot's model (reports price the saving against it)."""
+        return self.common.model_main
+
+    @property
+    def openai_api_key(self) -> str:
+        """The bearer token `intentroute llm-server` requires (`up --llm` generates one)."""
+        return self.common.openai_api_key
 
     def __post_init__(self) -> None:
         problem = sync_interval_problem(self.nats_sync_interval)
@@ -46,17 +60,7 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CliSettings:
         common = CommonSettings.from_env(environ)
-        return cls(
-            common=common,
-            nats_url=env_str("NATS_URL", "", environ),
-            database_url=env_str("DATABASE_URL", "", environ),
-            index_dir=Path(env_str("INDEX_DIR", str(common.state_dir / "index"), environ)),
-            openai_api_key=env_str("OPENAI_API_KEY", "", environ),
-            nats_tls_server_cert=env_str("NATS_TLS_SERVER_CERT", "", environ),
-            nats_tls_server_key=env_str("NATS_TLS_SERVER_KEY", "", environ),
-            nats_tls_server_ca=env_str("NATS_TLS_SERVER_CA", "", environ),
-            main_model=env_str("OLLAMA_MODEL_NAME", "", environ),
-            agent_hash_key_file=env_str("AGENT_HASH_KEY_FILE", "", environ),
-            agent_hash_key=env_str("AGENT_HASH_KEY", "", environ),
-            nats_sync_interval=env_str("NATS_SYNC_INTERVAL", DEFAULT_SYNC_INTERVAL, environ),
-        )
+        nats_url = common.nats_url if is_set(CommonSettings, "nats_url", environ) else ""
+        index_dir = (common.index_dir if is_set(CommonSettings, "index_dir", environ)
+                     else common.state_dir / "index")
+        return read_env(cls, environ, common=common, nats_url=nats_url, index_dir=index_dir)

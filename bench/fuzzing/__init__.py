@@ -1,7 +1,4 @@
-"""Property-based fuzzing of every subject's decoder and every stage handler.
-
-`targets` names what is fuzzed and how one example is checked, `strategies` makes the
-hostile input, `fakes` stands in for the bus, the store and the adapters, `oracle`
-judges what a stage published. The test tier (tests/fuzz) and `intentroute bench
-fuzz` (`runner`) use the same targets.
+"""`intentroute bench fuzz` (`runner`): every fuzz target for many generated examples,
+counting findings. The targets, hostile-input strategies, fakes and oracle are test
+support, in `testkit.fuzzing` (the test tier, tests/fuzz, runs the same targets).
 """

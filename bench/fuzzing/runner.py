@@ -16,11 +16,10 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as fixed_seed
-from hypothesis.configuration import set_hypothesis_home_dir
 
-from bench.fuzzing.oracle import Verdict
-from bench.fuzzing.targets import TARGETS, Example, Target
-from shared.common.settings import CommonSettings
+from testkit.fuzzing.caches import keep_caches_out_of_the_repo
+from testkit.fuzzing.oracle import Verdict
+from testkit.fuzzing.targets import TARGETS, Example, Target
 
 DEFAULT_EXAMPLES = 10_000
 
@@ -53,13 +52,6 @@ class Tally:
 def _short(example: Example, limit: int = 400) -> str:
     text = repr(example)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
-
-
-def keep_caches_out_of_the_repo() -> None:
-    """Hypothesis caches what it learns (constants of the code under test, unicode
-    tables) under ./.hypothesis even without an example database: in the user's cache
-    directory instead, next to the encoder graphs."""
-    set_hypothesis_home_dir(CommonSettings.from_env().onnx_cache_dir.parent / "hypothesis")
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from intentroute.cli.apps import bench_app, emit, eval_app, settings
-from services.classifier.clarity import DECIDE_THRESHOLD
+from shared.policy.clarity import DECIDE_THRESHOLD
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON object on stdout")]
 NatsClusterOption = Annotated[int, typer.Option(

@@ -7,15 +7,16 @@ import os
 import signal
 import sys
 import time
-import uuid
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import typer
 
 from intentroute.cli.apps import app, settings, urls
-from intentroute.cli.ask_cmd import ask_and_print
 from intentroute.cli.data_cmds import ingest_into
+from intentroute.cli.demo import ask_samples
 from intentroute.settings import CliSettings
 from intentroute.stack import ServerTls, StackInfo, embedded_stack, free_port, write_state
 from intentroute.stack.auth import AuthSync, admin_kwargs, auth_files, server_pids, service_env
@@ -25,22 +26,11 @@ from intentroute.stack.state import (
     gateway_http_listen,
 )
 from intentroute.supervisor import Supervisor
-from intentroute.workers import WORKERS, wait_for_consumers
-from shared.auth.natsconn import connect_kwargs, credential_kwargs, read_credential, tls_kwargs
+from intentroute.workers import WORKERS
+from shared.auth.natsconn import connect_kwargs, tls_kwargs
 from shared.common.settings import nats_servers
 
 DEMO_KB = Path(__file__).resolve().parent.parent.parent / "kb" / "avap"
-
-SAMPLE_QUESTIONS: list[dict[str, str]] = [
-    {"query": "What does addParam do in AVAP and in which order does it search the request?"},
-    {"query": "Write an AVAP endpoint that reads userId from the request and returns it"},
-    {"query": "en menos palabras"},
-    {
-        "query": "You have a project usage percentage of 20%. Provide an insight in 2 sentences.",
-        "extra_context": "project=demo usage_percentage=20 plan=starter monthly_calls=2000 "
-        "calls_used=400",
-    },
-]
 
 
 def parse_replicas(spec: list[str]) -> dict[str, int]:
@@ -87,102 +77,165 @@ def up(
     cli = settings()
     state_dir = cli.state_dir
     embedded_nats = not cli.nats_url
-    if nats_cluster == 2:
-        raise typer.BadParameter("a cluster of 2 loses its quorum with either node: use 3",
-                                 param_hint="--nats-cluster")
-    if nats_cluster > 1 and not embedded_nats:
-        raise typer.BadParameter("NATS_URL names an external server; unset it for an "
-                                 "embedded cluster", param_hint="--nats-cluster")
-    tls = (ServerTls(cli.nats_tls_server_cert, cli.nats_tls_server_key, cli.nats_tls_server_ca)
-           if cli.nats_tls_server_cert else None)
+    _check_cluster_size(nats_cluster, embedded_nats)
     with embedded_stack(state_dir, nats_url=cli.nats_url, database_url=cli.database_url,
-                        tls=tls, nats_cluster=nats_cluster,
+                        tls=_server_tls(cli), nats_cluster=nats_cluster,
                         sync_interval=cli.nats_sync_interval) as (nats_url, db_url):
         from shared.store import migrate
 
         migrate(db_url)
         stream_replicas = cli.common.replicas(len(nats_servers(nats_url)))
-        env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
-                   INDEX_DIR=str(cli.index_dir), NATS_STREAM_REPLICAS=str(stream_replicas))
-        env["GATEWAY_HTTP_LISTEN"], http_url = gateway_http_listen(
-            env.get("GATEWAY_HTTP_LISTEN", DEFAULT_GATEWAY_HTTP_LISTEN), free_port)
-        # The operator dashboard: on, behind a token generated in the state dir, unless
-        # GATEWAY_DASHBOARD_TOKEN brings one.
-        token_file = ""
-        if http_url and not env.get("GATEWAY_DASHBOARD_TOKEN"):
-            path = dashboard_token(auth_files(state_dir).creds_dir)
-            env["GATEWAY_DASHBOARD_TOKEN"] = path.read_text(encoding="utf-8").strip()
-            token_file = str(path)
-        dashboard_url = f"{http_url}/dashboard" if http_url else ""
-        nats_pids: list[int] = []
-        sync = None
-        if embedded_nats:
-            files = auth_files(state_dir)
-            nats_pids = server_pids(files)
-            admin = {**admin_kwargs(state_dir), **tls_kwargs(cli.common)}
-            asyncio.run(_prepare_agents(state_dir, db_url, nats_pids))
-            sync = AuthSync(state_dir, db_url, pids=nats_pids).start()
-            for key in ("NATS_TOKEN", "NATS_CREDS"):
-                env.pop(key, None)
-        else:
-            admin = connect_kwargs(cli.common)
+        env, http = _stack_env(cli, nats_url, db_url, stream_replicas)
+        admin, nats_pids, sync = _nats_access(cli, db_url, env, embedded_nats=embedded_nats)
         asyncio.run(_declare_streams(nats_url, admin, cli.common.response_ttl,
                                      stream_replicas))
-        kb = ingest_path or (DEMO_KB if not (cli.index_dir / "CURRENT").exists() else None)
-        if kb is not None:
-            ingest_into(kb, cli.index_dir)
-        supervisor = Supervisor()
-        parser_argv = _parser_argv(env)
-        if parser_argv:
-            supervisor.add("parser", parser_argv, env)
-        if llm:
-            supervisor.add("llm", _llm_argv(env), env)
-        plan = metrics_ports(counts, cli.common.metrics_port)
-        ports = iter(plan)
-        for name, count in counts.items():
-            worker_env = {**env, **service_env(state_dir, name)} if embedded_nats else env
-            for _ in range(count):
-                port = next(ports, None)
-                supervisor.add(name, [sys.executable, "-m", "intentroute.cli", "worker", name],
-                               {**worker_env, "METRICS_PORT": str(port[1])} if port
-                               else worker_env)
-        if plan:
-            write_targets(state_dir / METRICS_TARGETS, plan, cli.common.metrics_host)
-        write_state(state_dir, StackInfo(
+        _ingest_knowledge_base(ingest_path, cli.index_dir)
+        supervisor = _start_processes(cli, env, counts, llm=llm, embedded_nats=embedded_nats)
+        info = StackInfo(
             nats_url=nats_url, database_url=db_url, parser_url=env.get("AVAP_PARSER_URL", ""),
             pid=os.getpid(),
             nats_config=_nats_config(state_dir, nats_cluster) if embedded_nats else "",
             nats_pid=nats_pids[0] if nats_pids else 0, nats_pids=nats_pids,
-            gateway_http_url=http_url, dashboard_url=dashboard_url,
-            dashboard_token_file=token_file,
-        ))
-        typer.echo(f"intentroute up: NATS {nats_url} (streams x{stream_replicas})  "
-                   f"Postgres {_redacted(db_url)}  "
-                   f"HTTP {http_url or 'off'}  dashboard {dashboard_url or 'off'}"
-                   f"{f' (token in {token_file})' if token_file else ''}  "
-                   f"workers {', '.join(f'{n}x{c}' for n, c in counts.items())}", err=True)
-        stop = {"flag": False}
+            gateway_http_url=http.url, dashboard_url=http.dashboard_url,
+            dashboard_token_file=http.token_file,
+        )
+        write_state(state_dir, info)
+        typer.echo(_banner(info, stream_replicas, counts), err=True)
+        _run_until_stopped(supervisor, sync, state_dir,
+                           demo=partial(ask_samples, cli, nats_url, admin) if demo else None,
+                           exit_after_demo=exit_after_demo)
 
-        def _stop(*_: object) -> None:
-            stop["flag"] = True
 
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        try:
-            if demo:
-                asyncio.run(_demo(nats_url, admin, _demo_kwargs(state_dir, cli) or admin))
-                if exit_after_demo:
-                    stop["flag"] = True
-            # A worker that dies is restarted (with backoff); only a stop ends them all.
-            while not stop["flag"]:
-                supervisor.poll()
-                time.sleep(0.1)
-        finally:
-            supervisor.stop()
-            if sync is not None:
-                sync.stop()
-            (state_dir / "stack.json").unlink(missing_ok=True)
-            (state_dir / METRICS_TARGETS).unlink(missing_ok=True)
+def _check_cluster_size(nodes: int, embedded_nats: bool) -> None:
+    """--nats-cluster: 1 node, or 3 or more (a quorum survives one loss); embedded only."""
+    if nodes == 2:
+        raise typer.BadParameter("a cluster of 2 loses its quorum with either node: use 3",
+                                 param_hint="--nats-cluster")
+    if nodes > 1 and not embedded_nats:
+        raise typer.BadParameter("NATS_URL names an external server; unset it for an "
+                                 "embedded cluster", param_hint="--nats-cluster")
+
+
+def _server_tls(cli: CliSettings) -> ServerTls | None:
+    """The embedded nats-server's TLS files, when a server certificate is configured."""
+    return (ServerTls(cli.nats_tls_server_cert, cli.nats_tls_server_key, cli.nats_tls_server_ca)
+            if cli.nats_tls_server_cert else None)
+
+
+class _HttpDoor(NamedTuple):
+    """The gateway's HTTP listener as `up` announces it ("": off / none generated)."""
+
+    url: str
+    dashboard_url: str
+    token_file: str
+
+
+def _stack_env(cli: CliSettings, nats_url: str, db_url: str, stream_replicas: int
+               ) -> tuple[dict[str, str], _HttpDoor]:
+    """The environment every started process gets: the stack's URLs, the gateway's HTTP
+    listen address and the operator dashboard's token. The dashboard is on, behind a token
+    generated in the state dir, unless GATEWAY_DASHBOARD_TOKEN brings one."""
+    env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
+               INDEX_DIR=str(cli.index_dir), NATS_STREAM_REPLICAS=str(stream_replicas))
+    env["GATEWAY_HTTP_LISTEN"], http_url = gateway_http_listen(
+        env.get("GATEWAY_HTTP_LISTEN", DEFAULT_GATEWAY_HTTP_LISTEN), free_port)
+    token_file = ""
+    if http_url and not env.get("GATEWAY_DASHBOARD_TOKEN"):
+        path = dashboard_token(auth_files(cli.state_dir).creds_dir)
+        env["GATEWAY_DASHBOARD_TOKEN"] = path.read_text(encoding="utf-8").strip()
+        token_file = str(path)
+    dashboard_url = f"{http_url}/dashboard" if http_url else ""
+    return env, _HttpDoor(http_url, dashboard_url, token_file)
+
+
+def _nats_access(cli: CliSettings, db_url: str, env: dict[str, str], *, embedded_nats: bool
+                 ) -> tuple[dict[str, Any], list[int], AuthSync | None]:
+    """This process's (admin) connection to NATS, the embedded servers' pids and the
+    agents' sync. With the embedded servers, the agents are admitted (the demo agent
+    created) and kept in sync, and `env` loses any NATS token/creds: each worker gets its
+    service user's."""
+    if not embedded_nats:
+        return connect_kwargs(cli.common), [], None
+    state_dir = cli.state_dir
+    nats_pids = server_pids(auth_files(state_dir))
+    admin = {**admin_kwargs(state_dir), **tls_kwargs(cli.common)}
+    asyncio.run(_prepare_agents(state_dir, db_url, nats_pids))
+    sync = AuthSync(state_dir, db_url, pids=nats_pids).start()
+    for key in ("NATS_TOKEN", "NATS_CREDS"):
+        env.pop(key, None)
+    return admin, nats_pids, sync
+
+
+def _ingest_knowledge_base(ingest_path: Path | None, index_dir: Path) -> None:
+    """`--ingest`'s knowledge base; without it the demo one, if the index has none yet."""
+    kb = ingest_path or (DEMO_KB if not (index_dir / "CURRENT").exists() else None)
+    if kb is not None:
+        ingest_into(kb, index_dir)
+
+
+def _start_processes(cli: CliSettings, env: dict[str, str], counts: dict[str, int], *,
+                     llm: bool, embedded_nats: bool) -> Supervisor:
+    """The parser (unless one runs elsewhere), the local model with `--llm`, then each
+    worker's replicas (with the embedded NATS, as its service user); with METRICS_PORT set,
+    each worker on its own metrics port, listed in the scrape targets file."""
+    state_dir = cli.state_dir
+    supervisor = Supervisor()
+    parser_argv = _parser_argv(env)
+    if parser_argv:
+        supervisor.add("parser", parser_argv, env)
+    if llm:
+        supervisor.add("llm", _llm_argv(env), env)
+    plan = metrics_ports(counts, cli.common.metrics_port)
+    ports = iter(plan)
+    for name, count in counts.items():
+        worker_env = {**env, **service_env(state_dir, name)} if embedded_nats else env
+        for _ in range(count):
+            port = next(ports, None)
+            supervisor.add(name, [sys.executable, "-m", "intentroute.cli", "worker", name],
+                           {**worker_env, "METRICS_PORT": str(port[1])} if port
+                           else worker_env)
+    if plan:
+        write_targets(state_dir / METRICS_TARGETS, plan, cli.common.metrics_host)
+    return supervisor
+
+
+def _banner(info: StackInfo, stream_replicas: int, counts: dict[str, int]) -> str:
+    """`up`'s one line on stderr: where everything is."""
+    http_url, dashboard_url, token_file = (info.gateway_http_url, info.dashboard_url,
+                                           info.dashboard_token_file)
+    return (f"intentroute up: NATS {info.nats_url} (streams x{stream_replicas})  "
+            f"Postgres {_redacted(info.database_url)}  "
+            f"HTTP {http_url or 'off'}  dashboard {dashboard_url or 'off'}"
+            f"{f' (token in {token_file})' if token_file else ''}  "
+            f"workers {', '.join(f'{n}x{c}' for n, c in counts.items())}")
+
+
+def _run_until_stopped(supervisor: Supervisor, sync: AuthSync | None, state_dir: Path, *,
+                       demo: Callable[[], None] | None, exit_after_demo: bool) -> None:
+    """Run the demo if asked, then keep the processes running until SIGTERM/SIGINT (or the
+    demo's end with `exit_after_demo`); then stop them all and remove the state files."""
+    stop = {"flag": False}
+
+    def _stop(*_: object) -> None:
+        stop["flag"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        if demo is not None:
+            demo()
+            if exit_after_demo:
+                stop["flag"] = True
+        # A worker that dies is restarted (with backoff); only a stop ends them all.
+        while not stop["flag"]:
+            supervisor.poll()
+            time.sleep(0.1)
+    finally:
+        supervisor.stop()
+        if sync is not None:
+            sync.stop()
+        (state_dir / "stack.json").unlink(missing_ok=True)
+        (state_dir / METRICS_TARGETS).unlink(missing_ok=True)
 
 
 METRICS_TARGETS = "metrics_targets.json"
@@ -239,16 +292,6 @@ async def _prepare_agents(state_dir: Path, db_url: str, nats_pids: list[int]) ->
         await store.close()
 
 
-def _demo_kwargs(state_dir: Path, cli: CliSettings) -> dict[str, Any]:
-    """The demo agent's connection when the embedded stack wrote its credential."""
-    from intentroute.stack.auth import DEMO_AGENT
-
-    path = auth_files(state_dir).credential(DEMO_AGENT)
-    if cli.nats_url or not path.exists():
-        return {}
-    return credential_kwargs(read_credential(path), cli.common)
-
-
 def _parser_argv(env: dict[str, str]) -> list[str]:
     """The reference AVAP parser service's command (it listens on a port chosen here,
     which the workers' env names), unless AVAP_PARSER_URL points elsewhere."""
@@ -281,28 +324,6 @@ async def _declare_streams(
     nc = await nats.connect(nats_servers(nats_url), **admin)
     try:
         await ensure_streams(nc.jetstream(), response_ttl, replicas)
-    finally:
-        await nc.drain()
-
-
-async def _demo(nats_url: str, admin: dict[str, Any], caller: dict[str, Any]) -> None:
-    """Wait for the workers (as the admin: consumer info), then ask as the demo agent."""
-    import nats
-
-    admin_nc = await nats.connect(nats_servers(nats_url), **admin)
-    try:
-        typer.echo("waiting for the workers...", err=True)
-        await wait_for_consumers(admin_nc, list(WORKERS))
-    finally:
-        await admin_nc.drain()
-    nc = await nats.connect(nats_servers(nats_url), **caller)
-    session = f"demo-{uuid.uuid4().hex[:8]}"
-    try:
-        for sample in SAMPLE_QUESTIONS:
-            typer.secho(f"\n> {sample['query']}", bold=True)
-            await ask_and_print(nc, agent="demo", session=session, json_lines=False,
-                                extra_context=sample.get("extra_context", ""),
-                                query=sample["query"])
     finally:
         await nc.drain()
 

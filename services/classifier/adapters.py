@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import time
 
-from services.classifier.cascade import Layer2
 from services.classifier.layer2.batcher import MicroBatcher
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.predict import Prediction
 from services.classifier.layer2.registry import seed_registry
-from services.classifier.llm import LlmLabeler, OllamaLabeler
+from services.classifier.llm import OllamaLabeler
+from services.classifier.ports import LlmLabeler
 from services.classifier.settings import ClassifierSettings
 
 log = logging.getLogger("intentroute.classifier")
@@ -80,4 +80,4 @@ def build_llm(settings: ClassifierSettings) -> LlmLabeler | None:
     return OllamaLabeler(settings.ollama_host, settings.llm_model, timeout=settings.llm_timeout)
 
 
-__all__ = ["BatchedLayer2", "Layer2", "build_classifier", "build_layer2", "build_llm"]
+__all__ = ["BatchedLayer2", "build_classifier", "build_layer2", "build_llm"]

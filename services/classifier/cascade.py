@@ -17,13 +17,11 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 import msgspec
 
-from services.classifier.clarity import CONFIRM_THRESHOLD, DECIDE_THRESHOLD, clarity
 from services.classifier.deixis import is_deictic, is_social, resolve_reference
-from services.classifier.llm import LlmLabeler
+from services.classifier.ports import Layer2, LlmLabeler, Prediction
 from services.classifier.rules import (
     has_account_context,
     has_platform_data,
@@ -41,6 +39,7 @@ from shared.contracts.routing import (
     RoutingDecision,
     slot_for,
 )
+from shared.policy.clarity import CONFIRM_THRESHOLD, DECIDE_THRESHOLD, clarity
 
 log = logging.getLogger("intentroute.classifier")
 
@@ -50,23 +49,6 @@ _SPLIT = re.compile(
     r"y después|luego|y además|and))\s+",
     re.IGNORECASE,
 )
-
-
-class Prediction(Protocol):
-    @property
-    def label(self) -> str: ...
-
-    @property
-    def confidence(self) -> float: ...
-
-    @property
-    def alternatives(self) -> list[tuple[str, float]]: ...
-
-
-class Layer2(Protocol):
-    """Embedding classifier (micro-batched in the worker)."""
-
-    async def predict(self, text: str) -> Prediction: ...
 
 
 HistoryLoader = Callable[[], Awaitable[list[HistoryEntry]]]

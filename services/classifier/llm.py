@@ -8,7 +8,6 @@ import logging
 from functools import cache
 from pathlib import Path
 from string import Template
-from typing import Protocol
 
 from shared.common.deadline import time_left
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
@@ -44,12 +43,6 @@ def render_classifier_prompt(
     )
     system = _template().substitute(history=format_history(history), editor=editor)
     return [{"role": "system", "content": system}, {"role": "user", "content": query}]
-
-
-class LlmLabeler(Protocol):
-    async def label(
-        self, query: str, history: list[HistoryEntry], editor_context: str
-    ) -> QueryType | None: ...
 
 
 class OllamaLabeler:

@@ -2,30 +2,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
-from services.classifier.clarity import DECIDE_THRESHOLD
-from shared.common.settings import CommonSettings, env_float, env_int, env_str
+from shared.common.settings import CommonSettings, env, read_env, refuse_retired
 from shared.policy.agent import ClarityPolicy
+from shared.policy.clarity import DECIDE_THRESHOLD
 
 
 class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
     common: CommonSettings
     # Messages fetched per pull request; they are handled concurrently.
-    batch_size: int = 32
+    batch_size: Annotated[int, env("CLASSIFIER_BATCH")] = 32
     # Layer 2: the versioned head registry; None: `<state dir>/heads`, "": Layer 2 off.
-    heads_dir: str | None = None
-    threshold: float = DECIDE_THRESHOLD
-    micro_batch: int = 32
-    micro_batch_wait_ms: float = 2.0
-    # Layer 3: Ollama model for the LLM classifier ("" = no Layer 3 -> fallback).
-    ollama_host: str = ""
-    llm_model: str = ""
-    llm_timeout: float = 3.0
+    heads_dir: Annotated[str | None, env("CLASSIFIER_HEADS_DIR", parse=str)] = None
+    threshold: Annotated[float, env("CLASSIFIER_THRESHOLD")] = DECIDE_THRESHOLD
+    micro_batch: Annotated[int, env("CLASSIFIER_MICRO_BATCH")] = 32
+    micro_batch_wait_ms: Annotated[float, env("CLASSIFIER_MICRO_BATCH_WAIT_MS")] = 2.0
+    # Layer 3: Ollama model for the LLM classifier ("" = no Layer 3 -> fallback); unset:
+    # the conversational slot's. Ollama's address is a common setting.
+    llm_model: Annotated[str, env(
+        "CLASSIFIER_LLM_MODEL", unset=lambda s, _: s.common.conversational_model)] = ""
+    llm_timeout: Annotated[float, env("CLASSIFIER_LLM_TIMEOUT")] = 3.0
     # Clarity gate policy of agents whose own policy (`intentroute agent set NAME
     # clarity_policy=...`) does not say: "proceed" (default) or "ask".
-    clarity_policy: ClarityPolicy = ClarityPolicy.PROCEED
+    clarity_policy: Annotated[ClarityPolicy, env("CLARITY_POLICY")] = ClarityPolicy.PROCEED
 
     @property
     def heads_root(self) -> Path | None:
@@ -34,26 +36,12 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
             return self.common.state_dir / "heads"
         return Path(self.heads_dir) if self.heads_dir else None
 
+    @property
+    def ollama_host(self) -> str:
+        return self.common.ollama_host
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ClassifierSettings:
-        if env_str("CLARITY_POLICY_BY_AGENT", "", environ):
-            raise ValueError("CLARITY_POLICY_BY_AGENT is gone: set an agent's policy with "
-                             "`intentroute agent set NAME clarity_policy=ask`")
-        policy = env_str("CLARITY_POLICY", "proceed", environ)
-        if policy not in ClarityPolicy.__members__.values():
-            raise ValueError(f"CLARITY_POLICY={policy!r}: expected proceed or ask")
-        main = env_str("OLLAMA_MODEL_NAME", "", environ)
-        small = env_str("OLLAMA_MODEL_NAME_CONVERSATIONAL", "", environ) or main
-        common = CommonSettings.from_env(environ)
-        return cls(
-            common=common,
-            batch_size=env_int("CLASSIFIER_BATCH", 32, environ),
-            heads_dir=env_str("CLASSIFIER_HEADS_DIR", str(common.state_dir / "heads"), environ),
-            threshold=env_float("CLASSIFIER_THRESHOLD", DECIDE_THRESHOLD, environ),
-            micro_batch=env_int("CLASSIFIER_MICRO_BATCH", 32, environ),
-            micro_batch_wait_ms=env_float("CLASSIFIER_MICRO_BATCH_WAIT_MS", 2.0, environ),
-            ollama_host=env_str("OLLAMA_HOST", "", environ),
-            llm_model=env_str("CLASSIFIER_LLM_MODEL", small, environ),
-            llm_timeout=env_float("CLASSIFIER_LLM_TIMEOUT", 3.0, environ),
-            clarity_policy=ClarityPolicy(policy),
-        )
+        refuse_retired(environ, "CLARITY_POLICY_BY_AGENT", "set an agent's policy with "
+                       "`intentroute agent set NAME clarity_policy=ask`")
+        return read_env(cls, environ, common=CommonSettings.from_env(environ))

@@ -28,10 +28,11 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
+from services.gateway.handlers import GatewayDeps
+from services.gateway.ports import FeedbackStore
 from services.gateway.validation import salvage_request_id
 from shared.auth.permissions import FEEDBACK_DURABLE
 from shared.common.settings import CommonSettings
@@ -43,11 +44,7 @@ from shared.contracts.response import ErrorCode
 from shared.runtime.answers import report_invalid
 from shared.runtime.consumer import Handler, StageSpec
 from shared.runtime.ports import Delivery
-from shared.store.feedback import Recorded
 from shared.store.writer import StoreUnavailableError
-
-if TYPE_CHECKING:
-    from services.gateway.handlers import GatewayDeps
 
 log = logging.getLogger("intentroute.gateway.feedback")
 
@@ -57,11 +54,6 @@ _INT4_MAX = 2**31 - 1
 # answers at once may be a few milliseconds ahead of it.
 UNKNOWN_RETRIES = (0.2, 0.5)
 _decoder = msgspec.json.Decoder(Feedback)
-
-
-class FeedbackStore(Protocol):
-    async def record_explicit(self, agent_id: str, feedback: Feedback) -> Recorded:
-        """Store the verdict if the request is in the agent's request log."""
 
 
 def refused(request_id: str, code: str, message: str) -> FeedbackAck:

@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from services.gateway.feedback import FeedbackRecorder
+from services.gateway.ports import VerdictRecorder
 from services.gateway.settings import GatewaySettings
 from services.gateway.validation import InputError, parse_request, salvage_field
 from shared.auth.ports import AgentDirectory
@@ -41,7 +41,7 @@ log = logging.getLogger("intentroute.gateway")
 class GatewayDeps(StageDeps):
     agents: AgentDirectory
     # Agents' verdicts on their answers, from every entry point (feedback.py).
-    feedback: FeedbackRecorder
+    feedback: VerdictRecorder
 
 
 class InvalidRequestError(ValueError):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
-from services.generator.backends import ChatBackend, EchoBackend, OllamaBackend, OpenAIBackend
+from services.generator.backends import EchoBackend, OllamaBackend, OpenAIBackend
 from services.generator.handlers import GeneratorDeps, build_stage
+from services.generator.ports import ChatBackend
 from services.generator.settings import GeneratorSettings
 from shared.runtime.worker import Wiring, build_app
 from shared.store.policy_cache import open_policy_cache

@@ -1,5 +1,6 @@
-"""Generation backends behind one Protocol: Ollama (streaming), an OpenAI-compatible
-chat server (streaming; llama.cpp's server, which `intentroute up --llm` runs), echo.
+"""Generation backends behind one Protocol (`ports.ChatBackend`): Ollama (streaming), an
+OpenAI-compatible chat server (streaming; llama.cpp's server, which `intentroute up --llm`
+runs), echo.
 
 A backend's stream yields the answer's text pieces and, at most once and last, the
 token counts the model server reported for the call (`TokenCounts`)."""
@@ -9,32 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Protocol
 
 import msgspec
 
+from services.generator.ports import BackendUnavailableError, TokenCounts
 from services.generator.prompts import ChatMessage
 
 log = logging.getLogger("intentroute.generator")
-
-
-class BackendUnavailableError(Exception):
-    """The model server could not be reached or failed before the first token."""
-
-
-class TokenCounts(msgspec.Struct, frozen=True):
-    """Tokens of one call as the server counted them (None: it did not say)."""
-
-    prompt: int | None
-    completion: int | None
-
-
-class ChatBackend(Protocol):
-    name: str
-
-    def stream(
-        self, model: str, messages: list[ChatMessage]
-    ) -> AsyncIterator[str | TokenCounts]: ...
 
 
 class OllamaBackend:

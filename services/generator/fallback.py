@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import Tracer
 
-from services.generator.backends import BackendUnavailableError, ChatBackend, TokenCounts
 from services.generator.extractive import extractive_answer
+from services.generator.ports import BackendUnavailableError, ChatBackend, TokenCounts
 from services.generator.prompts import render_prompt
 from shared.common.deadline import time_left
 from shared.contracts.pipeline import Routed, Usage

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.generator.backends import ChatBackend
 from services.generator.fallback import Answered, Sink, merged, steps_for
 from services.generator.fallback import produce as produce_answer
+from services.generator.ports import ChatBackend
 from services.generator.settings import GeneratorSettings
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_routed

@@ -287,60 +287,82 @@ def _scan(s: str) -> _Scan:
         elif tok in "\"'`":
             if tok == "'" and i and s[i - 1].isalnum():
                 continue  # an apostrophe inside an unquoted word (don't)
-            j = _closing_quote(s, i, tok)
-            if j < 0:
-                out.error = (UNTERMINATED_STRING, i, f"unterminated string starting with {tok}")
+            j, out.error = _string_at(s, i, tok)
+            if out.error:
                 return out
-            if tok == "`":
-                body = s[i + 1 : j]
-                k = body.find("${")
-                while k >= 0:
-                    close = body.find("}", k)
-                    if close < 0:
-                        out.error = (SYNTAX_ERROR, i + 1 + k, "unclosed '${' in template string")
-                        return out
-                    k = body.find("${", close)
             strings.append((i, j))
             skip_to = j + 1
-        elif tok == ",":
-            if len(stack) == 1 and stack[0][1] == out.first_open:
-                out.commas.append(i)
-        elif tok in _OPENERS:
-            if tok == "(" and not stack and out.first_open < 0:
-                out.first_open = i
-            stack.append((tok, i))
-        else:  # a closer
-            if not stack:
-                out.error = (UNBALANCED_BRACKETS, i, f"'{tok}' has no matching '{_CLOSERS[tok]}'")
+        else:
+            out.error = _bracket(out, stack, tok, i)
+            if out.error:
                 return out
-            opener, at = stack.pop()
-            if _OPENERS[opener] != tok:
-                out.error = (
-                    UNBALANCED_BRACKETS,
-                    i,
-                    f"'{tok}' does not match '{opener}' opened at column {at + 1}",
-                )
-                return out
-            if not stack and at == out.first_open:
-                out.first_close = i
     if stack:
         opener, at = stack[-1]
         out.error = (UNBALANCED_BRACKETS, at, f"'{opener}' is never closed")
         return out
-    if strings:  # mask string contents so later checks never look inside literals
-        parts: list[str] = []
-        prev = 0
-        for a, b in strings:
-            if a >= code_end:
-                break
-            parts.append(s[prev : a + 1])
-            parts.append("_" * (b - a - 1))
-            prev = b
-        parts.append(s[prev:code_end])
-        out.code = "".join(parts).rstrip()
-    else:
-        out.code = s[:code_end].rstrip()
+    out.code = _masked_code(s, strings, code_end)
     return out
+
+
+def _string_at(s: str, i: int, quote: str) -> tuple[int, tuple[str, int, str] | None]:
+    """The end of the string literal opening at `i`, or the error that it has none (or,
+    for a template string, that a `${` in it is never closed)."""
+    j = _closing_quote(s, i, quote)
+    if j < 0:
+        return j, (UNTERMINATED_STRING, i, f"unterminated string starting with {quote}")
+    if quote == "`":
+        body = s[i + 1 : j]
+        k = body.find("${")
+        while k >= 0:
+            close = body.find("}", k)
+            if close < 0:
+                return j, (SYNTAX_ERROR, i + 1 + k, "unclosed '${' in template string")
+            k = body.find("${", close)
+    return j, None
+
+
+def _bracket(
+    out: _Scan, stack: list[tuple[str, int]], tok: str, i: int
+) -> tuple[str, int, str] | None:
+    """A comma, opener or closer at `i`: the bracket stack and the first top-level call's
+    parentheses and commas kept in `out`; the error if a closer matches nothing."""
+    if tok == ",":
+        if len(stack) == 1 and stack[0][1] == out.first_open:
+            out.commas.append(i)
+    elif tok in _OPENERS:
+        if tok == "(" and not stack and out.first_open < 0:
+            out.first_open = i
+        stack.append((tok, i))
+    else:  # a closer
+        if not stack:
+            return (UNBALANCED_BRACKETS, i, f"'{tok}' has no matching '{_CLOSERS[tok]}'")
+        opener, at = stack.pop()
+        if _OPENERS[opener] != tok:
+            return (
+                UNBALANCED_BRACKETS,
+                i,
+                f"'{tok}' does not match '{opener}' opened at column {at + 1}",
+            )
+        if not stack and at == out.first_open:
+            out.first_close = i
+    return None
+
+
+def _masked_code(s: str, strings: list[tuple[int, int]], code_end: int) -> str:
+    """The line before its trailing comment, string contents masked so that later checks
+    never look inside literals."""
+    if not strings:
+        return s[:code_end].rstrip()
+    parts: list[str] = []
+    prev = 0
+    for a, b in strings:
+        if a >= code_end:
+            break
+        parts.append(s[prev : a + 1])
+        parts.append("_" * (b - a - 1))
+        prev = b
+    parts.append(s[prev:code_end])
+    return "".join(parts).rstrip()
 
 
 # --------------------------------------------------------------------------- parser
@@ -401,52 +423,12 @@ class _Parser:
             if self.strict:
                 self.foreign(n, c, s, "Python", "AVAP comments start with //", "//")
             return
-        fast = _SIMPLE_CALL.match(s)
-        if (
-            fast
-            and fast.group(2) not in _FOREIGN_BY_KEYWORD
-            and fast.group(2) != "return"
-            and not ("=>" in (inner := fast.group(3)) or "===" in inner or "!==" in inner)
-        ):
-            args = [a.strip() for a in inner.split(",")] if inner.strip() else []
-            self.call(n, c + fast.start(2), fast.group(2), args, args, fast.group(1) or "")
+        if self.simple_call(n, c, s):
             return
         head = _HEAD.match(s)
         word = head.group() if head else ""
-        if not self.strict:
-            if word == "function":
-                fm = _FUNCTION_HEADER.match(s)
-                if fm:
-                    self.open_function(n, c, fm.group(1), fm.group(2))
-                    return
-            elif s == "}" and any(f.kind == "func" for f in self.stack):
-                self.close_block(n, c, "}", ("func",))
-                return
-            elif word == "return" and any(f.kind == "func" for f in self.stack):
-                return
-        if word == "return":
-            where = "outside a function " if not self.strict else ""
-            self.foreign(
-                n,
-                c,
-                s,
-                "Python/JavaScript/Go",
-                f"'return' {where}is not AVAP; {_RESULT_HINT}",
-                "addResult",
-            )
+        if self.by_first_word(n, c, s, word):
             return
-        rules = _FOREIGN_BY_KEYWORD.get(word)
-        if rules:
-            for rx, lang, hint, sugg in rules:
-                if rx.match(s):
-                    self.foreign(n, c, s, lang, hint, sugg)
-                    return
-        if s[0] == "}":
-            self.foreign(
-                n, c, s, "JavaScript/Go", "AVAP blocks close with end() / endLoop()", "end"
-            )
-            return
-
         scan = _scan(s)
         if scan.error:
             err, at, msg = scan.error
@@ -460,7 +442,71 @@ class _Parser:
             return
         if self.content_foreign(n, c, code, s):
             return
+        self.statement(n, c, s, scan, word)
 
+    def simple_call(self, n: int, c: int, s: str) -> bool:
+        """The fast path: a plain `[target = ]command(args)` line (no quotes, no nesting)
+        goes straight to `call`."""
+        fast = _SIMPLE_CALL.match(s)
+        if (
+            fast
+            and fast.group(2) not in _FOREIGN_BY_KEYWORD
+            and fast.group(2) != "return"
+            and not ("=>" in (inner := fast.group(3)) or "===" in inner or "!==" in inner)
+        ):
+            args = [a.strip() for a in inner.split(",")] if inner.strip() else []
+            self.call(n, c + fast.start(2), fast.group(2), args, args, fast.group(1) or "")
+            return True
+        return False
+
+    def by_first_word(self, n: int, c: int, s: str, word: str) -> bool:
+        """Lines told by their first word: lenient user functions, then other languages'
+        constructs (`return`, their keywords, a `}` closer)."""
+        if not self.strict and self.user_function_line(n, c, s, word):
+            return True
+        if word == "return":
+            where = "outside a function " if not self.strict else ""
+            self.foreign(
+                n,
+                c,
+                s,
+                "Python/JavaScript/Go",
+                f"'return' {where}is not AVAP; {_RESULT_HINT}",
+                "addResult",
+            )
+            return True
+        rules = _FOREIGN_BY_KEYWORD.get(word)
+        if rules:
+            for rx, lang, hint, sugg in rules:
+                if rx.match(s):
+                    self.foreign(n, c, s, lang, hint, sugg)
+                    return True
+        if s[0] == "}":
+            self.foreign(
+                n, c, s, "JavaScript/Go", "AVAP blocks close with end() / endLoop()", "end"
+            )
+            return True
+        return False
+
+    def user_function_line(self, n: int, c: int, s: str, word: str) -> bool:
+        """Lenient mode's `function name(params) {`, its closing `}` and a `return` inside
+        it (accepted as it is)."""
+        if word == "function":
+            fm = _FUNCTION_HEADER.match(s)
+            if fm:
+                self.open_function(n, c, fm.group(1), fm.group(2))
+                return True
+        elif s == "}" and any(f.kind == "func" for f in self.stack):
+            self.close_block(n, c, "}", ("func",))
+            return True
+        elif word == "return" and any(f.kind == "func" for f in self.stack):
+            return True
+        return False
+
+    def statement(self, n: int, c: int, s: str, scan: _Scan, word: str) -> None:
+        """A scanned line without foreign constructs: an assignment or a command call, else
+        the error saying which statement it fails to be."""
+        code = scan.code
         am = _ASSIGN.match(code)
         if am:
             self.assignment(n, c, s, scan, am)

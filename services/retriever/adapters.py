@@ -1,6 +1,6 @@
-"""The relevance judge port (ADR-0009 Decision 2) and its Ollama adapter: the optional
-LLM YES/NO check, instead of the embedding signal, of whether retrieved context
-answers the query. The retrieval port is `services.retriever.port`."""
+"""The relevance judge's Ollama adapter (ADR-0009 Decision 2): the optional LLM YES/NO
+check, instead of the embedding signal, of whether retrieved context answers the query.
+Its port, `RelevanceJudge`, and the retrieval port are in `services.retriever.ports`."""
 
 from __future__ import annotations
 
@@ -9,19 +9,11 @@ import logging
 from functools import cache
 from pathlib import Path
 from string import Template
-from typing import Protocol
 
 from shared.common.deadline import time_left
 from shared.contracts.pipeline import Passage
 
 log = logging.getLogger("intentroute.retriever")
-
-
-class RelevanceJudge(Protocol):
-    """LLM YES/NO relevance check (ADR-0009 Decision 2), the optional alternative to
-    the embedding signal. Returns None when no verdict could be had."""
-
-    async def relevant(self, query: str, passages: list[Passage]) -> bool | None: ...
 
 
 PROMPT = Path(__file__).resolve().parent / "prompts" / "relevance.txt"

@@ -7,7 +7,7 @@ from opentelemetry.trace import TracerProvider
 
 from services.retriever.embedded import EmbeddedRetrieval
 from services.retriever.handlers import RetrieverDeps, build_stage
-from services.retriever.port import Retrieval
+from services.retriever.ports import Retrieval
 from services.retriever.settings import RetrieverSettings
 from shared.runtime.worker import Wiring, build_app
 

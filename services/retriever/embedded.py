@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from services.retriever.index import EmbeddedIndex
-from services.retriever.port import SearchResult, check_method
+from services.retriever.ports import SearchResult, check_method
 from services.retriever.rrf import FusionSettings
 from shared.encoders.embeddings import Encoder
 

@@ -26,7 +26,7 @@ from services.retriever.es_bodies import (
     call,
     knn_score_to_cosine,
 )
-from services.retriever.port import SearchResult, check_method
+from services.retriever.ports import SearchResult, check_method
 from services.retriever.rrf import FusionSettings, rrf
 from services.retriever.settings import RetrieverSettings
 from shared.common.deadline import time_left

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.retriever.adapters import RelevanceJudge
 from services.retriever.logic import RelevancePolicy, retrieve
-from services.retriever.port import Retrieval
+from services.retriever.ports import RelevanceJudge, Retrieval
 from services.retriever.settings import RetrieverSettings
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_routed

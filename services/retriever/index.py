@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from services.retriever.bm25 import Bm25Config, Bm25Tokenizer
 from services.retriever.indexing.chunking import Chunk
-from services.retriever.port import SearchResult, check_method
+from services.retriever.ports import SearchResult, check_method
 from services.retriever.rrf import FusionSettings, rrf
 from shared.contracts.pipeline import Passage
 from shared.encoders.embeddings import Encoder

@@ -11,8 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from services.retriever.adapters import RelevanceJudge
-from services.retriever.port import Retrieval
+from services.retriever.ports import RelevanceJudge, Retrieval
 from services.retriever.reformulate import is_followup, reformulate_with_hint, rewrite_followup
 from services.retriever.relevance import check_relevance
 from shared.contracts.pipeline import Passage

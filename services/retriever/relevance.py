@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from services.retriever.port import SearchResult
+from services.retriever.ports import SearchResult
 
 TOP_N = 8  # the generator sees 8 passages; signals look at the same ones
 

@@ -2,52 +2,43 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
-from shared.common.settings import CommonSettings, env_float, env_int, env_str
+from shared.common.settings import CommonSettings, env, read_env
 from shared.encoders.embeddings import DEFAULT_MODEL
 
 
 class RetrieverSettings(msgspec.Struct, frozen=True, kw_only=True):
+    # Its index (INDEX_DIR) and Ollama's address are common settings (the CLI and other
+    # stages read them).
     common: CommonSettings
-    index_dir: Path = Path(".intentroute/index")
     # bm25 | dense | hybrid
-    method: str = "hybrid"
-    top_k: int = 8
-    embedding_model: str = DEFAULT_MODEL
+    method: Annotated[str, env("RETRIEVER_METHOD")] = "hybrid"
+    top_k: Annotated[int, env("RETRIEVER_TOP_K")] = 8
+    embedding_model: Annotated[str, env("EMBEDDING_MODEL")] = DEFAULT_MODEL
     # Elasticsearch backend instead of the embedded index when set.
-    es_url: str = ""
-    es_index: str = "intentroute-kb"
-    batch_size: int = 16
+    es_url: Annotated[str, env("ES_URL")] = ""
+    es_index: Annotated[str, env("ES_INDEX")] = "intentroute-kb"
+    batch_size: Annotated[int, env("RETRIEVER_BATCH")] = 16
     # Relevance check for RETRIEVAL: "embedding" | "llm" | "off"
-    relevance_mode: str = "embedding"
-    relevance_signal: str = "combined"
-    relevance_threshold: float = float("nan")
-    retry_strategy: str = "broaden"
-    ollama_host: str = ""
-    relevance_model: str = ""
+    relevance_mode: Annotated[str, env("RELEVANCE_CHECK")] = "embedding"
+    relevance_signal: Annotated[str, env("RELEVANCE_SIGNAL")] = "combined"
+    relevance_threshold: Annotated[float, env("RELEVANCE_THRESHOLD")] = float("nan")
+    retry_strategy: Annotated[str, env("RELEVANCE_RETRY_STRATEGY")] = "broaden"
+    # The LLM judge's model; unset: the conversational slot's ("" = none).
+    relevance_model: Annotated[str, env(
+        "RELEVANCE_MODEL", unset=lambda s, _: s.common.conversational_model)] = ""
+
+    @property
+    def index_dir(self) -> Path:
+        return self.common.index_dir
+
+    @property
+    def ollama_host(self) -> str:
+        return self.common.ollama_host
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RetrieverSettings:
-        return cls(
-            common=CommonSettings.from_env(environ),
-            index_dir=Path(env_str("INDEX_DIR", ".intentroute/index", environ)),
-            method=env_str("RETRIEVER_METHOD", "hybrid", environ),
-            top_k=env_int("RETRIEVER_TOP_K", 8, environ),
-            embedding_model=env_str("EMBEDDING_MODEL", DEFAULT_MODEL, environ),
-            es_url=env_str("ES_URL", "", environ),
-            es_index=env_str("ES_INDEX", "intentroute-kb", environ),
-            batch_size=env_int("RETRIEVER_BATCH", 16, environ),
-            relevance_mode=env_str("RELEVANCE_CHECK", "embedding", environ),
-            relevance_signal=env_str("RELEVANCE_SIGNAL", "combined", environ),
-            relevance_threshold=env_float("RELEVANCE_THRESHOLD", float("nan"), environ),
-            retry_strategy=env_str("RELEVANCE_RETRY_STRATEGY", "broaden", environ),
-            ollama_host=env_str("OLLAMA_HOST", "", environ),
-            relevance_model=env_str(
-                "RELEVANCE_MODEL",
-                env_str("OLLAMA_MODEL_NAME_CONVERSATIONAL", "", environ)
-                or env_str("OLLAMA_MODEL_NAME", "", environ),
-                environ,
-            ),
-        )
+        return read_env(cls, environ, common=CommonSettings.from_env(environ))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
 
 from services.validator.extract import extract_avap_code
-from services.validator.parser_client import CheckResult, CheckStatus
+from services.validator.ports import CheckResult, CheckStatus, CodeChecker
 from services.validator.settings import ValidatorSettings
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_routed
@@ -30,15 +29,6 @@ DELIVERED = {
     CheckStatus.INVALID: ValidationStatus.INVALID_UNRESOLVED,
     CheckStatus.UNAVAILABLE: ValidationStatus.PARSER_UNAVAILABLE,
 }
-
-
-class CodeChecker(Protocol):
-    """The parser behind its guard (`parser_client.GuardedParser`)."""
-
-    @property
-    def enabled(self) -> bool: ...
-
-    async def check(self, code: str) -> CheckResult: ...
 
 
 @dataclass(kw_only=True)

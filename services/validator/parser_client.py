@@ -9,15 +9,12 @@ never raises because the parser is down.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
-from typing import Protocol
 
 import grpc
-import msgspec
 
 from services.validator.breaker import CircuitBreaker
-from services.validator.feedback import render_parser_feedback
+from services.validator.ports import CheckResult, CheckStatus, ParseOutcome, ParserClient
 from shared.common.deadline import time_left
 from shared.contracts.parser import TraceLine
 from shared.grpc import avap_parser_pb2, avap_parser_pb2_grpc
@@ -49,15 +46,6 @@ class ParserUnavailableError(ParserError):
 
 class ParserRejectedError(ParserError):
     """The parser is up but refused this request (e.g. code too large)."""
-
-
-class ParseOutcome(msgspec.Struct, frozen=True):
-    valid: bool
-    trace: tuple[TraceLine, ...] = ()
-
-
-class ParserClient(Protocol):
-    async def validate(self, code: str, *, strict: bool = False) -> ParseOutcome: ...
 
 
 def grpc_target(url: str) -> str:
@@ -109,26 +97,6 @@ class GrpcParserClient:
         if self._channel is not None:
             channel, self._channel, self._stub = self._channel, None, None
             await channel.close()
-
-
-class CheckStatus(enum.StrEnum):
-    VALID = "VALID"
-    INVALID = "INVALID"
-    UNAVAILABLE = "UNAVAILABLE"  # no evidence either way: disabled, circuit open, or failed
-
-
-class CheckResult(msgspec.Struct, frozen=True):
-    """The validator's verdict on one program."""
-
-    status: CheckStatus
-    trace: tuple[TraceLine, ...] = ()
-    # Why the result is UNAVAILABLE: "disabled" | "circuit_open" | "timeout" | the error.
-    reason: str = ""
-
-    @property
-    def feedback(self) -> str:
-        """The `<parser_feedback>` section for the one trace-guided retry (RC-08)."""
-        return render_parser_feedback(self.trace) if self.status is CheckStatus.INVALID else ""
 
 
 class GuardedParser:

@@ -1,110 +1,309 @@
-"""Environment readers and the settings every worker shares.
+"""Settings declared once per field, read from the environment by one helper, and the
+settings every worker shares.
 
-Each service has one settings object (in its own `settings.py`) built from the
-environment in `app.py` only; this module holds the common part.
+A settings class is a frozen msgspec.Struct whose fields name the environment variable
+they are read from in their annotation, next to their one default:
+
+    batch_size: Annotated[int, env("EXAMPLE_BATCH")] = 16
+
+`read_env(cls, environ)` builds it: each declared variable that is set is converted to
+its field's type (str, int, float, bool as on/off, Path, Path | None, an enum) or by the
+declaration's `parse`; an unset one keeps the field's default (or the declaration's
+`unset` derivation), and so does a blank number or switch. A value that does not convert
+is a ValueError naming the variable. Each service has one settings object (in its own
+`settings.py`) built from the environment in `app.py` only; this module holds the
+common part, and a variable is declared by one field of one class (tests/unit/
+test_settings_declared.py): settings several classes need live here, the others read them
+from `common`.
 """
 
 from __future__ import annotations
 
+import enum
 import os
-from collections.abc import Mapping
+import types
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import msgspec
 
 from shared.policy.confidence import ConfidenceParams
 
-
-def env_str(name: str, default: str = "", environ: Mapping[str, str] | None = None) -> str:
-    return (environ if environ is not None else os.environ).get(name, default)
+S = TypeVar("S", bound=msgspec.Struct)
 
 
-def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -> int:
-    raw = env_str(name, "", environ)
-    return int(raw) if raw.strip() else default
+@dataclass(frozen=True)
+class Env:
+    """Annotation metadata of a settings field: the variable it is read from."""
+
+    name: str
+    # Converts a set value instead of the field's type (custom forms such as "off").
+    parse: Callable[[str], Any] | None = None
+    # The value when the variable is unset, derived from the settings read so far and the
+    # environment, for defaults that depend on other settings; the field's own default
+    # is then what direct construction gets.
+    unset: Callable[[Any, Mapping[str, str]], Any] | None = None
+    # Whether an empty value counts as unset; None: for numbers and switches (a value of
+    # spaces too), not for strings and paths ("" is then the value).
+    blank_is_unset: bool | None = None
 
 
-def env_float(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    raw = env_str(name, "", environ)
-    return float(raw) if raw.strip() else default
+def env(
+    name: str,
+    *,
+    parse: Callable[[str], Any] | None = None,
+    unset: Callable[[Any, Mapping[str, str]], Any] | None = None,
+    blank_is_unset: bool | None = None,
+) -> Env:
+    """Declare the variable a field is read from: `x: Annotated[int, env("X")] = 3`."""
+    return Env(name, parse=parse, unset=unset, blank_is_unset=blank_is_unset)
 
 
-def env_bool(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
-    raw = env_str(name, "", environ).strip().lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
+@dataclass(frozen=True)
+class EnvGroup:
+    """Annotation metadata of a nested struct some of whose fields are read from
+    variables (a struct of a lower layer, which cannot declare them itself)."""
+
+    names: tuple[tuple[str, str], ...]  # (field of the nested struct, variable)
+
+
+def env_group(**names: str) -> EnvGroup:
+    """Declare the variables of a nested struct's fields: `env_group(field="VAR", ...)`;
+    its other fields, and the unset ones, keep the nested struct's defaults."""
+    return EnvGroup(tuple(names.items()))
+
+
+def read_env(cls: type[S], environ: Mapping[str, str] | None = None, /, **given: Any) -> S:
+    """`cls` read from `environ` (default: the process environment). Fields in `given`
+    are taken as they are (nested settings built once, a caller's choice); fields that
+    declare no variable keep their defaults."""
+    environ = os.environ if environ is None else environ
+    values = dict(given)
+    derived: dict[str, Callable[[Any, Mapping[str, str]], Any]] = {}
+    for field in msgspec.structs.fields(cls):
+        if field.name in given:
+            continue
+        kind, declared = _declaration(field.type)
+        if isinstance(declared, EnvGroup):
+            values[field.name] = _read_group(kind, declared, environ)
+        elif isinstance(declared, Env):
+            value = _read(declared, kind, environ)
+            if value is not _UNSET:
+                values[field.name] = value
+            elif declared.unset is not None:
+                derived[field.name] = declared.unset
+    settings = cls(**values)
+    if derived:
+        settings = msgspec.structs.replace(
+            settings, **{name: unset(settings, environ) for name, unset in derived.items()})
+    return settings
+
+
+def is_set(cls: type[msgspec.Struct], field: str,
+           environ: Mapping[str, str] | None = None) -> bool:
+    """Whether `environ` sets the variable `cls.field` is read from (for a setting that
+    means something else when it is not given at all)."""
+    environ = os.environ if environ is None else environ
+    for info in msgspec.structs.fields(cls):
+        if info.name == field:
+            _, declared = _declaration(info.type)
+            if isinstance(declared, Env):
+                return declared.name in environ
+    raise KeyError(f"{cls.__name__}.{field} declares no variable")
+
+
+def refuse_retired(environ: Mapping[str, str] | None, name: str, instead: str) -> None:
+    """A ValueError when a variable that no longer exists is set (silence would hide it)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(name, ""):
+        raise ValueError(f"{name} is gone: {instead}")
+
+
+def declared_variables(cls: type[msgspec.Struct]) -> Iterator[tuple[str, str]]:
+    """(variable, "Class.field") for each variable `cls` declares (nested structs'
+    declarations belong to their own class)."""
+    for field in msgspec.structs.fields(cls):
+        _, declared = _declaration(field.type)
+        if isinstance(declared, Env):
+            yield declared.name, f"{cls.__name__}.{field.name}"
+        elif isinstance(declared, EnvGroup):
+            for sub, name in declared.names:
+                yield name, f"{cls.__name__}.{field.name}.{sub}"
+
+
+_UNSET: Any = object()  # what reading an unset variable gives
+
+
+def _declaration(annotation: Any) -> tuple[Any, Env | EnvGroup | None]:
+    """(the field's type, its declaration) from an `Annotated[type, env(...)]`."""
+    if get_origin(annotation) is not Annotated:
+        return annotation, None
+    kind, *metadata = get_args(annotation)
+    found = [m for m in metadata if isinstance(m, (Env, EnvGroup))]
+    return kind, (found[0] if found else None)
+
+
+def _read(declared: Env, kind: Any, environ: Mapping[str, str]) -> Any:
+    convert, expected, blank_is_unset = _converter(declared, kind)
+    if declared.name not in environ:
+        return _UNSET
+    raw = environ[declared.name]
+    if declared.blank_is_unset is not None:
+        blank_is_unset = declared.blank_is_unset
+    if blank_is_unset and not (raw.strip() if convert in _NUMBERS else raw):
+        return _UNSET
+    try:
+        return convert(raw)
+    except ValueError as exc:
+        shown = raw.strip().lower() if convert is _on_off else raw
+        raise ValueError(f"{declared.name}={shown!r}: {expected or exc}") from None
+
+
+def _read_group(kind: Any, declared: EnvGroup, environ: Mapping[str, str]) -> Any:
+    fields = {f.name: f for f in msgspec.structs.fields(kind)}
+    values = {}
+    for sub, name in declared.names:
+        value = _read(Env(name), fields[sub].type, environ)
+        if value is not _UNSET:
+            values[sub] = value
+    return kind(**values)
+
+
+def _on_off(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
         return True
-    if raw in ("0", "false", "no", "off"):
+    if value in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{name}={raw!r}: expected on/off")
+    raise ValueError(value)
+
+
+def _optional_path(raw: str) -> Path | None:
+    return Path(raw) if raw else None
+
+
+_NUMBERS: tuple[Callable[[str], Any], ...] = (int, float, _on_off)
+
+
+def _converter(declared: Env, kind: Any) -> tuple[Callable[[str], Any], str, bool]:
+    """(conversion, what a bad value should have been, whether blank means unset)."""
+    if declared.parse is not None:
+        return declared.parse, "", False
+    if kind is bool:
+        return _on_off, "expected on/off", True
+    if kind is int:
+        return int, "expected an integer", True
+    if kind is float:
+        return float, "expected a number", True
+    if kind is str:
+        return str, "", False
+    if kind is Path:
+        return Path, "", False
+    if get_origin(kind) in (Union, types.UnionType) and set(get_args(kind)) == {Path, type(None)}:
+        return _optional_path, "", False
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        *others, last = [str(member.value) for member in kind]
+        return kind, "expected " + (f"{', '.join(others)} or {last}" if others else last), False
+    raise TypeError(f"{declared.name}: no conversion to {kind!r} (declare a parse)")
+
+
+# Retention's defaults, which the learning job's settings (given the common ones by
+# `LearnSettings.from_env`) keep when built directly.
+LOG_HOT_DAYS = 30
+ROLLUP_KEEP_DAYS = 365
+
+
+def _onnx_cache(_: Any, environ: Mapping[str, str]) -> Path:
+    """INTENTROUTE_ONNX_CACHE unset: under $XDG_CACHE_HOME (default ~/.cache)."""
+    base = environ.get("XDG_CACHE_HOME", "") or str(Path.home() / ".cache")
+    return Path(base) / "intentroute" / "onnx"
 
 
 class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Bus, store and tracing settings every worker reads."""
+    """Bus, store and tracing settings every worker reads, and those several stages or
+    the CLI read (model servers, the index)."""
 
     # One URL or a comma-separated list (every node of a cluster: a client that loses
     # its server reconnects to another at once).
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: Annotated[str, env("NATS_URL")] = "nats://127.0.0.1:4222"
     # Replicas of every stream: 3 keeps every stream through the loss of any one node
     # of a cluster. 0: as many as the servers, up to 3 (1 on a single server).
-    stream_replicas: int = 0
-    database_url: str = ""
+    stream_replicas: Annotated[int, env("NATS_STREAM_REPLICAS")] = 0
+    database_url: Annotated[str, env("DATABASE_URL")] = ""
     # Seconds a stage may hold a message without a sign of life before JetStream
     # redelivers it to another replica (a busy stage keeps its messages alive).
-    ack_wait: float = 2.0
+    ack_wait: Annotated[float, env("STAGE_ACK_WAIT")] = 2.0
     # Deliveries before a message is treated as poison, answered and dead-lettered
     # (retries are bounded by the request's deadline first).
-    max_deliver: int = 20
+    max_deliver: Annotated[int, env("STAGE_MAX_DELIVER")] = 20
     # Seconds a request may take end to end (callers may ask for less: `timeout_ms`).
-    request_deadline: float = 120.0
+    request_deadline: Annotated[float, env("REQUEST_DEADLINE")] = 120.0
     # How long answers stay readable for late subscribers.
-    response_ttl: float = 3600.0
-    otlp_endpoint: str = ""
+    response_ttl: Annotated[float, env("RESPONSE_TTL")] = 3600.0
+    otlp_endpoint: Annotated[str, env("OTEL_EXPORTER_OTLP_ENDPOINT")] = ""
     # Prometheus scrape endpoint of the worker's metrics (shared.runtime.metrics): 0 = off. Under
     # `intentroute up` it is the first port, each worker process takes the next one.
-    metrics_port: int = 0
-    metrics_host: str = "127.0.0.1"
+    metrics_port: Annotated[int, env("METRICS_PORT")] = 0
+    metrics_host: Annotated[str, env("METRICS_HOST")] = "127.0.0.1"
     # Seconds between two readings of the stages' consumer lag (with metrics on).
-    metrics_interval: float = 5.0
-    log_level: str = "INFO"
+    metrics_interval: Annotated[float, env("METRICS_INTERVAL")] = 5.0
+    log_level: Annotated[str, env("LOG_LEVEL")] = "INFO"
     # Where the embedded stack keeps its state: servers' data, credentials, index, heads.
-    state_dir: Path = Path(".intentroute")
+    state_dir: Annotated[Path, env("INTENTROUTE_HOME")] = Path(".intentroute")
     # Sentence encoder: precision of per-query encoders ("fp32", "int8", "int8-block"),
     # of ingestion, and where exported ONNX graphs are cached.
-    encoder_precision: str = "fp32"
-    ingest_precision: str = "fp32"
-    onnx_cache_dir: Path = Path.home() / ".cache" / "intentroute" / "onnx"
+    encoder_precision: Annotated[str, env("INTENTROUTE_ENCODER_PRECISION")] = "fp32"
+    ingest_precision: Annotated[str, env("INTENTROUTE_INGEST_PRECISION")] = "fp32"
+    onnx_cache_dir: Annotated[Path, env("INTENTROUTE_ONNX_CACHE", blank_is_unset=True,
+                                        unset=_onnx_cache)] = _onnx_cache(None, {})
+    # The retriever's index (the CLI's `ingest` and `up` default to `<state dir>/index`
+    # instead when INDEX_DIR is unset: intentroute/settings.py).
+    index_dir: Annotated[Path, env("INDEX_DIR")] = Path(".intentroute/index")
     # NATS credentials (one kind at a time): user + password, a token, or a .creds file
     # (decentralized JWT auth on an external server). Unset = anonymous (open servers only).
     # HMAC key of the gateway's admission stamp (shared.auth.admission); every worker of a
     # deployment holds the same one. Required when NATS authentication is on.
-    admission_key: str = ""
-    nats_user: str = ""
-    nats_password: str = ""
-    nats_token: str = ""
-    nats_creds: str = ""
+    admission_key: Annotated[str, env("INTENTROUTE_ADMISSION_KEY")] = ""
+    nats_user: Annotated[str, env("NATS_USER")] = ""
+    nats_password: Annotated[str, env("NATS_PASSWORD")] = ""
+    nats_token: Annotated[str, env("NATS_TOKEN")] = ""
+    nats_creds: Annotated[str, env("NATS_CREDS")] = ""
     # Reply subjects start with this; "" = `_INBOX.<user>` when a user is set, which is
     # the only inbox a user of the embedded stack may subscribe to.
-    nats_inbox_prefix: str = ""
+    nats_inbox_prefix: Annotated[str, env("NATS_INBOX_PREFIX")] = ""
     # TLS for clients: the CA that signed the server's certificate, and a client
     # certificate + key when the server verifies clients.
-    nats_tls_ca: str = ""
-    nats_tls_cert: str = ""
-    nats_tls_key: str = ""
+    nats_tls_ca: Annotated[str, env("NATS_TLS_CA")] = ""
+    nats_tls_cert: Annotated[str, env("NATS_TLS_CERT")] = ""
+    nats_tls_key: Annotated[str, env("NATS_TLS_KEY")] = ""
+    # Model servers (the generator's answers, the classifier's Layer 3, the retriever's
+    # LLM relevance judge, the CLI's reports): Ollama's address ("" = none), the main
+    # slot's model and the conversational slot's (which falls back to the main one).
+    ollama_host: Annotated[str, env("OLLAMA_HOST")] = ""
+    model_main: Annotated[str, env("OLLAMA_MODEL_NAME")] = ""
+    model_conversational: Annotated[str, env("OLLAMA_MODEL_NAME_CONVERSATIONAL")] = ""
+    # The key of an OpenAI-compatible chat server: the generator sends it, `intentroute
+    # llm-server` requires it.
+    openai_api_key: Annotated[str, env("OPENAI_API_KEY")] = ""
     # Per-agent accounting (ADR-0006): tokens, model, fallback, time to first chunk in
     # the request log and the implicit outcomes derived from it. Off only to measure
     # what it costs (`bench pipeline --no-accounting`).
-    accounting: bool = True
+    accounting: Annotated[bool, env("ACCOUNTING")] = True
     # Seconds between re-reads of the per-agent policies (`intentroute agent set`).
-    policy_refresh: float = 10.0
+    policy_refresh: Annotated[float, env("POLICY_REFRESH")] = 10.0
     # Retention (shared/accounting/retention.py): days the request log's partitions are
     # kept, and days the daily rollups are kept.
-    log_hot_days: int = 30
-    rollup_keep_days: int = 365
+    log_hot_days: Annotated[int, env("REQUEST_LOG_HOT_DAYS")] = LOG_HOT_DAYS
+    rollup_keep_days: Annotated[int, env("ROLLUP_KEEP_DAYS")] = ROLLUP_KEEP_DAYS
     # Agent confidence (shared/policy/confidence.py): prior strength, daily decay, divergence
     # bound; the gateway's score refresh and the learning job read the same.
-    confidence: ConfidenceParams = ConfidenceParams()
+    confidence: Annotated[ConfidenceParams, env_group(
+        prior_strength="CONFIDENCE_PRIOR_STRENGTH",
+        daily_decay="CONFIDENCE_DAILY_DECAY",
+        divergence_bound="CONFIDENCE_DIVERGENCE",
+    )] = ConfidenceParams()
 
     @property
     def nats_servers(self) -> list[str]:
@@ -126,54 +325,16 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
             return self.nats_inbox_prefix
         return f"_INBOX.{self.nats_user}" if self.nats_user else ""
 
+    @property
+    def conversational_model(self) -> str:
+        """The conversational slot's model: its own, else the main slot's."""
+        return self.model_conversational or self.model_main
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CommonSettings:
-        return cls(
-            nats_url=env_str("NATS_URL", "nats://127.0.0.1:4222", environ),
-            stream_replicas=env_int("NATS_STREAM_REPLICAS", 0, environ),
-            database_url=env_str("DATABASE_URL", "", environ),
-            ack_wait=env_float("STAGE_ACK_WAIT", 2.0, environ),
-            max_deliver=env_int("STAGE_MAX_DELIVER", 20, environ),
-            request_deadline=env_float("REQUEST_DEADLINE", 120.0, environ),
-            response_ttl=env_float("RESPONSE_TTL", 3600.0, environ),
-            otlp_endpoint=env_str("OTEL_EXPORTER_OTLP_ENDPOINT", "", environ),
-            metrics_port=env_int("METRICS_PORT", 0, environ),
-            metrics_host=env_str("METRICS_HOST", "127.0.0.1", environ),
-            metrics_interval=env_float("METRICS_INTERVAL", 5.0, environ),
-            log_level=env_str("LOG_LEVEL", "INFO", environ),
-            state_dir=Path(env_str("INTENTROUTE_HOME", ".intentroute", environ)),
-            encoder_precision=env_str("INTENTROUTE_ENCODER_PRECISION", "fp32", environ),
-            ingest_precision=env_str("INTENTROUTE_INGEST_PRECISION", "fp32", environ),
-            onnx_cache_dir=_onnx_cache_dir(environ),
-            admission_key=env_str("INTENTROUTE_ADMISSION_KEY", "", environ),
-            nats_user=env_str("NATS_USER", "", environ),
-            nats_password=env_str("NATS_PASSWORD", "", environ),
-            nats_token=env_str("NATS_TOKEN", "", environ),
-            nats_creds=env_str("NATS_CREDS", "", environ),
-            nats_inbox_prefix=env_str("NATS_INBOX_PREFIX", "", environ),
-            nats_tls_ca=env_str("NATS_TLS_CA", "", environ),
-            nats_tls_cert=env_str("NATS_TLS_CERT", "", environ),
-            nats_tls_key=env_str("NATS_TLS_KEY", "", environ),
-            accounting=env_bool("ACCOUNTING", True, environ),
-            policy_refresh=env_float("POLICY_REFRESH", 10.0, environ),
-            log_hot_days=env_int("REQUEST_LOG_HOT_DAYS", 30, environ),
-            rollup_keep_days=env_int("ROLLUP_KEEP_DAYS", 365, environ),
-            confidence=ConfidenceParams(
-                prior_strength=env_float("CONFIDENCE_PRIOR_STRENGTH", 10.0, environ),
-                daily_decay=env_float("CONFIDENCE_DAILY_DECAY", 0.9, environ),
-                divergence_bound=env_float("CONFIDENCE_DIVERGENCE", 0.2, environ),
-            ),
-        )
+        return read_env(cls, environ)
 
 
 def nats_servers(url: str) -> list[str]:
     """A `NATS_URL` (one URL or a comma-separated list) as nats.connect's server list."""
     return [part.strip() for part in url.split(",") if part.strip()]
-
-
-def _onnx_cache_dir(environ: Mapping[str, str] | None) -> Path:
-    explicit = env_str("INTENTROUTE_ONNX_CACHE", "", environ)
-    if explicit:
-        return Path(explicit)
-    base = env_str("XDG_CACHE_HOME", "", environ) or str(Path.home() / ".cache")
-    return Path(base) / "intentroute" / "onnx"

@@ -36,25 +36,38 @@ T = TypeVar("T")
 ANSWER_RUN: ContextVar[str] = ContextVar("intentroute_answer_run", default="")
 
 
+# Seconds the workers' clocks may be behind the NATS server's (the lease compares the
+# server's storage time of a message with the worker's clock): NTP keeps hosts within
+# milliseconds; on one machine it is 0.
+CLOCK_SKEW = 0.25
+
+
 @dataclass(frozen=True)
 class Lease:
-    """What a stage knows of the delivery it handles. While it is the message's first
-    delivery, its connection has not been lost since, and less than half its ack wait
-    has passed, the server cannot have redelivered it: it is the only one, and its
-    final chunk needs no claim (AnswerStream.final)."""
+    """What a stage knows of the delivery it handles, from what the server says of it.
+    The server stored the message at `stored_at` (its clock) and delivered it first at or
+    after that; it redelivers no sooner than one ack wait after a delivery. So while it
+    is the message's first delivery, less than half an ack wait (less the clock skew) has
+    passed since the message was *stored*, and the connection has not been lost since,
+    no other delivery can exist: its final chunk needs no claim (AnswerStream.final).
+    Counting from when the server stored the message, not from when the handler started,
+    keeps a delivery that waited in a stopped or slow process's buffer from looking
+    fresh. A message stored at an unknown time (0) never has a lease."""
 
     first: bool
-    until: float  # time.monotonic()
+    until: float  # time.time()
     reconnects: Callable[[], int]
     at_start: int
 
     @classmethod
-    def start(cls, deliveries: int, ack_wait: float, reconnects: Callable[[], int]) -> Lease:
-        return cls(first=deliveries == 1, until=time.monotonic() + ack_wait / 2,
-                   reconnects=reconnects, at_start=reconnects())
+    def start(cls, deliveries: int, ack_wait: float, reconnects: Callable[[], int],
+              stored_at: float) -> Lease:
+        until = stored_at + ack_wait / 2 - CLOCK_SKEW if stored_at > 0 else 0.0
+        return cls(first=deliveries == 1, until=until, reconnects=reconnects,
+                   at_start=reconnects())
 
-    def sole(self) -> bool:
-        return (self.first and time.monotonic() < self.until
+    def sole(self, now: float | None = None) -> bool:
+        return (self.first and (time.time() if now is None else now) < self.until
                 and self.reconnects() == self.at_start)
 
 

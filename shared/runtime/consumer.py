@@ -101,6 +101,13 @@ class JsDelivery:
         return int(self.msg.metadata.sequence.stream or 0)
 
     @property
+    def stored_at(self) -> float:
+        # The ack subject's timestamp: when the stream stored the message (nats-py calls
+        # it the delivery time; the server sends the stored message's time).
+        stamp = self.msg.metadata.timestamp
+        return stamp.timestamp() if stamp is not None else 0.0
+
+    @property
     def settled(self) -> bool:
         return bool(self.msg.is_acked)
 

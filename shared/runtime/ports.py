@@ -57,6 +57,10 @@ class Delivery(Protocol):
         """Its sequence in its stream (the same for every delivery of it)."""
 
     @property
+    def stored_at(self) -> float:
+        """When its stream stored it, by the server's clock (epoch seconds; 0: unknown)."""
+
+    @property
     def settled(self) -> bool:
         """Acked or nacked already (by the handler)."""
 

@@ -230,7 +230,7 @@ async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> Outcome:
     # Every answer from here on is of this run of the request (its one final chunk).
     token = ANSWER_RUN.set(env.run)
     lease = ANSWER_LEASE.set(
-        Lease.start(msg.deliveries, stage.spec.ack_wait, deps.bus.reconnects))
+        Lease.start(msg.deliveries, stage.spec.ack_wait, deps.bus.reconnects, msg.stored_at))
     try:
         return await _run_checked(stage, msg, deps, env)
     finally:

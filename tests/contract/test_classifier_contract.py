@@ -17,15 +17,8 @@ from shared.contracts.routing import HistoryEntry, QueryType
 from shared.policy.agent import AgentPolicy, ClarityPolicy
 from shared.runtime.stage import history_row
 from shared.store.rows import HistoryRow
-from tests.contract.fakes import (
-    ADMISSION,
-    COMMON,
-    FakeDelivery,
-    FakePolicies,
-    FakeStore,
-    RecordingBus,
-    stamped,
-)
+from testkit.fakes import FakePolicies, FakeStore, RecordingBus
+from testkit.wire import ADMISSION, COMMON, run_on_wire
 
 
 def deps_for(cascade: Cascade, store: FakeStore, bus: RecordingBus,
@@ -43,7 +36,7 @@ async def test_classifier_routes_platform_past_the_retriever_despite_history() -
                              query="cuántas llamadas llevo este mes?"),
         accepted_at=0.0,
     )
-    await stage.handle(FakeDelivery(stamped(env)), deps_for(Cascade(), store, bus))
+    await run_on_wire(stage, env, deps_for(Cascade(), store, bus))
 
     assert bus.subjects() == [
         ("intentroute.stage.generate.conversational", "INTENTROUTE_PIPELINE")]
@@ -84,9 +77,8 @@ async def _route_unsure(
     bus, store, table = RecordingBus(), FakeStore(), FakePolicies(policies)
     env = Admitted(request=AgentRequest(request_id="u-1", session_id="s", agent_id=agent,
                                         query="tell me about the thing"), accepted_at=0.0)
-    await build_stage(settings).handle(
-        FakeDelivery(stamped(env)),
-        deps_for(Cascade(layer2=UnsureLayer2(confidence)), store, bus, table))
+    await run_on_wire(build_stage(settings), env,
+                      deps_for(Cascade(layer2=UnsureLayer2(confidence)), store, bus, table))
     seen = {"retrieve" if subj == "intentroute.stage.retrieve" else
             "answer" if subj == f"agent.response.{agent}.u-1" else subj: payload
             for subj, _, _, payload in bus.sent}
@@ -162,8 +154,7 @@ async def test_a_per_agent_clarity_threshold_changes_a_borderline_messages_routi
 async def test_an_envelope_that_does_not_decode_is_reported_not_retried() -> None:
     stage = build_stage(ClassifierSettings(common=COMMON, heads_dir=""))
     bus, store = RecordingBus(), FakeStore()
-    delivery = FakeDelivery(b'{"request": 42}')
-    await stage.handle(delivery, deps_for(Cascade(), store, bus))
+    _, delivery = await run_on_wire(stage, b'{"request": 42}', deps_for(Cascade(), store, bus))
     (payload,) = bus.on("intentroute.invalid")
     chunk = decode_chunk(payload)
     assert chunk.error is not None
@@ -181,7 +172,7 @@ async def test_only_the_gateways_trust_stamp_lets_a_declared_type_through() -> N
                                             query="cuántas llamadas llevo este mes?",
                                             query_type="RETRIEVAL"),
                        accepted_at=0.0, trusted=trusted)
-        await stage.handle(FakeDelivery(stamped(env)), deps_for(Cascade(), FakeStore(), bus))
+        await run_on_wire(stage, env, deps_for(Cascade(), FakeStore(), bus))
         ((_, _, _, payload),) = bus.sent
         decided[trusted] = decode_routed(payload).decision
     assert (decided[True].type, decided[True].layer) == (QueryType.RETRIEVAL, "declared")

@@ -31,18 +31,8 @@ from shared.common.settings import CommonSettings
 from shared.contracts.codec import decode_admitted
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.routing import ModelSlot, QueryType
-from tests.contract.fakes import (
-    ADMISSION,
-    COMMON,
-    FakeAgents,
-    FakeDelivery,
-    FakeStore,
-    RecordingBus,
-    feedback_recorder,
-    request,
-    routed_decision,
-    stamped,
-)
+from testkit.fakes import FakeAgents, FakeStore, RecordingBus, feedback_recorder
+from testkit.wire import ADMISSION, COMMON, request, routed_decision, run_on_wire
 
 
 class Untouchable:
@@ -86,8 +76,7 @@ async def test_every_stage_answers_expired_work_without_doing_it(name: str) -> N
                               if name == "classify" else
                               Routed(request=req, accepted_at=past - 1, deadline=past,
                                      decision=routed_decision(qt)))
-    delivery = FakeDelivery(stamped(env))
-    await stage.handle(delivery, deps)
+    _, delivery = await run_on_wire(stage, env, deps)
     (chunk,) = bus.chunks(rid)
     assert chunk.is_final
     assert chunk.error is not None
@@ -105,6 +94,6 @@ async def test_the_gateway_sets_every_requests_deadline(timeout_ms: int, budget:
     stage = gateway_stage(GatewaySettings(common=CommonSettings(request_deadline=120.0)))
     body = {"request_id": "d-1", "session_id": "s", "query": "hi", "timeout_ms": timeout_ms}
     before = time.time()
-    await stage.handle(FakeDelivery(json.dumps(body).encode(), subject="agent.request.a"), deps)
+    await run_on_wire(stage, json.dumps(body).encode(), deps, subject="agent.request.a")
     admitted = decode_admitted(bus.on("intentroute.stage.classify")[0])
     assert admitted.deadline - before == pytest.approx(budget, abs=0.5)

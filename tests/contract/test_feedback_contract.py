@@ -18,9 +18,7 @@ from services.gateway.http import build_http_app, split_listen
 from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle
 from shared.auth.ports import AgentInfo
 from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackOutcome
-from tests.contract.fakes import (
-    ADMISSION,
-    COMMON,
+from testkit.fakes import (
     FakeAgents,
     FakeDelivery,
     FakeFeedbackTable,
@@ -28,6 +26,7 @@ from tests.contract.fakes import (
     RecordingBus,
     feedback_recorder,
 )
+from testkit.wire import ADMISSION, COMMON, run_on_wire
 
 
 def setup(table: FakeFeedbackTable, *agents: AgentInfo) -> tuple[RecordingBus, GatewayDeps]:
@@ -41,9 +40,8 @@ def setup(table: FakeFeedbackTable, *agents: AgentInfo) -> tuple[RecordingBus, G
 async def deliver(deps: GatewayDeps, subject: str, body: bytes | dict[str, Any],
                   deliveries: int = 1) -> FakeDelivery:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    msg = FakeDelivery(raw, deliveries=deliveries, subject=subject)
-    handler = build_feedback_consumer(COMMON, max_inflight=4).bind(deps)
-    await handler(msg)
+    consumer = build_feedback_consumer(COMMON, max_inflight=4)
+    _, msg = await run_on_wire(consumer, raw, deps, subject=subject, deliveries=deliveries)
     return msg
 
 

@@ -12,9 +12,6 @@ from collections.abc import AsyncIterator
 import msgspec
 from opentelemetry.trace import NoOpTracer
 
-# Its last_chunk is the last chunk stored on a subject, of any kind, as the stream's is
-# (the contract bus answers with final chunks only).
-from bench.fuzzing.fakes import RecordingBus as StoringBus
 from services.classifier.cascade import Cascade
 from services.classifier.handlers import ClassifierDeps
 from services.classifier.handlers import build_stage as classifier_stage
@@ -29,7 +26,7 @@ from services.generator.prompts import ChatMessage
 from services.generator.settings import GeneratorSettings
 from services.validator.handlers import ValidatorDeps
 from services.validator.handlers import build_stage as validator_stage
-from services.validator.parser_client import CheckResult, CheckStatus
+from services.validator.ports import CheckResult, CheckStatus
 from services.validator.settings import ValidatorSettings
 from shared.auth.ports import AgentInfo
 from shared.contracts.codec import decode_chunk, encode
@@ -39,20 +36,15 @@ from shared.contracts.response import ChunkKind, ResponseChunk
 from shared.contracts.routing import ModelSlot, QueryType
 from shared.store.rows import Row, TurnRow
 from shared.store.writer import StoreRejectedError
-from tests.contract.fakes import (
-    ADMISSION,
-    COMMON,
+from testkit.fakes import (
     FakeAgents,
-    FakeDelivery,
     FakeFeedbackTable,
     FakePolicies,
     FakeStore,
     RecordingBus,
     feedback_recorder,
-    request,
-    routed_decision,
-    stamped,
 )
+from testkit.wire import ADMISSION, COMMON, request, routed_decision, run_on_wire
 
 GATEWAY = gateway_stage(GatewaySettings(common=COMMON))
 
@@ -61,8 +53,7 @@ async def to_gateway(body: bytes, agent: str = "a") -> tuple[RecordingBus, FakeS
     bus, store = RecordingBus(), FakeStore()
     deps = GatewayDeps(bus=bus, store=store, tracer=NoOpTracer(), admission=ADMISSION,
                        agents=FakeAgents(AgentInfo(agent)), feedback=feedback_recorder())
-    delivery = FakeDelivery(body, subject=f"agent.request.{agent}")
-    await GATEWAY.handle(delivery, deps)
+    _, delivery = await run_on_wire(GATEWAY, body, deps, subject=f"agent.request.{agent}")
     assert not delivery.nacked
     return bus, store
 
@@ -133,11 +124,10 @@ async def test_a_stamped_envelope_breaking_the_gateways_rules_is_answered_at_onc
              "MISSING_FIELD": request("q-3", "   ")}
     for code, req in cases.items():
         bus = RecordingBus()
-        delivery = FakeDelivery(stamped(Admitted(request=req, accepted_at=time.time(),
-                                                 trusted=True)))
-        await stage.handle(delivery, ClassifierDeps(
-            bus=bus, store=FakeStore(), tracer=NoOpTracer(), admission=ADMISSION,
-            cascade=Cascade(), policies=FakePolicies()))
+        _, delivery = await run_on_wire(
+            stage, Admitted(request=req, accepted_at=time.time(), trusted=True),
+            ClassifierDeps(bus=bus, store=FakeStore(), tracer=NoOpTracer(), admission=ADMISSION,
+                           cascade=Cascade(), policies=FakePolicies()))
         assert not delivery.nacked
         (chunk,) = bus.chunks(req.request_id)
         assert chunk.error is not None
@@ -151,7 +141,7 @@ async def test_an_envelope_whose_times_are_no_times_is_answered_not_handed_on() 
     stage = classifier_stage(ClassifierSettings(common=COMMON, heads_dir=""))
     bus = RecordingBus()
     env = Admitted(request=request("t-1", "how do I loop"), accepted_at=-1.7976931348623157e308)
-    await stage.handle(FakeDelivery(stamped(env)), ClassifierDeps(
+    await run_on_wire(stage, env, ClassifierDeps(
         bus=bus, store=FakeStore(), tracer=NoOpTracer(), admission=ADMISSION,
         cascade=Cascade(), policies=FakePolicies()))
     (chunk,) = bus.chunks("t-1")
@@ -164,7 +154,7 @@ async def test_an_envelope_run_that_is_no_subject_token_is_answered_on_run_0() -
     stage = classifier_stage(ClassifierSettings(common=COMMON, heads_dir=""))
     bus = RecordingBus()
     env = Admitted(request=request("t-2", "how do I loop"), accepted_at=time.time(), run="1.>")
-    await stage.handle(FakeDelivery(stamped(env)), ClassifierDeps(
+    await run_on_wire(stage, env, ClassifierDeps(
         bus=bus, store=FakeStore(), tracer=NoOpTracer(), admission=ADMISSION,
         cascade=Cascade(), policies=FakePolicies()))
     (chunk,) = bus.chunks("t-2")
@@ -199,11 +189,10 @@ class Streaming:
 
 async def test_rows_the_database_refuses_are_answered_once_not_retried() -> None:
     stage = generator_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
-    bus, store = StoringBus(), RefusingStore()
+    bus, store = RecordingBus(), RefusingStore()
     env = Routed(request=request("s-1", "en menos palabras"), accepted_at=time.time(),
                  decision=routed_decision(QueryType.CONVERSATIONAL))
-    delivery = FakeDelivery(stamped(env))
-    await stage.handle(delivery, GeneratorDeps(
+    _, delivery = await run_on_wire(stage, env, GeneratorDeps(
         bus=bus, store=store, tracer=NoOpTracer(), admission=ADMISSION, backend=Streaming(),
         model="m", policies=FakePolicies()))
     assert delivery.nacked == []
@@ -221,7 +210,7 @@ async def test_nul_characters_in_an_answer_are_not_what_fails_its_turn() -> None
     bus, store = RecordingBus(), FakeStore(previous="Use addVar\x00 twice.")
     env = Routed(request=request("a-1", "en menos palabras"), accepted_at=time.time(),
                  decision=routed_decision(QueryType.CONVERSATIONAL))
-    await stage.handle(FakeDelivery(stamped(env)), GeneratorDeps(
+    await run_on_wire(stage, env, GeneratorDeps(
         bus=bus, store=store, tracer=NoOpTracer(), admission=ADMISSION, backend=None, model="",
         policies=FakePolicies()))
     (turn,) = [r for r in store.rows if isinstance(r, TurnRow)]
@@ -243,9 +232,9 @@ async def test_a_redelivered_validation_goes_on_after_what_was_stored() -> None:
     env = Routed(request=request("v-1", "write a loop"), accepted_at=time.time(),
                  decision=routed_decision(QueryType.CODE_GENERATION),
                  answer="```avap\naddVar(x, 1)\n```", answered_by="fake:m")
-    await stage.handle(FakeDelivery(stamped(env), deliveries=2), ValidatorDeps(
+    await run_on_wire(stage, env, ValidatorDeps(
         bus=bus, store=FakeStore(), tracer=NoOpTracer(), admission=ADMISSION,
-        checker=Valid()))
+        checker=Valid()), deliveries=2)
     chunks = bus.chunks("v-1")
     assert chunks[0].kind == "reset"
     assert [c.seq for c in chunks] == list(range(1, 1 + len(chunks)))
@@ -270,9 +259,9 @@ async def test_a_redelivery_sends_the_answer_an_earlier_delivery_claimed() -> No
     env = Routed(request=request("v-2", "write a loop"), accepted_at=time.time(),
                  decision=routed_decision(QueryType.CODE_GENERATION), run="8",
                  answer="```avap\naddVar(x, 1)\n```", answered_by="fake:m")
-    outcome = await stage.handle(FakeDelivery(stamped(env), deliveries=2), ValidatorDeps(
+    outcome, _ = await run_on_wire(stage, env, ValidatorDeps(
         bus=bus, store=FakeStore(), tracer=NoOpTracer(), admission=ADMISSION,
-        checker=Unused()))
+        checker=Unused()), deliveries=2)
     assert outcome == "duplicate"
     assert bus.on("agent.response.a.v-2") == [claimed]
 
@@ -283,8 +272,8 @@ async def test_a_stamp_with_non_ascii_characters_is_refused_not_raised() -> None
     stage = classifier_stage(ClassifierSettings(common=COMMON, heads_dir=""))
     bus = RecordingBus()
     env = Admitted(request=request("f-1", "hi"), accepted_at=time.time(), admission="é" * 64)
-    delivery = FakeDelivery(json.dumps(msgspec.to_builtins(env)).encode())
-    await stage.handle(delivery, ClassifierDeps(
+    wire = json.dumps(msgspec.to_builtins(env)).encode()
+    _, delivery = await run_on_wire(stage, wire, ClassifierDeps(
         bus=bus, store=FakeStore(), tracer=NoOpTracer(), admission=ADMISSION,
         cascade=Cascade(), policies=FakePolicies()))
     assert not delivery.nacked
@@ -305,8 +294,7 @@ async def to_feedback(body: bytes, subject: str = "agent.feedback.a",
     deps = GatewayDeps(bus=bus, store=FakeStore(), tracer=NoOpTracer(), admission=ADMISSION,
                        agents=FakeAgents(*agents),
                        feedback=feedback_recorder(FakeFeedbackTable(("a", "f-1"))))
-    delivery = FakeDelivery(body, subject=subject)
-    await FEEDBACK_CONSUMER.bind(deps)(delivery)
+    _, delivery = await run_on_wire(FEEDBACK_CONSUMER, body, deps, subject=subject)
     assert not delivery.nacked
     assert not delivery.dead_lettered
     ((ack_subject, _, _, payload),) = bus.sent

@@ -12,15 +12,8 @@ from services.gateway.settings import GatewaySettings
 from shared.auth.ports import AgentInfo
 from shared.contracts.codec import decode_admitted, decode_chunk, encode
 from shared.contracts.request import AgentRequest
-from tests.contract.fakes import (
-    ADMISSION,
-    COMMON,
-    FakeAgents,
-    FakeDelivery,
-    FakeStore,
-    RecordingBus,
-    feedback_recorder,
-)
+from testkit.fakes import FakeAgents, FakeStore, RecordingBus, feedback_recorder
+from testkit.wire import ADMISSION, COMMON, run_on_wire
 
 
 def setup(*agents: AgentInfo) -> tuple[RecordingBus, FakeStore, GatewayDeps]:
@@ -31,8 +24,9 @@ def setup(*agents: AgentInfo) -> tuple[RecordingBus, FakeStore, GatewayDeps]:
     return bus, store, deps
 
 
-def sent_by(agent: str, body: bytes) -> FakeDelivery:
-    return FakeDelivery(body, subject=f"agent.request.{agent}")
+def from_agent(agent: str) -> str:
+    """The subject `agent`'s requests arrive on."""
+    return f"agent.request.{agent}"
 
 
 async def test_gateway_forwards_valid_and_answers_invalid() -> None:
@@ -40,10 +34,10 @@ async def test_gateway_forwards_valid_and_answers_invalid() -> None:
     assert (stage.spec.stream, stage.spec.subject) == ("AGENT_REQUESTS", "agent.request.*")
     bus, store, deps = setup()
     ok = AgentRequest(request_id="ok-1", session_id="s", agent_id="a", query="hi")
-    await stage.handle(sent_by("a", encode(ok)), deps)
+    await run_on_wire(stage, encode(ok), deps, subject=from_agent("a"))
     bad = {"request_id": "bad-1", "session_id": "s", "agent_id": "a", "query": "q",
            "query_type": "NOPE"}
-    await stage.handle(sent_by("a", json.dumps(bad).encode()), deps)
+    await run_on_wire(stage, json.dumps(bad).encode(), deps, subject=from_agent("a"))
 
     forwarded = [(subj, stream) for subj, stream in bus.subjects()
                  if subj.startswith("intentroute")]
@@ -65,7 +59,7 @@ async def test_the_agent_comes_from_the_subject_and_its_record() -> None:
     stage = build_stage(GatewaySettings(common=COMMON))
     bus, _, deps = setup(AgentInfo("ide", trusted=True))
     body = {"request_id": "r-1", "session_id": "s", "query": "hi", "query_type": "PLATFORM"}
-    await stage.handle(sent_by("ide", json.dumps(body).encode()), deps)
+    await run_on_wire(stage, json.dumps(body).encode(), deps, subject=from_agent("ide"))
     admitted = decode_admitted(bus.on("intentroute.stage.classify")[0])
     assert admitted.request.agent_id == "ide"
     assert admitted.trusted
@@ -76,7 +70,7 @@ async def test_a_body_claiming_another_agent_is_refused() -> None:
     bus, _, deps = setup(AgentInfo("mallory"), AgentInfo("alice"))
     body = {"request_id": "r-2", "session_id": "s", "agent_id": "alice",
             "query": "repeat your last answer"}
-    await stage.handle(sent_by("mallory", json.dumps(body).encode()), deps)
+    await run_on_wire(stage, json.dumps(body).encode(), deps, subject=from_agent("mallory"))
     assert bus.on("intentroute.stage.classify") == []
     assert bus.on("agent.response.alice.r-2") == []
     (chunk,) = bus.chunks("r-2", agent_id="mallory")
@@ -89,7 +83,7 @@ async def test_a_revoked_or_unknown_agent_is_answered_not_admitted() -> None:
     bus, _, deps = setup(AgentInfo("gone", revoked=True))
     for agent in ("gone", "nobody"):
         body = {"request_id": f"r-{agent}", "session_id": "s", "query": "hi"}
-        await stage.handle(sent_by(agent, json.dumps(body).encode()), deps)
+        await run_on_wire(stage, json.dumps(body).encode(), deps, subject=from_agent(agent))
         (chunk,) = bus.chunks(f"r-{agent}", agent_id=agent)
         assert chunk.error is not None
         assert chunk.error.code == "UNKNOWN_AGENT"
@@ -98,7 +92,8 @@ async def test_a_revoked_or_unknown_agent_is_answered_not_admitted() -> None:
 
 async def test_gateway_answers_unreadable_input_on_the_agents_invalid_subject() -> None:
     bus, store, deps = setup()
-    await build_stage(GatewaySettings(common=COMMON)).handle(sent_by("a", b"{not json"), deps)
+    await run_on_wire(build_stage(GatewaySettings(common=COMMON)), b"{not json", deps,
+                      subject=from_agent("a"))
     (payload,) = bus.on("agent.response.a._invalid")
     chunk = decode_chunk(payload)
     assert chunk.is_final

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 from opentelemetry.trace import NoOpTracer
 
-from services.generator.backends import BackendUnavailableError, ChatBackend, TokenCounts
 from services.generator.handlers import GeneratorDeps, build_stage
+from services.generator.ports import BackendUnavailableError, ChatBackend, TokenCounts
 from services.generator.prompts import ChatMessage
 from services.generator.settings import GeneratorSettings
 from shared.client.caller import assemble
@@ -18,17 +18,8 @@ from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import ModelSlot, QueryType
 from shared.policy.agent import AgentPolicy
 from shared.store.rows import RequestLogRow, TurnRow
-from tests.contract.fakes import (
-    ADMISSION,
-    COMMON,
-    FakeDelivery,
-    FakePolicies,
-    FakeStore,
-    RecordingBus,
-    request,
-    routed_decision,
-    stamped,
-)
+from testkit.fakes import FakePolicies, FakeStore, RecordingBus
+from testkit.wire import ADMISSION, COMMON, request, routed_decision, run_on_wire
 
 
 class Scripted:
@@ -80,7 +71,7 @@ async def test_conversational_answer_streams_and_the_turn_is_stored_first() -> N
     stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
     assert stage.spec.subject == "intentroute.stage.generate.conversational"
     backend = Scripted("Loop ", "with ", "startLoop.")
-    await stage.handle(FakeDelivery(stamped(conversational("v-1"))), deps_for(bus, store, backend))
+    await run_on_wire(stage, conversational("v-1"), deps_for(bus, store, backend))
 
     chunks = bus.chunks("v-1")
     assert [c.seq for c in chunks] == list(range(len(chunks)))
@@ -107,8 +98,8 @@ async def test_code_is_collected_and_handed_to_the_validator_not_streamed() -> N
                  decision=routed_decision(QueryType.CODE_GENERATION),
                  passages=[Passage("d", "Loops", "startLoop(i, 1, 5)", 1.0)])
     stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.MAIN))
-    await stage.handle(FakeDelivery(stamped(env)),
-                       deps_for(bus, store, Scripted("```avap\n", "addResult(1)\n```")))
+    await run_on_wire(stage, env,
+                      deps_for(bus, store, Scripted("```avap\n", "addResult(1)\n```")))
 
     assert bus.subjects() == [("intentroute.stage.validate", "INTENTROUTE_PIPELINE")]
     assert bus.sent[0][2] == "a:g-1:generated:0"
@@ -122,8 +113,8 @@ async def test_code_is_collected_and_handed_to_the_validator_not_streamed() -> N
 async def test_a_backend_failing_mid_answer_restarts_it_extractively() -> None:
     bus, store = RecordingBus(), FakeStore(previous="Use addVar(name, value).")
     stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
-    await stage.handle(FakeDelivery(stamped(conversational("x-1"))),
-                       deps_for(bus, store, Scripted("half ", "an ", "answer", fail_after=True)))
+    await run_on_wire(stage, conversational("x-1"),
+                      deps_for(bus, store, Scripted("half ", "an ", "answer", fail_after=True)))
     chunks = bus.chunks("x-1")
     assert "reset" in [c.kind for c in chunks]
     assert chunks[-1].answered_by == "extractive"
@@ -133,8 +124,7 @@ async def test_a_backend_failing_mid_answer_restarts_it_extractively() -> None:
 async def test_a_redelivered_answer_resets_after_what_was_already_stored() -> None:
     bus, store = RecordingBus(stored_seq=3), FakeStore(previous="Use addVar(name, value).")
     stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
-    await stage.handle(FakeDelivery(stamped(conversational("r-1")), deliveries=2),
-                       deps_for(bus, store, None))
+    await run_on_wire(stage, conversational("r-1"), deps_for(bus, store, None), deliveries=2)
     chunks = bus.chunks("r-1")
     assert chunks[0].kind == "reset"
     assert chunks[0].seq == 3

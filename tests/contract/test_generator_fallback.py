@@ -7,8 +7,8 @@ import time
 
 import msgspec
 
-from services.generator.backends import TokenCounts
 from services.generator.handlers import build_stage
+from services.generator.ports import TokenCounts
 from services.generator.settings import GeneratorSettings
 from shared.client.caller import assemble
 from shared.contracts.codec import decode_routed
@@ -16,15 +16,8 @@ from shared.contracts.pipeline import Passage, Routed, Usage
 from shared.contracts.routing import ModelSlot, QueryType
 from shared.policy.agent import AgentPolicy
 from shared.store.rows import RequestLogRow
-from tests.contract.fakes import (
-    COMMON,
-    FakeDelivery,
-    FakeStore,
-    RecordingBus,
-    request,
-    routed_decision,
-    stamped,
-)
+from testkit.fakes import FakeStore, RecordingBus
+from testkit.wire import COMMON, request, routed_decision, run_on_wire
 from tests.contract.test_generator_contract import Scripted, deps_for
 
 MAIN = GeneratorSettings(common=COMMON, slot=ModelSlot.MAIN)
@@ -46,8 +39,7 @@ async def run(env: Routed, backend: Scripted | None, *,
               policies: dict[str, AgentPolicy] | None = None,
               settings: GeneratorSettings = MAIN) -> tuple[RecordingBus, FakeStore]:
     bus, store = RecordingBus(), FakeStore()
-    await build_stage(settings).handle(FakeDelivery(stamped(env)),
-                                       deps_for(bus, store, backend, policies))
+    await run_on_wire(build_stage(settings), env, deps_for(bus, store, backend, policies))
     return bus, store
 
 

@@ -11,16 +11,8 @@ from services.retriever.settings import RetrieverSettings
 from shared.contracts.codec import decode_chunk, decode_routed, encode
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import QueryType
-from tests.contract.fakes import (
-    ADMISSION,
-    COMMON,
-    FakeDelivery,
-    FakeStore,
-    RecordingBus,
-    request,
-    routed_decision,
-    stamped,
-)
+from testkit.fakes import FakeStore, RecordingBus
+from testkit.wire import ADMISSION, COMMON, request, routed_decision, run_on_wire, stamped
 
 PASSAGE = Passage("loops#1", "Loops > startLoop", "startLoop(i, 1, 5) counts 1..5.", 1.0)
 
@@ -58,7 +50,7 @@ async def test_code_request_is_handed_to_the_main_slot_with_its_passages() -> No
     bus, store, retrieval, deps = setup()
     env = Routed(request=request("c-1", "write a loop from 1 to 5 with startLoop"),
                  accepted_at=0.0, decision=routed_decision(QueryType.CODE_GENERATION))
-    await build_stage(settings()).handle(FakeDelivery(stamped(env)), deps)
+    await run_on_wire(build_stage(settings()), env, deps)
 
     assert bus.subjects() == [("intentroute.stage.generate.main", "INTENTROUTE_PIPELINE")]
     assert bus.sent[0][2] == "a:c-1:retrieved"
@@ -76,7 +68,7 @@ async def test_follow_up_is_searched_with_the_previous_question() -> None:
                                            ("assistant", "Use addVar(name, value).")])
     env = Routed(request=request("f-1", "and in a loop?"), accepted_at=0.0,
                  decision=routed_decision(QueryType.RETRIEVAL))
-    await build_stage(settings()).handle(FakeDelivery(stamped(env)), deps)
+    await run_on_wire(build_stage(settings()), env, deps)
     (query,) = retrieval.queries
     assert "addVar" in query
     assert "loop" in query
@@ -87,8 +79,7 @@ async def test_platform_request_reaching_the_retriever_is_answered_rc04() -> Non
     bus, store, retrieval, deps = setup()
     env = Routed(request=request("p-1", "how is my quota"), accepted_at=0.0,
                  decision=routed_decision(QueryType.PLATFORM))
-    delivery = FakeDelivery(stamped(env))
-    await build_stage(settings()).handle(delivery, deps)
+    _, delivery = await run_on_wire(build_stage(settings()), env, deps)
 
     assert retrieval.queries == []
     (chunk,) = bus.chunks("p-1")
@@ -111,12 +102,10 @@ async def test_a_failing_search_is_retried_then_answered_on_the_last_delivery() 
     env = Routed(request=request("b-1", "what does addVar do"), accepted_at=0.0,
                  decision=routed_decision(QueryType.RETRIEVAL))
     stage = build_stage(settings())
-    first = FakeDelivery(stamped(env), deliveries=1)
-    await stage.handle(first, deps)
+    _, first = await run_on_wire(stage, env, deps, deliveries=1)
     assert first.nacked
     assert bus.sent == []
-    last = FakeDelivery(stamped(env), deliveries=stage.spec.max_deliver)
-    await stage.handle(last, deps)
+    _, last = await run_on_wire(stage, env, deps, deliveries=stage.spec.max_deliver)
     (chunk,) = bus.chunks("b-1")
     assert chunk.error is not None
     assert chunk.error.code == "STAGE_FAILED"
@@ -134,8 +123,7 @@ async def test_an_envelope_without_the_gateways_admission_is_dropped() -> None:
         genuine, request=msgspec.structs.replace(genuine.request, agent_id="mallory"))
     for env in (Routed(request=genuine.request, accepted_at=1.0, decision=genuine.decision),
                 forged):
-        delivery = FakeDelivery(encode(env))
-        await build_stage(settings()).handle(delivery, deps)
+        _, delivery = await run_on_wire(build_stage(settings()), encode(env), deps)
         assert not delivery.nacked
     assert retrieval.queries == []
     assert store.rows == []

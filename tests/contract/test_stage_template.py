@@ -8,21 +8,13 @@ import time
 from opentelemetry.trace import NoOpTracer
 
 from services.retriever.handlers import RetrieverDeps, build_stage
-from services.retriever.port import SearchResult
+from services.retriever.ports import SearchResult
 from services.retriever.settings import RetrieverSettings
 from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.pipeline import Routed
 from shared.contracts.routing import QueryType
-from tests.contract.fakes import (
-    ADMISSION,
-    COMMON,
-    FakeDelivery,
-    FakeStore,
-    RecordingBus,
-    request,
-    routed_decision,
-    stamped,
-)
+from testkit.fakes import FakeStore, RecordingBus, Sent
+from testkit.wire import ADMISSION, COMMON, request, routed_decision, run_on_wire
 
 
 class Searches:
@@ -61,8 +53,7 @@ STAGE = build_stage(RetrieverSettings(common=COMMON, relevance_mode="off"))
 
 async def test_expired_work_is_answered_deadline_exceeded_and_not_done() -> None:
     bus, store, searches, deps = setup()
-    delivery = FakeDelivery(stamped(envelope("x-1", deadline=time.time() - 1)))
-    await STAGE.handle(delivery, deps)
+    _, delivery = await run_on_wire(STAGE, envelope("x-1", deadline=time.time() - 1), deps)
     (chunk,) = bus.chunks("x-1")
     assert chunk.error is not None
     assert chunk.error.code == "DEADLINE_EXCEEDED"
@@ -73,12 +64,11 @@ async def test_expired_work_is_answered_deadline_exceeded_and_not_done() -> None
 
 async def test_a_retryable_failure_is_retried_until_the_deadline_then_answered() -> None:
     bus, _, _, deps = setup(fail=True)
-    early = FakeDelivery(stamped(envelope("r-1", deadline=time.time() + 60)))
-    await STAGE.handle(early, deps)
+    _, early = await run_on_wire(STAGE, envelope("r-1", deadline=time.time() + 60), deps)
     assert early.nacked == [0.2]  # backoff, well before the deadline
     assert bus.chunks("r-1") == []
-    late = FakeDelivery(stamped(envelope("r-2", deadline=time.time() + 0.1)), deliveries=3)
-    await STAGE.handle(late, deps)
+    _, late = await run_on_wire(STAGE, envelope("r-2", deadline=time.time() + 0.1), deps,
+                                deliveries=3)
     (chunk,) = bus.chunks("r-2")
     assert chunk.error is not None
     assert chunk.error.code == "DEADLINE_EXCEEDED"
@@ -88,9 +78,8 @@ async def test_a_retryable_failure_is_retried_until_the_deadline_then_answered()
 
 async def test_the_last_allowed_delivery_is_answered_and_dead_lettered() -> None:
     bus, _, _, deps = setup(fail=True)
-    last = FakeDelivery(stamped(envelope("l-1", deadline=time.time() + 60)),
-                        deliveries=STAGE.spec.max_deliver)
-    await STAGE.handle(last, deps)
+    _, last = await run_on_wire(STAGE, envelope("l-1", deadline=time.time() + 60), deps,
+                                deliveries=STAGE.spec.max_deliver)
     (chunk,) = bus.chunks("l-1")
     assert chunk.error is not None
     assert chunk.error.code == "STAGE_FAILED"
@@ -101,10 +90,10 @@ async def test_a_redelivery_after_the_answer_went_out_is_dropped() -> None:
     bus = RecordingBus()
     env = envelope("d-1")
     # The final of the envelope's run (msg id <agent>:<request>:final:<run>, run "").
-    bus.sent.append(("agent.response.a.d-1", "AGENT_RESPONSES", "a:d-1:final:",
-                     encode(decode_chunk(b'{"request_id":"d-1","seq":3,"is_final":true}'))))
+    bus.sent.append(Sent("agent.response.a.d-1", "AGENT_RESPONSES", "a:d-1:final:",
+                         encode(decode_chunk(b'{"request_id":"d-1","seq":3,"is_final":true}'))))
     _, _, searches, deps = setup(bus=bus)
-    await STAGE.handle(FakeDelivery(stamped(env), deliveries=2), deps)
+    await run_on_wire(STAGE, env, deps, deliveries=2)
     assert searches.queries == []
     assert len(bus.sent) == 1  # nothing handed off, nothing answered again
 
@@ -112,7 +101,7 @@ async def test_a_redelivery_after_the_answer_went_out_is_dropped() -> None:
 async def test_ids_no_subject_can_be_built_from_are_reported_not_answered() -> None:
     bus, store, searches, deps = setup()
     for rid in ("a.b", "x*", "_invalid", "r" * 129):
-        await STAGE.handle(FakeDelivery(stamped(envelope(rid))), deps)
+        await run_on_wire(STAGE, envelope(rid), deps)
     codes = [decode_chunk(p).error.code for p in bus.on("intentroute.invalid")]  # type: ignore[union-attr]
     assert codes == ["INVALID_FIELD"] * 4
     assert [s for s, _ in bus.subjects()] == ["intentroute.invalid"] * 4
@@ -126,8 +115,8 @@ async def test_a_redelivery_of_a_new_run_of_a_used_request_id_is_answered() -> N
     bus = RecordingBus()
     env = envelope("d-2")
     env.run = "12"
-    bus.sent.append(("agent.response.a.d-2", "AGENT_RESPONSES", "a:d-2:final:7",
-                     encode(decode_chunk(b'{"request_id":"d-2","seq":3,"is_final":true}'))))
+    bus.sent.append(Sent("agent.response.a.d-2", "AGENT_RESPONSES", "a:d-2:final:7",
+                         encode(decode_chunk(b'{"request_id":"d-2","seq":3,"is_final":true}'))))
     _, _, searches, deps = setup(bus=bus)
-    await STAGE.handle(FakeDelivery(stamped(env), deliveries=2), deps)
+    await run_on_wire(STAGE, env, deps, deliveries=2)
     assert searches.queries == ["what does addVar do"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from opentelemetry.trace import NoOpTracer
 
 from services.validator.handlers import ValidatorDeps, build_stage
-from services.validator.parser_client import CheckResult, CheckStatus
+from services.validator.ports import CheckResult, CheckStatus
 from services.validator.settings import ValidatorSettings
 from shared.client.caller import assemble
 from shared.contracts.codec import decode_routed
@@ -13,16 +13,8 @@ from shared.contracts.parser import TraceCode, TraceLine
 from shared.contracts.pipeline import Routed
 from shared.contracts.routing import QueryType
 from shared.store.rows import RequestLogRow
-from tests.contract.fakes import (
-    ADMISSION,
-    COMMON,
-    FakeDelivery,
-    FakeStore,
-    RecordingBus,
-    request,
-    routed_decision,
-    stamped,
-)
+from testkit.fakes import FakeStore, RecordingBus
+from testkit.wire import ADMISSION, COMMON, request, routed_decision, run_on_wire
 
 ANSWER = "Here it is:\n```avap\naddVar(x, 1)\ngetSHA256(x)\n```"
 TRACE = (TraceLine(2, 1, TraceCode.UNKNOWN_COMMAND, "unknown command 'getSHA256'",
@@ -50,7 +42,7 @@ async def run(env: Routed, checker: FakeChecker) -> tuple[RecordingBus, FakeStor
     bus, store = RecordingBus(), FakeStore()
     deps = ValidatorDeps(bus=bus, store=store, tracer=NoOpTracer(),
         admission=ADMISSION, checker=checker)
-    await build_stage(ValidatorSettings(common=COMMON)).handle(FakeDelivery(stamped(env)), deps)
+    await run_on_wire(build_stage(ValidatorSettings(common=COMMON)), env, deps)
     return bus, store
 
 

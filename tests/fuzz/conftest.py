@@ -12,7 +12,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-from bench.fuzzing.runner import keep_caches_out_of_the_repo
+from testkit.fuzzing.caches import keep_caches_out_of_the_repo
 
 keep_caches_out_of_the_repo()
 

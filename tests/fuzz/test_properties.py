@@ -1,5 +1,5 @@
 """Fuzz tier: every subject's decoder and every stage handler on generated hostile input
-(bench/fuzzing: arbitrary bytes, broken JSON, wrong types, subject-special and reserved
+(testkit/fuzzing: arbitrary bytes, broken JSON, wrong types, subject-special and reserved
 ids, NUL characters, over-long and unicode-edge text, huge numbers, wrong admission
 stamps, a connection lost mid-answer). Per example: nothing raises out of the handler,
 the message ends exactly once (one final chunk on its caller's subject, one readable
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given
 
-from bench.fuzzing.targets import TARGETS, Example, Target
+from testkit.fuzzing.targets import TARGETS, Example, Target
 
 
 @pytest.fixture(scope="module")

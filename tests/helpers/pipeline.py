@@ -18,7 +18,7 @@ from shared.contracts.request import AgentRequest
 from shared.contracts.response import ResponseChunk
 
 if TYPE_CHECKING:
-    from services.retriever.port import Retrieval, SearchResult
+    from services.retriever.ports import Retrieval, SearchResult
 
 
 class RecordingRetrieval:

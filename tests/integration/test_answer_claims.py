@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -189,7 +190,7 @@ async def test_the_only_delivery_needs_no_claim_and_a_redelivery_finds_its_answe
     rid = uuid.uuid4().hex
     bus = Bus(worker_nc)
     only = AnswerStream(bus, AGENT, rid, run="5")
-    lease = ANSWER_LEASE.set(Lease.start(1, 2.0, bus.reconnects))
+    lease = ANSWER_LEASE.set(Lease.start(1, 2.0, bus.reconnects, time.time()))
     try:
         await only.text("the answer")
 

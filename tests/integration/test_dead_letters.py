@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from intentroute.cli import app
 from intentroute.stack.auth import admin_kwargs
 from services.retriever.embedded import EmbeddedRetrieval
-from services.retriever.port import SearchResult
+from services.retriever.ports import SearchResult
 from shared.client.caller import follow
 from shared.contracts.response import response_subject
 from tests.helpers.pipeline import ask_all, base_env, make_request, running

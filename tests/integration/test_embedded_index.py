@@ -10,7 +10,7 @@ import pytest
 from services.retriever.embedded import EmbeddedRetrieval
 from services.retriever.index import EmbeddedIndex, read_current
 from services.retriever.indexing.embedded_ingest import ingest
-from services.retriever.port import Retrieval
+from services.retriever.ports import Retrieval
 from shared.encoders.embeddings import Vectors
 
 DOCS = {

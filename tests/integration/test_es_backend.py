@@ -22,7 +22,7 @@ pytest.importorskip("elasticsearch")
 from services.retriever.es_backend import ElasticsearchRetrieval
 from services.retriever.indexing.es_ingest import ingest_es
 from services.retriever.indexing.report import IngestReport
-from services.retriever.port import Retrieval
+from services.retriever.ports import Retrieval
 from shared.encoders.embeddings import Vectors
 
 ES_IMAGE = os.environ.get("ES_IMAGE", "docker.elastic.co/elasticsearch/elasticsearch:8.15.3")

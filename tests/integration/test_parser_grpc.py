@@ -13,13 +13,12 @@ import pytest
 from services.parser.server import AvapParserService, run, serve
 from services.validator.breaker import BreakerState, CircuitBreaker
 from services.validator.parser_client import (
-    CheckStatus,
     GrpcParserClient,
     GuardedParser,
-    ParseOutcome,
     ParserUnavailableError,
     grpc_target,
 )
+from services.validator.ports import CheckStatus, ParseOutcome
 from shared.contracts.parser import TraceLine
 from shared.grpc import avap_parser_pb2
 

@@ -260,7 +260,7 @@ async def test_refresh_rollups_is_idempotent_and_matches_the_log(
 async def test_a_busy_log_defers_the_drop_instead_of_stalling_writes(
     conn: asyncpg.Connection, fresh_db: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from shared.accounting import partitions
+    from shared.store import partitions
 
     monkeypatch.setattr(partitions, "DROP_LOCK_TIMEOUT", "200ms")
     await insert(conn, "busy", "old", at(40))

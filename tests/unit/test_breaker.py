@@ -10,12 +10,11 @@ import pytest
 from services.validator.app import build_checker
 from services.validator.breaker import BreakerState, CircuitBreaker
 from services.validator.parser_client import (
-    CheckStatus,
     GuardedParser,
-    ParseOutcome,
     ParserRejectedError,
     ParserUnavailableError,
 )
+from services.validator.ports import CheckStatus, ParseOutcome
 from services.validator.settings import ValidatorSettings
 from shared.contracts.parser import TraceLine
 

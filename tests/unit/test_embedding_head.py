@@ -14,7 +14,6 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from services.classifier.clarity import clarity
 from services.classifier.layer2.batcher import MicroBatcher
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.head import EmbeddingHead
@@ -24,6 +23,7 @@ from services.classifier.offline.labelled import load_labelled, stratified_split
 from services.classifier.offline.promote import HeadWriter, train_and_promote
 from services.classifier.offline.train import train_head
 from shared.contracts.routing import Clarity
+from shared.policy.clarity import clarity
 
 DIM = 32
 TOPICS = {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.validator.extract import extract_avap_code
-from services.validator.feedback import MAX_LINES, render_parser_feedback
+from services.validator.trace import MAX_LINES, render_parser_feedback
 from shared.contracts.parser import TraceLine
 
 PROGRAM = "addParam(id, userId)\nencodeSHA256(userId, hashed)\naddResult(hashed)"

@@ -76,7 +76,7 @@ def test_auc_and_calibration() -> None:
 def test_relevance_signals_from_a_search_result() -> None:
     import numpy as np
 
-    from services.retriever.port import SearchResult
+    from services.retriever.ports import SearchResult
     from services.retriever.relevance import check_relevance, relevance_signal
     from shared.contracts.pipeline import Passage
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from services.retriever.logic import RelevancePolicy, retrieve
-from services.retriever.port import SearchResult
+from services.retriever.ports import SearchResult
 from shared.contracts.pipeline import Passage
 from shared.contracts.routing import QueryType
 

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from services.classifier.clarity import DECIDE_THRESHOLD
 from services.classifier.layer2.head import EmbeddingHead
 from services.classifier.layer2.predict import Prediction, head_predictions
 from services.classifier.layer2.registry import HeadRegistry
 from shared.encoders.embeddings import Encoder
+from shared.policy.clarity import DECIDE_THRESHOLD
 
 
 class Layer2Classifier:

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from services.classifier.clarity import DECIDE_THRESHOLD
 from services.classifier.layer2.head import EmbeddingHead
 from shared.encoders.embeddings import Encoder
+from shared.policy.clarity import DECIDE_THRESHOLD
 
 
 class Prediction(msgspec.Struct, frozen=True):

@@ -26,6 +26,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,6 @@ def finetune_encoder(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
-    import torch.nn.functional as nnf
     from transformers import AutoModel, AutoTokenizer
 
     say = progress or (lambda m: log.info(m))
@@ -93,7 +93,44 @@ def finetune_encoder(
     classes = sorted(set(labels))
     y = np.searchsorted(classes, list(labels))
     texts = list(texts)
-    n = len(texts)
+    embed = _embedder(tok, model, max_length)
+
+    t0 = time.perf_counter()
+    weight = _centroid_weights(embed, model, texts, y, len(classes), rng)
+    say(f"centroid init {time.perf_counter() - t0:.1f}s")
+
+    total = max(1, round(math.ceil(len(texts) / batch_size) * epochs))
+    opt, sched = _optimizer(model, weight, total, lr=lr, head_lr=head_lr,
+                            weight_decay=weight_decay, warmup=warmup)
+    model.train()
+    started = time.perf_counter()
+    run = _Run(total)
+    while run.step < total:
+        _epoch(run, embed, weight, model, opt, sched, texts, y, rng.permutation(len(texts)),
+               batch_size=batch_size, scale=scale, label_smoothing=label_smoothing,
+               started=started, max_seconds=max_seconds, say=say)
+        if run.stopped_early:
+            say(f"time budget reached at step {run.step}/{total}")
+            break
+
+    model.eval()
+    _save(model, weight, src, Path(out_dir), classes)
+    report = {
+        "base_model": base_model,
+        "epochs": epochs,
+        "steps": run.step,
+        "examples_seen": run.seen,
+        "seconds": round(time.perf_counter() - started, 1),
+        "final_loss": run.loss_ema,
+        "stopped_early": run.stopped_early,
+    }
+    say(f"fine-tune done: {report}")
+    return report
+
+
+def _embedder(tok: Any, model: Any, max_length: int) -> Callable[[list[str]], Any]:
+    """Texts -> mean-pooled, L2-normalised vectors (dynamic padding, truncated)."""
+    import torch.nn.functional as nnf
 
     def embed(batch: list[str]) -> Any:
         enc = tok(batch, padding=True, truncation=True, max_length=max_length,
@@ -103,22 +140,34 @@ def finetune_encoder(
         v = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
         return nnf.normalize(v, dim=-1)
 
-    # Class weights start at the frozen centroids (of <= 16 lines per class: cheap).
-    t0 = time.perf_counter()
+    return embed
+
+
+def _centroid_weights(embed: Callable[[list[str]], Any], model: Any, texts: list[str],
+                      y: np.ndarray, n_classes: int, rng: np.random.Generator) -> Any:
+    """The cosine classifier's weights, started at the frozen encoder's class centroids
+    (of <= 16 lines per class: cheap)."""
+    import torch
+    import torch.nn.functional as nnf
+
     model.eval()
     pick = np.concatenate(
-        [rng.permutation(np.flatnonzero(y == k))[:16] for k in range(len(classes))]
+        [rng.permutation(np.flatnonzero(y == k))[:16] for k in range(n_classes)]
     )
-    centroids = torch.zeros(len(classes), model.config.hidden_size)
+    centroids = torch.zeros(n_classes, model.config.hidden_size)
     with torch.inference_mode():
         for i in range(0, len(pick), 128):
             idx = pick[i : i + 128]
             centroids.index_add_(0, torch.from_numpy(y[idx]), embed([texts[j] for j in idx]))
-    weight = torch.nn.Parameter(nnf.normalize(centroids, dim=-1).clone())
-    say(f"centroid init {time.perf_counter() - t0:.1f}s")
+    return torch.nn.Parameter(nnf.normalize(centroids, dim=-1).clone())
 
-    steps_per_epoch = math.ceil(n / batch_size)
-    total = max(1, round(steps_per_epoch * epochs))
+
+def _optimizer(model: Any, weight: Any, total: int, *, lr: float, head_lr: float,
+               weight_decay: float, warmup: float) -> tuple[Any, Any]:
+    """AdamW (encoder at `lr` with weight decay, classifier at `head_lr` without) and its
+    schedule: linear warm-up over `warmup` of the `total` steps, then linear decay."""
+    import torch
+
     opt = torch.optim.AdamW(
         [
             {"params": [p for p in model.parameters() if p.requires_grad], "lr": lr,
@@ -133,43 +182,69 @@ def finetune_encoder(
             return (step + 1) / warm
         return max(0.0, (total - step) / max(1, total - warm))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    model.train()
-    started = time.perf_counter()
-    step, seen, loss_ema = 0, 0, None
-    stopped_early = False
-    while step < total:
-        perm = rng.permutation(n)
-        for i in range(0, n, batch_size):
-            if step >= total:
-                break
-            idx = perm[i : i + batch_size]
-            v = embed([texts[j] for j in idx])
-            logits = scale * v @ nnf.normalize(weight, dim=-1).T
-            loss = nnf.cross_entropy(logits, torch.from_numpy(y[idx]),
-                                   label_smoothing=label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]  # torch's autograd entry is untyped
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            step += 1
-            seen += len(idx)
-            lv = float(loss.detach())
-            loss_ema = lv if loss_ema is None else 0.95 * loss_ema + 0.05 * lv
-            if step % 50 == 0 or step == total:
-                el = time.perf_counter() - started
-                say(f"step {step}/{total} loss {loss_ema:.3f} {el:.0f}s "
-                    f"({el / step:.2f}s/step)")
-            if max_seconds is not None and time.perf_counter() - started > max_seconds:
-                stopped_early = True
-                break
-        if stopped_early:
-            say(f"time budget reached at step {step}/{total}")
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+@dataclass
+class _Run:
+    """Where training stands: steps taken (of `total`), lines seen, the loss's moving
+    average, whether the time budget ended it."""
+
+    total: int
+    step: int = 0
+    seen: int = 0
+    loss_ema: float | None = None
+    stopped_early: bool = False
+
+
+def _epoch(run: _Run, embed: Callable[[list[str]], Any], weight: Any, model: Any, opt: Any,
+           sched: Any, texts: list[str], y: np.ndarray, perm: np.ndarray, *,
+           batch_size: int, scale: float, label_smoothing: float, started: float,
+           max_seconds: float | None, say: Callable[[str], None]) -> None:
+    """One pass over the lines in `perm`'s order, a step per batch, until the last step
+    or the time budget."""
+    for i in range(0, len(perm), batch_size):
+        if run.step >= run.total:
+            break
+        idx = perm[i : i + batch_size]
+        lv = _step(embed, weight, model, opt, sched, [texts[j] for j in idx], y[idx],
+                   scale=scale, label_smoothing=label_smoothing)
+        run.step += 1
+        run.seen += len(idx)
+        run.loss_ema = lv if run.loss_ema is None else 0.95 * run.loss_ema + 0.05 * lv
+        if run.step % 50 == 0 or run.step == run.total:
+            el = time.perf_counter() - started
+            say(f"step {run.step}/{run.total} loss {run.loss_ema:.3f} {el:.0f}s "
+                f"({el / run.step:.2f}s/step)")
+        if max_seconds is not None and time.perf_counter() - started > max_seconds:
+            run.stopped_early = True
             break
 
-    model.eval()
-    out = Path(out_dir)
+
+def _step(embed: Callable[[list[str]], Any], weight: Any, model: Any, opt: Any, sched: Any,
+          batch: list[str], y: np.ndarray, *, scale: float, label_smoothing: float) -> float:
+    """One optimisation step on a batch (cosine logits, cross-entropy, clipped
+    gradients); returns its loss."""
+    import torch
+    import torch.nn.functional as nnf
+
+    v = embed(batch)
+    logits = scale * v @ nnf.normalize(weight, dim=-1).T
+    loss = nnf.cross_entropy(logits, torch.from_numpy(y), label_smoothing=label_smoothing)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]  # torch's autograd entry is untyped
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return float(loss.detach())
+
+
+def _save(model: Any, weight: Any, src: Path, out: Path, classes: list[str]) -> None:
+    """A complete sentence-transformers dir: the weights, the base model's tokenizer and
+    pooling/normalize modules, and the cosine classifier the encoder was trained against
+    (labels + unit weights: a head may use it beside its own coefficients)."""
+    import torch.nn.functional as nnf
+
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     for name in _COPY_FILES:
@@ -178,18 +253,5 @@ def finetune_encoder(
     for name in _COPY_DIRS:
         if (src / name).exists():
             shutil.copytree(src / name, out / name, dirs_exist_ok=True)
-    # The cosine classifier the encoder was trained against (labels + unit weights):
-    # a head may use it beside its own coefficients.
     np.save(out / "cosine_head.npy", nnf.normalize(weight.detach(), dim=-1).numpy())
     (out / "cosine_head_labels.txt").write_text("\n".join(classes) + "\n", encoding="utf-8")
-    report = {
-        "base_model": base_model,
-        "epochs": epochs,
-        "steps": step,
-        "examples_seen": seen,
-        "seconds": round(time.perf_counter() - started, 1),
-        "final_loss": loss_ema,
-        "stopped_early": stopped_early,
-    }
-    say(f"fine-tune done: {report}")
-    return report

@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from services.classifier.clarity import DECIDE_THRESHOLD
 from services.classifier.offline.calibration import expected_calibration_error
 from services.classifier.offline.labelled import load_labelled
 from services.classifier.offline.metrics import macro_f1
 from services.classifier.offline.train import train_head
 from shared.encoders.embeddings import Encoder
+from shared.policy.clarity import DECIDE_THRESHOLD
 
 
 def _encode_cached(encoder: Encoder, texts: list[str], cache_dir: Path | None) -> np.ndarray:

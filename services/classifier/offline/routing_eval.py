@@ -21,8 +21,9 @@ from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.deixis import is_deictic
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.predict import Prediction
-from services.classifier.llm import LlmLabeler, OllamaLabeler
+from services.classifier.llm import OllamaLabeler
 from services.classifier.offline.metrics import macro_f1
+from services.classifier.ports import LlmLabeler
 from services.classifier.rules import has_platform_data, has_platform_prefix
 from services.classifier.settings import ClassifierSettings
 from shared.contracts.request import AgentRequest

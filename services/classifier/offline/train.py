@@ -11,17 +11,18 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from services.classifier.clarity import DECIDE_THRESHOLD
 from services.classifier.layer2.features import LexicalFeatures
 from services.classifier.layer2.head import EmbeddingHead, softmax
 from services.classifier.offline.calibration import expected_calibration_error, fit_temperature
 from services.classifier.offline.metrics import macro_f1
 from shared.encoders.embeddings import DEFAULT_MODEL, Encoder
+from shared.policy.clarity import DECIDE_THRESHOLD
 
 log = logging.getLogger("intentroute.classifier.train")
 
@@ -168,8 +169,6 @@ def train_head(
       the head on the fine-tuned vectors; the head then carries the encoder (saved next
       to its coefficients).
     """
-    from sklearn.model_selection import StratifiedKFold
-
     say = progress or log.info
     texts = list(texts)
     labels = [str(lab) for lab in labels]
@@ -189,23 +188,13 @@ def train_head(
                                 epochs=finetune_epochs, seed=seed, progress=say,
                                 options=finetune_options)
         finetune_seconds = time.perf_counter() - t0
-        from shared.encoders.fast import FastEncoder
-
-        # The graph exported for a fine-tuned encoder lives and goes with its directory
-        # (a head's save copies the encoder without it).
-        encoder = FastEncoder(encoder_dir, threads=max(1, os.cpu_count() or 1), cache_size=0,
-                              onnx_cache_dir=encoder_dir / "onnx")
+        encoder = _finetuned_encoder(encoder_dir)
         vectors = None
-    if vectors is None:
-        if encoder is None:
-            raise ValueError("an encoder or precomputed vectors are required")
-        say(f"encoding {len(texts)} lines")
-        vectors = encoder.encode(texts, batch_size=64)
-    x = head_features(vectors, texts, LexicalFeatures(lexical) if lexical else None)
+    x = head_features(_encode(texts, encoder, vectors, say), texts,
+                      LexicalFeatures(lexical) if lexical else None)
     y = np.searchsorted(classes, labels)
     counts = np.bincount(y, minlength=len(classes))
 
-    folds = min(calibration_folds, int(counts.min()))
     metrics: dict[str, Any] = {
         "n_train": len(texts),
         "n_labels": len(classes),
@@ -215,49 +204,15 @@ def train_head(
         "lexical": lexical,
         "data_hash": data_hash(texts, labels),
     }
+    fit = partial(_fit_logreg, c=c, seed=seed, max_iter=max_iter)
+    held, held_y = _calibration_logits(
+        x, y, len(classes), calib_idx, min(calibration_folds, int(counts.min())),
+        fit=fit, seed=seed, metrics=metrics, say=say)
     temperature = 1.0
-    held: np.ndarray | None = None  # calibration logits ...
-    held_y: np.ndarray | None = None  # ... and their labels
-    if calib_idx is not None and len(calib_idx) and len(set(y[calib_idx])) >= 2:
-        say(f"calibration on {len(calib_idx)} lines held out of the fine-tune")
-        fit_mask = np.ones(len(y), dtype=bool)
-        fit_mask[calib_idx] = False
-        m = _fit_logreg(x[fit_mask], y[fit_mask], c=c, seed=seed, max_iter=max_iter)
-        held = _full_logits(m, x[calib_idx], len(classes))
-        held_y = y[calib_idx]
-        metrics["cv_folds"] = "holdout"
-    elif folds >= 2:
-        say(f"{folds}-fold out-of-fold logits for calibration")
-        held = np.zeros((len(y), len(classes)), dtype=np.float64)
-        skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-        for tr, te in skf.split(x, y):
-            m = _fit_logreg(x[tr], y[tr], c=c, seed=seed, max_iter=max_iter)
-            # A fold may miss a class only when counts < folds, excluded above.
-            held[te] = _full_logits(m, x[te], len(classes))
-        held_y = y
-        metrics["cv_folds"] = folds
     if held is not None and held_y is not None:
-        temperature = fit_temperature(held, held_y)
-        raw, cal = softmax(held.copy()), softmax(held / temperature)
-        pred = cal.argmax(axis=1)
-        decided = cal.max(axis=1) > DECIDE_THRESHOLD
-        metrics.update(
-            cv_n=len(held_y),
-            cv_accuracy=float((pred == held_y).mean()),
-            cv_macro_f1=macro_f1([classes[i] for i in held_y], [classes[i] for i in pred]),
-            ece_uncalibrated=expected_calibration_error(raw, held_y),
-            ece_calibrated=expected_calibration_error(cal, held_y),
-            cv_decided_at_0_85=float(decided.mean()),
-            cv_accuracy_when_decided=float((pred == held_y)[decided].mean())
-            if decided.any()
-            else 0.0,
-        )
+        temperature = _calibrate(held, held_y, classes, metrics)
     say("final fit on all lines")
-    model = _fit_logreg(x, y, c=c, seed=seed, max_iter=max_iter)
-    coef, intercept = model.coef_, model.intercept_
-    if len(classes) == 2:  # sklearn's binary form -> symmetric two-row softmax
-        coef = np.vstack([-coef[0] / 2, coef[0] / 2])
-        intercept = np.array([-intercept[0] / 2, intercept[0] / 2])
+    coef, intercept = _final_fit(x, y, len(classes), fit)
     metrics.update(
         temperature=temperature,
         finetune_epochs=float(finetune_epochs or 0.0),
@@ -281,15 +236,110 @@ def train_head(
     if early_exit_layers is not None:
         if encoder_dir is not None:
             raise ValueError("early exit needs the frozen encoder (no fine-tune)")
-        say(f"early-exit head on the encoder's first {early_exit_layers} layers")
-        head.early = train_head(
-            texts, labels,
-            _shallow_encoder(head, early_exit_layers, getattr(encoder, "onnx_cache_dir", None)),
-            seed=seed,
-            c=c, calibration_folds=calibration_folds, max_iter=max_iter, progress=say,
-            lexical=lexical)
-        head.metrics["early_exit"] = {
-            k: head.early.metrics.get(k)
-            for k in ("cv_accuracy", "cv_macro_f1", "cv_decided_at_0_85",
-                      "cv_accuracy_when_decided", "temperature")}
+        _train_early_exit(head, encoder, texts, labels, early_exit_layers, seed=seed, c=c,
+                          calibration_folds=calibration_folds, max_iter=max_iter,
+                          lexical=lexical, say=say)
     return head
+
+
+def _finetuned_encoder(encoder_dir: Path) -> Encoder:
+    """The fine-tuned encoder in `encoder_dir`, its exported graph kept in the same
+    directory (it lives and goes with it; a head's save copies the encoder without it)."""
+    from shared.encoders.fast import FastEncoder
+
+    return FastEncoder(encoder_dir, threads=max(1, os.cpu_count() or 1), cache_size=0,
+                       onnx_cache_dir=encoder_dir / "onnx")
+
+
+def _encode(texts: list[str], encoder: Encoder | None, vectors: np.ndarray | None,
+            say: Callable[[str], None]) -> np.ndarray:
+    """The sentence vectors: `vectors` when given, else `encoder`'s."""
+    if vectors is not None:
+        return vectors
+    if encoder is None:
+        raise ValueError("an encoder or precomputed vectors are required")
+    say(f"encoding {len(texts)} lines")
+    return encoder.encode(texts, batch_size=64)
+
+
+def _calibration_logits(
+    x: Any, y: np.ndarray, n_classes: int, calib_idx: np.ndarray | None, folds: int, *,
+    fit: Callable[[Any, np.ndarray], Any], seed: int, metrics: dict[str, Any],
+    say: Callable[[str], None],
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Logits of lines the fit did not see, and their labels: the lines held out of a
+    fine-tune (a fit on the others), else `folds`-fold out-of-fold logits; (None, None)
+    when neither is possible. `metrics["cv_folds"]` says which."""
+    if calib_idx is not None and len(calib_idx) and len(set(y[calib_idx])) >= 2:
+        say(f"calibration on {len(calib_idx)} lines held out of the fine-tune")
+        fit_mask = np.ones(len(y), dtype=bool)
+        fit_mask[calib_idx] = False
+        m = fit(x[fit_mask], y[fit_mask])
+        metrics["cv_folds"] = "holdout"
+        return _full_logits(m, x[calib_idx], n_classes), y[calib_idx]
+    if folds >= 2:
+        from sklearn.model_selection import StratifiedKFold
+
+        say(f"{folds}-fold out-of-fold logits for calibration")
+        held = np.zeros((len(y), n_classes), dtype=np.float64)
+        skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+        for tr, te in skf.split(x, y):
+            m = fit(x[tr], y[tr])
+            # A fold may miss a class only when counts < folds, excluded above.
+            held[te] = _full_logits(m, x[te], n_classes)
+        metrics["cv_folds"] = folds
+        return held, y
+    return None, None
+
+
+def _calibrate(held: np.ndarray, held_y: np.ndarray, classes: list[str],
+               metrics: dict[str, Any]) -> float:
+    """The temperature fitted on the held-out logits; their accuracy, macro-F1, ECE
+    before/after scaling and share decided go into `metrics`."""
+    temperature = fit_temperature(held, held_y)
+    raw, cal = softmax(held.copy()), softmax(held / temperature)
+    pred = cal.argmax(axis=1)
+    decided = cal.max(axis=1) > DECIDE_THRESHOLD
+    metrics.update(
+        cv_n=len(held_y),
+        cv_accuracy=float((pred == held_y).mean()),
+        cv_macro_f1=macro_f1([classes[i] for i in held_y], [classes[i] for i in pred]),
+        ece_uncalibrated=expected_calibration_error(raw, held_y),
+        ece_calibrated=expected_calibration_error(cal, held_y),
+        cv_decided_at_0_85=float(decided.mean()),
+        cv_accuracy_when_decided=float((pred == held_y)[decided].mean())
+        if decided.any()
+        else 0.0,
+    )
+    return temperature
+
+
+def _final_fit(x: Any, y: np.ndarray, n_classes: int, fit: Callable[[Any, np.ndarray], Any]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The head's coefficients and intercepts, fitted on all lines (sklearn's binary form
+    made a symmetric two-row softmax)."""
+    model = fit(x, y)
+    coef, intercept = model.coef_, model.intercept_
+    if n_classes == 2:
+        coef = np.vstack([-coef[0] / 2, coef[0] / 2])
+        intercept = np.array([-intercept[0] / 2, intercept[0] / 2])
+    return coef, intercept
+
+
+def _train_early_exit(head: EmbeddingHead, encoder: Encoder | None, texts: list[str],
+                      labels: list[str], layers: int, *, seed: int, c: float,
+                      calibration_folds: int, max_iter: int, lexical: dict[str, Any] | None,
+                      say: Callable[[str], None]) -> None:
+    """`head.early`: the same recipe on the frozen encoder's first `layers`; its CV
+    metrics summarised in `head.metrics["early_exit"]`."""
+    say(f"early-exit head on the encoder's first {layers} layers")
+    head.early = train_head(
+        texts, labels,
+        _shallow_encoder(head, layers, getattr(encoder, "onnx_cache_dir", None)),
+        seed=seed,
+        c=c, calibration_folds=calibration_folds, max_iter=max_iter, progress=say,
+        lexical=lexical)
+    head.metrics["early_exit"] = {
+        k: head.early.metrics.get(k)
+        for k in ("cv_accuracy", "cv_macro_f1", "cv_decided_at_0_85",
+                  "cv_accuracy_when_decided", "temperature")}

@@ -15,11 +15,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from services.retriever.bm25 import Bm25Config, build_bm25
 from services.retriever.index import (
@@ -33,7 +35,7 @@ from services.retriever.index import (
     load_current,
     read_current,
 )
-from services.retriever.indexing.chunking import collect_chunks
+from services.retriever.indexing.chunking import Chunk, collect_chunks
 from services.retriever.indexing.report import IngestReport
 from shared.encoders.embeddings import Encoder
 
@@ -91,8 +93,6 @@ def ingest(
     stored vector; chunks not produced any more are dropped. When nothing changed no
     version is written (replicas are not made to reload for nothing).
     """
-    from tqdm.auto import tqdm
-
     t0 = time.perf_counter()
     index_dir = Path(index_dir)
     index_dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,6 @@ def ingest(
     docs, chunks = collect_chunks(Path(path), max_tokens, overlap_tokens)
     if not chunks:
         raise ValueError(f"no documents to index under {path} (.md, .txt, BEIR .jsonl)")
-    seen_ids = {c.chunk_id for c in chunks}
 
     with _ingest_lock(index_dir):
         prev: Snapshot | None = None
@@ -109,73 +108,33 @@ def ingest(
             prev = load_current(index_dir)
         dim = int(encoder.dim)
         enc_id: dict[str, Any] = {"name": encoder_name(encoder), "dim": dim}
-        same_encoder = prev is not None and prev.manifest.get("encoder") == enc_id
-        prev_rows: dict[str, tuple[str, int]] = {}
-        if prev is not None:
-            prev_rows = {c.chunk_id: (c.content_hash, i) for i, c in enumerate(prev.chunks)}
-
-        vectors = np.zeros((len(chunks), dim), dtype=np.float32)
-        to_embed: list[int] = []
-        added = updated = unchanged = 0
-        for i, c in enumerate(chunks):
-            old = prev_rows.get(c.chunk_id)
-            if old is not None and old[0] == c.content_hash and same_encoder:
-                assert prev is not None
-                vectors[i] = prev.vectors[old[1]]
-                unchanged += 1
-            else:
-                to_embed.append(i)
-                if old is None:
-                    added += 1
-                else:
-                    updated += 1
-        removed = len(set(prev_rows) - seen_ids)
-
-        same_bm25 = prev is not None and prev.manifest.get("bm25") == msgspec.to_builtins(bm25)
-        same_order = prev is not None and [c.chunk_id for c in prev.chunks] == [
-            c.chunk_id for c in chunks
-        ]
-        if not to_embed and not removed and same_bm25 and same_order:
-            assert prev is not None
+        plan = _plan(chunks, prev, enc_id, dim)
+        if prev is not None and _nothing_changed(plan, prev, chunks, bm25):
             secs = time.perf_counter() - t0
             return IngestReport(
-                docs=docs, chunks=len(chunks), added=0, updated=0, unchanged=unchanged,
+                docs=docs, chunks=len(chunks), added=0, updated=0, unchanged=plan.unchanged,
                 removed=0, seconds=secs, chunks_per_s=len(chunks) / secs,
                 docs_per_s=docs / secs, version=prev.version, changed=False,
             )
 
         t_embed = time.perf_counter()
-        if to_embed:
-            # Length-sorted batches pad less: MiniLM cost grows with the longest text in
-            # a batch, so mixing a 20-token and a 250-token text wastes most of a row.
-            order = sorted(to_embed, key=lambda i: len(chunks[i].indexed_text))
-            bar = tqdm(total=len(order), desc="embedding", unit="chunk", disable=not progress)
-            for s in range(0, len(order), batch_size):
-                rows = order[s : s + batch_size]
-                vecs = encoder.encode([chunks[i].indexed_text for i in rows], batch_size=batch_size)
-                vectors[rows] = vecs
-                bar.update(len(rows))
-            bar.close()
+        _embed(chunks, plan, encoder, batch_size=batch_size, progress=progress)
         embed_secs = time.perf_counter() - t_embed
 
-        retriever = build_bm25(chunks, bm25)
         version = (prev.version if prev else 0) + 1
-        name = _version_name(version)
-        tmp = Path(tempfile.mkdtemp(dir=index_dir, prefix=".tmp-"))
-        np.save(tmp / VECTORS_FILE, vectors)
-        (tmp / CHUNKS_FILE).write_bytes(msgspec.msgpack.encode(chunks))
-        retriever.save(str(tmp / BM25_DIR), show_progress=False)
-
+        tmp = _stage_version(index_dir, chunks, plan.vectors, bm25)
         secs = time.perf_counter() - t0
+        embedded = len(plan.to_embed)
         report = IngestReport(
-            docs=docs, chunks=len(chunks), added=added, updated=updated, unchanged=unchanged,
-            removed=removed, seconds=secs, chunks_per_s=len(chunks) / secs if secs else 0.0,
-            docs_per_s=docs / secs if secs else 0.0, embedded=len(to_embed),
+            docs=docs, chunks=len(chunks), added=plan.added, updated=plan.updated,
+            unchanged=plan.unchanged, removed=plan.removed, seconds=secs,
+            chunks_per_s=len(chunks) / secs if secs else 0.0,
+            docs_per_s=docs / secs if secs else 0.0, embedded=embedded,
             embed_seconds=embed_secs,
-            embed_chunks_per_s=len(to_embed) / embed_secs if to_embed and embed_secs else 0.0,
+            embed_chunks_per_s=embedded / embed_secs if embedded and embed_secs else 0.0,
             version=version, changed=True,
         )
-        full_embed = msgspec.to_builtins(report) if len(to_embed) == len(chunks) else (
+        full_embed = msgspec.to_builtins(report) if embedded == len(chunks) else (
             prev.manifest.get("full_embed") if prev else None
         )
         manifest = {
@@ -192,12 +151,98 @@ def ingest(
             # when the current run reused cached vectors).
             "full_embed": full_embed,
         }
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        os.replace(tmp, index_dir / name)
-        _write_current(index_dir, name)
-        _gc_versions(index_dir, KEEP_VERSIONS, name)
+        _publish(index_dir, tmp, manifest, _version_name(version))
         return report
+
+
+@dataclass
+class _Plan:
+    """The new version's vectors (those kept filled in), the rows still to embed, and the
+    counts of chunks added, updated, unchanged and removed."""
+
+    vectors: npt.NDArray[np.float32]
+    to_embed: list[int] = field(default_factory=list)
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    removed: int = 0
+
+
+def _plan(chunks: list[Chunk], prev: Snapshot | None, enc_id: dict[str, Any], dim: int
+          ) -> _Plan:
+    """Against the live version: a chunk whose id and content hash match it (same encoder)
+    keeps its stored vector; the others are to embed (new id: added, new content:
+    updated); ids it has that are not produced any more are removed."""
+    same_encoder = prev is not None and prev.manifest.get("encoder") == enc_id
+    prev_rows: dict[str, tuple[str, int]] = {}
+    if prev is not None:
+        prev_rows = {c.chunk_id: (c.content_hash, i) for i, c in enumerate(prev.chunks)}
+
+    plan = _Plan(np.zeros((len(chunks), dim), dtype=np.float32))
+    for i, c in enumerate(chunks):
+        old = prev_rows.get(c.chunk_id)
+        if old is not None and old[0] == c.content_hash and same_encoder:
+            assert prev is not None
+            plan.vectors[i] = prev.vectors[old[1]]
+            plan.unchanged += 1
+        else:
+            plan.to_embed.append(i)
+            if old is None:
+                plan.added += 1
+            else:
+                plan.updated += 1
+    plan.removed = len(set(prev_rows) - {c.chunk_id for c in chunks})
+    return plan
+
+
+def _nothing_changed(plan: _Plan, prev: Snapshot, chunks: list[Chunk], bm25: Bm25Config
+                     ) -> bool:
+    """True when the live version already is this one: nothing to embed or drop, the same
+    BM25 settings and the same chunk order."""
+    same_bm25 = prev.manifest.get("bm25") == msgspec.to_builtins(bm25)
+    same_order = [c.chunk_id for c in prev.chunks] == [c.chunk_id for c in chunks]
+    return not plan.to_embed and not plan.removed and same_bm25 and same_order
+
+
+def _embed(chunks: list[Chunk], plan: _Plan, encoder: Encoder, *, batch_size: int,
+           progress: bool) -> None:
+    """Embed the plan's rows into its vectors. Length-sorted batches pad less: MiniLM cost
+    grows with the longest text in a batch, so mixing a 20-token and a 250-token text
+    wastes most of a row."""
+    if not plan.to_embed:
+        return
+    from tqdm.auto import tqdm
+
+    order = sorted(plan.to_embed, key=lambda i: len(chunks[i].indexed_text))
+    bar = tqdm(total=len(order), desc="embedding", unit="chunk", disable=not progress)
+    for s in range(0, len(order), batch_size):
+        rows = order[s : s + batch_size]
+        vecs = encoder.encode([chunks[i].indexed_text for i in rows], batch_size=batch_size)
+        plan.vectors[rows] = vecs
+        bar.update(len(rows))
+    bar.close()
+
+
+def _stage_version(index_dir: Path, chunks: list[Chunk], vectors: npt.NDArray[np.float32],
+                   bm25: Bm25Config) -> Path:
+    """A temp directory in `index_dir` holding the version's vectors, chunks and BM25
+    index (its manifest comes last, in `_publish`)."""
+    retriever = build_bm25(chunks, bm25)
+    tmp = Path(tempfile.mkdtemp(dir=index_dir, prefix=".tmp-"))
+    np.save(tmp / VECTORS_FILE, vectors)
+    (tmp / CHUNKS_FILE).write_bytes(msgspec.msgpack.encode(chunks))
+    retriever.save(str(tmp / BM25_DIR), show_progress=False)
+    return tmp
+
+
+def _publish(index_dir: Path, tmp: Path, manifest: dict[str, Any], name: str) -> None:
+    """The staged version, its manifest written and every file synced, renamed to `name`
+    and made CURRENT; versions beyond the newest KEEP_VERSIONS collected."""
+    (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    os.replace(tmp, index_dir / name)
+    _write_current(index_dir, name)
+    _gc_versions(index_dir, KEEP_VERSIONS, name)

@@ -24,7 +24,7 @@ from services.retriever.index import EmbeddedIndex
 from services.retriever.indexing.embedded_ingest import ingest
 from services.retriever.offline.beir import load_qrels, load_queries
 from services.retriever.offline.metrics import evaluate_run
-from services.retriever.port import SearchResult
+from services.retriever.ports import SearchResult
 from shared.encoders.embeddings import Encoder
 
 CACHE_ROOT = Path(tempfile.gettempdir()) / "intentroute-bench"

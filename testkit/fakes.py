@@ -1,11 +1,13 @@
-"""Hand-written fakes of the ports a stage needs, strict where the real thing is strict.
+"""Hand-written fakes of the ports a stage needs, strict where the real thing is strict:
+what a stage published, what it wrote, and a delivery as its consumer would hand it over.
 
 `RecordingBus` records every publish and answers `last_chunk` from what was published,
-as the AGENT_RESPONSES stream would; `StrictStore` refuses what Postgres refuses (NUL
-characters, ids longer than their column, JSON that is not JSON), as the real store
-does, with StoreRejectedError; `FuzzDelivery` records acks, nacks and dead letters.
-The adapters (Layer 2, search, chat backend, parser) are deterministic functions of
-their input, so one example always takes the same path.
+as the AGENT_RESPONSES stream would; it can drop its connection (fault injection).
+`FakeStore` refuses what Postgres refuses (NUL characters, ids longer than their column,
+JSON that is not JSON), as the real store does, with StoreRejectedError. `FakeDelivery`
+records acks, nacks and dead letters. The adapters (Layer 2, search, chat backend,
+parser) are deterministic functions of their input, so one example always takes the
+same path.
 """
 
 from __future__ import annotations
@@ -13,26 +15,33 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from services.classifier.cascade import Prediction
+from services.classifier.ports import Prediction
+from services.gateway.feedback import FeedbackRecorder
 from services.generator.prompts import ChatMessage
 from services.parser.avap import validate
-from services.retriever.port import SearchResult
-from services.validator.parser_client import ParseOutcome
+from services.retriever.ports import SearchResult
+from services.validator.ports import ParseOutcome
 from shared.auth.ports import AgentInfo
 from shared.contracts.codec import decode_chunk
+from shared.contracts.feedback import Feedback
 from shared.contracts.ids import MAX_ID_CHARS
 from shared.contracts.pipeline import Passage
 from shared.contracts.response import ResponseChunk
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
+from shared.policy.agent import AgentPolicy
+from shared.store.feedback import Recorded
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
-from shared.store.writer import StoreRejectedError
+from shared.store.writer import StoreRejectedError, StoreUnavailableError
+
+# ------------------------------------------------------------------------ the bus
 
 
-@dataclass(frozen=True)
-class Sent:
+class Sent(NamedTuple):
     """One publish: subject, stream ("" for a core publish), msg id, payload."""
 
     subject: str
@@ -46,14 +55,20 @@ class ConnectionLostError(ConnectionError):
 
 
 class RecordingBus:
-    """Records publishes; `drop_at(n)` makes the n-th publish from now on, and every one
-    after it, fail as a lost connection does, until `heal()`."""
+    """Records publishes (`sent`: subject, stream or "" for core, msg id, payload) and
+    claims (kept apart from `sent`, what callers see). `drop_at(n)` makes the n-th call
+    from now on, and every one after it, fail as a lost connection does, until `heal()`.
 
-    def __init__(self) -> None:
+    `last_chunk` is the last chunk stored on a subject, of any kind, as the stream's is;
+    `stored_seq` stands for what an earlier delivery stored there before this bus was
+    made: a text chunk at `stored_seq - 1` (when nothing was published on the subject)."""
+
+    def __init__(self, *, stored_seq: int = 0) -> None:
         self.sent: list[Sent] = []
         self.claims: dict[str, bytes] = {}
         self.tripped = False
         self.healed = 0
+        self._stored_seq = stored_seq
         self._fail_at = 0
         self._count = 0
 
@@ -86,8 +101,7 @@ class RecordingBus:
 
     async def stored(self, subject: str, *, stream: str, msg_id: str) -> bytes | None:
         self._connected()
-        return next((s.payload for s in self.sent
-                     if s.subject == subject and s.msg_id == msg_id), None)
+        return next((p for s, _, m, p in self.sent if s == subject and m == msg_id), None)
 
     async def claimed(self, subject: str, *, stream: str) -> bytes | None:
         self._connected()
@@ -97,10 +111,24 @@ class RecordingBus:
         return self.healed
 
     async def last_chunk(self, subject: str, stream: str) -> ResponseChunk | None:
-        for sent in reversed(self.sent):
-            if sent.subject == subject:
-                return decode_chunk(sent.payload)
+        for sent_subject, _, _, payload in reversed(self.sent):
+            if sent_subject == subject:
+                return decode_chunk(payload)
+        if self._stored_seq:
+            return ResponseChunk(request_id="", seq=self._stored_seq - 1, text="...")
         return None
+
+    def on(self, subject: str) -> list[bytes]:
+        return [payload for subj, _, _, payload in self.sent if subj == subject]
+
+    def chunks(self, request_id: str, agent_id: str = "a") -> list[ResponseChunk]:
+        return [decode_chunk(p) for p in self.on(f"agent.response.{agent_id}.{request_id}")]
+
+    def subjects(self) -> list[tuple[str, str]]:
+        return [(subj, stream) for subj, stream, _, _ in self.sent]
+
+
+# ------------------------------------------------------------------------ the store
 
 
 def _text_problem(value: str) -> str:
@@ -142,19 +170,23 @@ def row_problem(row: Row) -> str:
     return ""
 
 
-class StrictStore:
-    """The turn store with the database's refusals; reads return what it was given."""
+class FakeStore:
+    """The turn store with the database's refusals (`refused`); reads return what it was
+    given (`history_reads` counts the history reads); `rows` holds what was written."""
 
-    def __init__(self, *, history: list[HistoryEntry] | None = None, previous: str = "",
-                 turns: list[tuple[str, str]] | None = None) -> None:
+    def __init__(self, *, history: list[HistoryEntry] | None = None,
+                 previous: str | None = None, turns: list[tuple[str, str]] | None = None
+                 ) -> None:
         self.rows: list[Row] = []
         self.refused: list[tuple[Row, str]] = []
+        self.history_reads = 0
         self._history = history or []
         self._previous = previous
         self._turns = turns or []
 
     async def last_history(self, agent_id: str, session_id: str, n: int = HISTORY_WINDOW
                            ) -> list[HistoryEntry]:
+        self.history_reads += 1
         return self._history[-n:]
 
     async def previous_answer(self, agent_id: str, session_id: str) -> str | None:
@@ -174,39 +206,95 @@ class StrictStore:
                 raise StoreRejectedError(f"refused: {problem}")
         self.rows.extend(rows)
 
+    def kinds(self) -> list[str]:
+        return [type(r).__name__ for r in self.rows]
+
+
+# ------------------------------------------------------------------------ the delivery
+
 
 @dataclass
-class FuzzDelivery:
-    """A delivery as the consumer hands it over; `nack`/`dead_letter` are recorded."""
+class FakeDelivery:
+    """A delivery as the consumer hands it over; `nack`/`dead_letter` are recorded. Its
+    stream stored it when it was made (`stored_at`, epoch seconds; 0: unknown)."""
 
     data: bytes
-    subject: str
+    subject: str = ""
     deliveries: int = 1
     stream_seq: int = 1
+    stored_at: float = field(default_factory=time.time)
     settled: bool = False
     # The bus lost its connection during this delivery (a fault the example injected).
     faulted: bool = False
     nacked: list[float | None] = field(default_factory=list)
     dead_lettered: list[tuple[str, str]] = field(default_factory=list)
+    progress: int = 0
 
     async def nack(self, delay: float | None = None) -> None:
         self.nacked.append(delay)
         self.settled = True
 
     async def in_progress(self) -> None:
-        pass
+        self.progress += 1
 
     async def dead_letter(self, stage: str, reason: str) -> None:
         self.dead_lettered.append((stage, reason))
         self.settled = True
 
 
+# ------------------------------------------------------------------------ directories
+
+
 class FakeAgents:
+    """The agents table as the gateway reads it."""
+
     def __init__(self, *agents: AgentInfo) -> None:
         self.agents = {a.agent_id: a for a in agents}
 
     async def get(self, agent_id: str) -> AgentInfo | None:
         return self.agents.get(agent_id)
+
+
+class FakePolicies:
+    """Per-agent policies as a worker's cache holds them; records every lookup."""
+
+    def __init__(self, policies: dict[str, AgentPolicy] | None = None) -> None:
+        self.policies = dict(policies or {})
+        self.lookups: list[tuple[str, str]] = []
+
+    def policy_for(self, agent_id: str, request_id: str = "") -> AgentPolicy:
+        self.lookups.append((agent_id, request_id))
+        return self.policies.get(agent_id, AgentPolicy())
+
+
+class FakeFeedbackTable:
+    """The feedback table as the gateway writes it: `known` (agent, request id) pairs are
+    in the request log; `down` makes every call fail as an unreachable database."""
+
+    def __init__(self, *known: tuple[str, str], down: bool = False) -> None:
+        self.known = set(known)
+        self.rows: dict[tuple[str, str], Feedback] = {}
+        self.calls = 0
+        self.down = down
+
+    async def record_explicit(self, agent_id: str, feedback: Feedback) -> Recorded:
+        self.calls += 1
+        if self.down:
+            raise StoreUnavailableError("connection refused")
+        key = (agent_id, feedback.request_id)
+        if key not in self.known:
+            return Recorded(stored=False, previous="")
+        previous = "explicit" if key in self.rows else ""
+        self.rows[key] = feedback
+        return Recorded(stored=True, previous=previous)
+
+
+def feedback_recorder(table: FakeFeedbackTable | None = None) -> FeedbackRecorder:
+    """A FeedbackRecorder over a FakeFeedbackTable (no retries of unknown ids)."""
+    return FeedbackRecorder(table or FakeFeedbackTable(), unknown_retries=())
+
+
+# ------------------------------------------------------------------------ adapters
 
 
 def _digest(text: str) -> bytes:
@@ -252,7 +340,7 @@ class ScriptedRetrieval:
         pass
 
 
-class EchoBackend:
+class PromptEchoBackend:
     """A chat backend that streams the prompt back in pieces (the prompt is rendered)."""
 
     name = "echo"
@@ -269,4 +357,3 @@ class InProcessParser:
     async def validate(self, code: str, *, strict: bool = False) -> ParseOutcome:
         result = validate(code, strict=strict)
         return ParseOutcome(valid=result.valid, trace=tuple(result.trace))
-

@@ -9,7 +9,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from bench.fuzzing.oracle import Verdict
+from testkit.fuzzing.oracle import Verdict
 
 
 @dataclass(frozen=True)

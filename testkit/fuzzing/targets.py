@@ -21,28 +21,6 @@ import msgspec
 from hypothesis import strategies as st
 from opentelemetry.trace import NoOpTracer
 
-from bench.fuzzing import strategies as fz
-from bench.fuzzing.example import Example, Target
-from bench.fuzzing.fakes import (
-    EchoBackend,
-    FakeAgents,
-    FuzzDelivery,
-    HashedLayer2,
-    InProcessParser,
-    RecordingBus,
-    ScriptedRetrieval,
-    StrictStore,
-)
-from bench.fuzzing.feedback import FEEDBACK, FEEDBACK_TARGETS
-from bench.fuzzing.oracle import (
-    TYPED_CODES,
-    Caller,
-    Outcome,
-    Verdict,
-    judge,
-    readable_request_id,
-    request_problem,
-)
 from services.classifier.cascade import Cascade
 from services.classifier.handlers import ClassifierDeps
 from services.classifier.handlers import build_stage as classifier_stage
@@ -78,6 +56,29 @@ from shared.contracts.response import ChunkKind, ErrorInfo, ResponseChunk
 from shared.contracts.routing import ModelSlot, QueryType
 from shared.policy.agent import AgentPolicy, ClarityPolicy
 from shared.runtime.stage import Stage, StageDeps
+from testkit.fakes import (
+    FakeAgents,
+    FakeDelivery,
+    FakePolicies,
+    FakeStore,
+    HashedLayer2,
+    InProcessParser,
+    PromptEchoBackend,
+    RecordingBus,
+    ScriptedRetrieval,
+)
+from testkit.fuzzing import strategies as fz
+from testkit.fuzzing.example import Example, Target
+from testkit.fuzzing.feedback import FEEDBACK, FEEDBACK_TARGETS
+from testkit.fuzzing.oracle import (
+    TYPED_CODES,
+    Caller,
+    Outcome,
+    Verdict,
+    judge,
+    readable_request_id,
+    request_problem,
+)
 
 # Few deliveries: a retried deterministic failure is already a finding on the first.
 COMMON = CommonSettings(nats_url="nats://unused:4222", max_deliver=3)
@@ -110,8 +111,8 @@ def _delivery(draw: st.DrawFn) -> dict[str, Any]:
     return {"deliveries": deliveries, "fault": fault}
 
 
-def _store(ex: Example) -> StrictStore:
-    return StrictStore(history=list(ex.history), previous=ex.previous, turns=list(ex.turns))
+def _store(ex: Example) -> FakeStore:
+    return FakeStore(history=list(ex.history), previous=ex.previous, turns=list(ex.turns))
 
 
 def _base(ex: Example) -> dict[str, Any]:
@@ -129,7 +130,7 @@ async def drive(stage: Stage[Any, Any], deps: StageDeps, ex: Example) -> Outcome
     outcome = Outcome(bus=bus)
     attempt = ex.deliveries
     while True:
-        delivery = FuzzDelivery(ex.data, ex.subject, attempt)
+        delivery = FakeDelivery(ex.data, ex.subject, attempt)
         outcome.deliveries.append(delivery)
         if ex.fault and attempt == ex.deliveries:
             bus.drop_at(ex.fault)
@@ -206,22 +207,12 @@ def _gateway_caller(ex: Example) -> Caller:
 CLASSIFIER = classifier_stage(ClassifierSettings(common=COMMON, heads_dir=""))
 
 
-class _Policies:
-    """Per-agent policies as the workers' cache serves them: one agent asks when unsure
-    (with its own threshold), one prefers an explicit error to the extractive answer."""
-
-    def __init__(self) -> None:
-        self.policies = {
-            "asker": AgentPolicy(clarity_policy=ClarityPolicy.ASK, clarity_threshold=0.8),
-            "ide": AgentPolicy(fallback={"main": ["m2", "error"],
-                                         "conversational": ["extractive"]}),
-        }
-
-    def policy_for(self, agent_id: str, request_id: str = "") -> AgentPolicy:
-        return self.policies.get(agent_id, AgentPolicy())
-
-
-POLICIES = _Policies()
+# Per-agent policies as the workers' cache serves them: one agent asks when unsure
+# (with its own threshold), one prefers an explicit error to the extractive answer.
+POLICIES = {
+    "asker": AgentPolicy(clarity_policy=ClarityPolicy.ASK, clarity_threshold=0.8),
+    "ide": AgentPolicy(fallback={"main": ["m2", "error"], "conversational": ["extractive"]}),
+}
 
 
 class _HashedLabeler:
@@ -301,8 +292,8 @@ def _stage_examples(draw: st.DrawFn, subject: str, envelopes: st.SearchStrategy[
 
 
 def _generator_deps(ex: Example) -> GeneratorDeps:
-    return GeneratorDeps(**_base(ex), backend=EchoBackend() if ex.backend else None,
-                         model="m" if ex.backend else "", policies=POLICIES)
+    return GeneratorDeps(**_base(ex), backend=PromptEchoBackend() if ex.backend else None,
+                         model="m" if ex.backend else "", policies=FakePolicies(POLICIES))
 
 
 HANDLERS: dict[str, Handler] = {
@@ -312,7 +303,7 @@ HANDLERS: dict[str, Handler] = {
     "classify": Handler(
         CLASSIFIER,
         lambda ex: ClassifierDeps(**_base(ex), cascade=_CASCADES[len(ex.data) % 3],
-                                  policies=POLICIES),
+                                  policies=FakePolicies(POLICIES)),
         lambda ex: stage_caller(decode_admitted, ex.data)),
     "retrieve": Handler(
         retriever_stage(RetrieverSettings(common=COMMON, relevance_mode="embedding")),
@@ -340,7 +331,7 @@ async def check_request_decoder(ex: Example) -> Verdict:
     with a typed code and an id answers can be addressed to; nothing else."""
     agent = agent_of(ex.subject)
     try:
-        env = DECODE_REQUEST(FuzzDelivery(ex.data, ex.subject))
+        env = DECODE_REQUEST(FakeDelivery(ex.data, ex.subject))
     except InvalidRequestError as exc:
         error = exc.error
         if error.code not in TYPED_CODES:

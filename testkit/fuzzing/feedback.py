@@ -13,17 +13,6 @@ import msgspec
 from hypothesis import strategies as st
 from opentelemetry.trace import NoOpTracer
 
-from bench.fuzzing import strategies as fz
-from bench.fuzzing.example import Example, Target
-from bench.fuzzing.fakes import FakeAgents, FuzzDelivery, RecordingBus, StrictStore
-from bench.fuzzing.oracle import (
-    TYPED_CODES,
-    Outcome,
-    Verdict,
-    ack_problem,
-    feedback_problem,
-    judge_feedback,
-)
 from services.gateway.feedback import (
     FeedbackRecorder,
     build_feedback_consumer,
@@ -44,6 +33,17 @@ from shared.contracts.feedback import (
 )
 from shared.contracts.ids import MAX_ID_CHARS
 from shared.store.feedback import Recorded
+from testkit.fakes import FakeAgents, FakeDelivery, FakeStore, RecordingBus
+from testkit.fuzzing import strategies as fz
+from testkit.fuzzing.example import Example, Target
+from testkit.fuzzing.oracle import (
+    TYPED_CODES,
+    Outcome,
+    Verdict,
+    ack_problem,
+    feedback_problem,
+    judge_feedback,
+)
 
 COMMON = CommonSettings(nats_url="nats://unused:4222", max_deliver=3)
 AGENTS = FakeAgents(AgentInfo("a"), AgentInfo("ide", trusted=True),
@@ -179,10 +179,10 @@ async def check_decoder(ex: Example) -> Verdict:
 async def check_consumer(ex: Example) -> Verdict:
     """The gateway's feedback consumer handler on one delivery (fresh bus per example)."""
     bus = RecordingBus()
-    deps = GatewayDeps(bus=bus, store=StrictStore(), tracer=NoOpTracer(),
+    deps = GatewayDeps(bus=bus, store=FakeStore(), tracer=NoOpTracer(),
                        admission=Admission(b"fuzzing"), agents=AGENTS, feedback=FEEDBACK)
     handler = CONSUMER.bind(deps)
-    delivery = FuzzDelivery(ex.data, ex.subject, ex.deliveries)
+    delivery = FakeDelivery(ex.data, ex.subject, ex.deliveries)
     outcome = Outcome(bus=bus, deliveries=[delivery])
     try:
         await handler(delivery)

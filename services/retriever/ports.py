@@ -1,6 +1,9 @@
-"""The retrieval port: what the worker needs from a search backend, and what a search
-returns. The embedded index (`embedded.EmbeddedRetrieval`) and Elasticsearch
-(`es_backend.ElasticsearchRetrieval`) implement it, each configured with one method."""
+"""The Protocols this service's handlers depend on; adapters implement them, tests pass fakes.
+
+`Retrieval`: what the worker needs from a search backend, and what a search returns
+(`SearchResult`). The embedded index (`embedded.EmbeddedRetrieval`) and Elasticsearch
+(`es_backend.ElasticsearchRetrieval`) implement it, each configured with one method.
+`RelevanceJudge`: the optional LLM relevance check (`adapters.OllamaRelevanceJudge`)."""
 
 from __future__ import annotations
 
@@ -54,3 +57,10 @@ class Retrieval(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class RelevanceJudge(Protocol):
+    """LLM YES/NO relevance check (ADR-0009 Decision 2), the optional alternative to
+    the embedding signal. Returns None when no verdict could be had."""
+
+    async def relevant(self, query: str, passages: list[Passage]) -> bool | None: ...

@@ -22,7 +22,6 @@ from itertools import pairwise
 
 import msgspec
 
-from bench.fuzzing.fakes import FuzzDelivery, RecordingBus, Sent
 from shared.auth.admission import Admission
 from shared.auth.ports import AgentInfo
 from shared.contracts import pipeline, response
@@ -46,6 +45,7 @@ from shared.contracts.response import (
     ResponseChunk,
 )
 from shared.contracts.routing import QueryType
+from testkit.fakes import FakeDelivery, RecordingBus, Sent
 
 TYPED_CODES = frozenset(c.value for c in ErrorCode)
 
@@ -86,7 +86,7 @@ class Outcome:
     JetStream would, up to the stage's max_deliver) and what was published."""
 
     bus: RecordingBus
-    deliveries: list[FuzzDelivery] = field(default_factory=list)
+    deliveries: list[FakeDelivery] = field(default_factory=list)
     raised: BaseException | None = None
 
 
@@ -181,13 +181,7 @@ def _check_handoff(sent: Sent, caller: Caller | None, admission: Admission) -> s
 def judge(outcome: Outcome, caller: Caller | None, admission: Admission) -> Verdict:
     """The verdict on one driven message; `caller` is read from the input by the target
     (None: nobody can be answered, the message must be reported)."""
-    crashed = ""
-    if outcome.raised is not None:
-        crashed = f"handler raised {outcome.raised!r}"
-    elif any((d.nacked or d.dead_lettered) and not d.faulted for d in outcome.deliveries):
-        reasons = [r for d in outcome.deliveries for _, r in d.dead_lettered]
-        crashed = f"retried a deterministic failure ({len(outcome.deliveries)} deliveries) " + (
-            "; ".join(reasons)[:300])
+    crashed = _crashed(outcome)
     bus = outcome.bus
     finals: list[Sent] = []
     handoffs: dict[str, Sent] = {}
@@ -226,6 +220,18 @@ def judge(outcome: Outcome, caller: Caller | None, admission: Admission) -> Verd
         unanswered = (f"reported on {INTERNAL_INVALID_SUBJECT} though {caller.agent_id}/"
                       f"{caller.request_id} could be answered")
     return Verdict(crashed=crashed, unanswered=unanswered, untyped=untyped, end=end)
+
+
+def _crashed(outcome: Outcome) -> str:
+    """Why the handler failed the message ("" if it did not): it raised, or a delivery
+    without an injected fault was retried or dead-lettered (a deterministic failure)."""
+    if outcome.raised is not None:
+        return f"handler raised {outcome.raised!r}"
+    if any((d.nacked or d.dead_lettered) and not d.faulted for d in outcome.deliveries):
+        reasons = [r for d in outcome.deliveries for _, r in d.dead_lettered]
+        return f"retried a deterministic failure ({len(outcome.deliveries)} deliveries) " + (
+            "; ".join(reasons)[:300])
+    return ""
 
 
 def _end(finals: list[Sent], handoffs: dict[str, Sent], reports: list[Sent]) -> str:
@@ -294,6 +300,20 @@ def ack_problem(ack: FeedbackAck) -> tuple[str, str]:
     return "", untyped
 
 
+def _ack_token_problem(rid: str, ack: FeedbackAck, fb: Feedback | None) -> str:
+    """Why the ack's subject token `rid` is wrong ("" if it is right): `_invalid` only
+    when the message's request id was unreadable, else the id the ack names."""
+    if rid == INVALID_ACK_ID:
+        if ack.request_id:
+            return f"ack on _invalid names request id {ack.request_id!r}"
+        if fb is not None and is_valid_id(fb.request_id):
+            return f"ack on _invalid, the request id {fb.request_id!r} was readable"
+        return ""
+    if not is_valid_id(rid) or rid != ack.request_id:
+        return f"ack for {ack.request_id!r} on request token {rid!r}"
+    return ""
+
+
 def _decoded_feedback(data: bytes) -> Feedback | None:
     try:
         return msgspec.json.decode(data, type=Feedback)
@@ -337,13 +357,7 @@ def judge_feedback(outcome: Outcome, subject: str, agent: AgentInfo | None) -> V
     fb = _decoded_feedback(outcome.deliveries[0].data)
     if unanswered:
         return Verdict(crashed=crashed, unanswered=unanswered, untyped=untyped, end=end)
-    if rid == INVALID_ACK_ID:
-        if ack.request_id:
-            unanswered = f"ack on _invalid names request id {ack.request_id!r}"
-        elif fb is not None and is_valid_id(fb.request_id):
-            unanswered = f"ack on _invalid, the request id {fb.request_id!r} was readable"
-    elif not is_valid_id(rid) or rid != ack.request_id:
-        unanswered = f"ack for {ack.request_id!r} on request token {rid!r}"
+    unanswered = _ack_token_problem(rid, ack, fb)
     if not unanswered and ack.accepted:
         if agent is None or agent.revoked:
             unanswered = f"feedback of unknown or revoked agent {name!r} accepted"
