@@ -31,7 +31,9 @@ _decoder = msgspec.json.Decoder(AgentRequest)
 def salvage_field(raw: bytes, name: str) -> str:
     """An id field (`request_id`, `session_id`, `agent_id`) of a payload that does not
     decode, if one can be seen."""
-    match = _RAW_FIELD_RE[name].search(raw[:4096])
+    # The whole body: a request id may sit anywhere within the size NATS lets through
+    # (max_payload, 1 MiB by default); a linear scan of that takes about a millisecond.
+    match = _RAW_FIELD_RE[name].search(raw)
     return match.group(1).decode("utf-8", "replace") if match else ""
 
 

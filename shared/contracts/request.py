@@ -4,6 +4,8 @@ publish on; the gateway takes the agent from there, never from the payload."""
 
 from __future__ import annotations
 
+import unicodedata
+
 import msgspec
 
 from shared.contracts.ids import MAX_ID_CHARS, id_problem
@@ -21,6 +23,9 @@ STREAM = "AGENT_REQUESTS"
 # Input bounds checked by the gateway.
 MAX_QUERY_CHARS = 8_000
 MAX_CONTEXT_CHARS = 32_000
+# The largest `timeout_ms` the contract accepts (a day); the gateway then clamps it to
+# its REQUEST_DEADLINE. Negative values and larger ones are INVALID_FIELD.
+MAX_TIMEOUT_MS = 86_400_000
 
 
 def request_subject(agent_id: str) -> str:
@@ -64,13 +69,25 @@ _TEXTS = {"query": MAX_QUERY_CHARS, "extra_context": MAX_CONTEXT_CHARS,
           "user_info": MAX_CONTEXT_CHARS, "editor_context": MAX_CONTEXT_CHARS}
 
 
+# Characters that show nothing: whitespace, and format (Cf: zero-width spaces and joiners,
+# the BOM, bidi marks), control and separator characters.
+_INVISIBLE = frozenset(("Cf", "Cc", "Zs", "Zl", "Zp"))
+
+
+def is_blank(text: str) -> bool:
+    """True when `text` shows nothing: empty once whitespace, zero-width and other format
+    characters are removed (a query of zero-width spaces or a lone BOM is empty). Stops at
+    the first visible character, so a real query costs one or two lookups."""
+    return all(ch.isspace() or unicodedata.category(ch) in _INVISIBLE for ch in text)
+
+
 def request_problem(req: AgentRequest) -> Problem | None:
     """The first rule `req` breaks, None if it breaks none: the gateway refuses such a
     request and every stage checks its envelope's again, so nothing a subject, a column
     or the cascade cannot take travels on. An empty agent_id passes (the gateway fills
     it in from the subject; a stage's envelope always has one, checked with the ids)."""
     for name in _REQUIRED:
-        if not getattr(req, name).strip():
+        if is_blank(getattr(req, name)):
             return Problem(ErrorCode.MISSING_FIELD, f"field '{name}' is required and empty")
     for name in _IDS:
         value = getattr(req, name)
@@ -88,6 +105,10 @@ def request_problem(req: AgentRequest) -> Problem | None:
             return Problem(ErrorCode.OVERSIZED_FIELD, f"field '{name}' exceeds {limit} characters")
         if "\x00" in text:  # Postgres text cannot hold it: refused before anything is stored
             return Problem(ErrorCode.INVALID_FIELD, f"field '{name}' holds a NUL character")
+    if not 0 <= req.timeout_ms <= MAX_TIMEOUT_MS:
+        return Problem(ErrorCode.INVALID_FIELD,
+                       f"timeout_ms must be 1 to {MAX_TIMEOUT_MS} ms (0: the server's "
+                       f"deadline), got {req.timeout_ms}")
     if req.query_type and req.query_type not in _QUERY_TYPES:
         allowed = ", ".join(_QUERY_TYPES)
         return Problem(ErrorCode.UNKNOWN_QUERY_TYPE,

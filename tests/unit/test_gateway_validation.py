@@ -29,6 +29,14 @@ def test_valid_request_decodes_with_defaults() -> None:
         ({"agent_id": "a b"}, "INVALID_FIELD"),
         ({"query": 12}, "INVALID_FIELD"),
         ({"query_type": "BILLING"}, "UNKNOWN_QUERY_TYPE"),
+        # Nothing visible: zero-width spaces, a BOM, a word joiner, bidi marks.
+        ({"query": "\u200b\u200b\u200b"}, "MISSING_FIELD"),
+        ({"query": "\ufeff"}, "MISSING_FIELD"),
+        ({"query": " \u2060\u200e\u200f \t"}, "MISSING_FIELD"),
+        ({"session_id": "\u200b"}, "MISSING_FIELD"),
+        ({"timeout_ms": -5}, "INVALID_FIELD"),
+        ({"timeout_ms": 10**30}, "INVALID_FIELD"),
+        ({"timeout_ms": 86_400_001}, "INVALID_FIELD"),
     ],
 )
 def test_each_bad_field_maps_to_its_code(overrides: dict[str, object], code: str) -> None:
@@ -69,3 +77,23 @@ def test_malformed_json_salvages_the_request_id() -> None:
 def test_known_query_types_are_accepted() -> None:
     for qt in ("RETRIEVAL", "CODE_GENERATION", "CONVERSATIONAL", "PLATFORM"):
         assert isinstance(_parse(query_type=qt), AgentRequest)
+
+
+def test_a_query_with_a_visible_character_among_invisible_ones_is_kept() -> None:
+    req = _parse(query="\u200bhello\ufeff")
+    assert isinstance(req, AgentRequest)
+    assert req.query == "\u200bhello\ufeff"
+
+
+def test_the_contracts_timeout_bounds_are_accepted() -> None:
+    for ms in (0, 1, 86_400_000):
+        assert isinstance(_parse(timeout_ms=ms), AgentRequest)
+
+
+def test_the_request_id_is_found_past_a_deeply_nested_prefix() -> None:
+    # 5,000 levels of nesting (past the decoder's depth) and 20 kB before the id.
+    body = ('{"x": ' + "[" * 5000 + "]" * 5000 + ', "pad": "' + "p" * 20_000
+            + '", "request_id": "deep-1", "session_id": "s", "query": "q"}').encode()
+    err = parse_request(body, "a1")
+    assert isinstance(err, InputError)
+    assert err.request_id == "deep-1"
