@@ -17,6 +17,23 @@ eval_app = typer.Typer(no_args_is_help=True, help="Evaluations (JSON with --json
 app.add_typer(eval_app, name="eval")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"intentroute {version('intentroute')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True,
+        help="Print the version and exit."),
+) -> None:
+    """intentroute: run the stack, one worker, ask, ingest, evaluations and benchmarks."""
+
+
 def settings() -> CliSettings:
     return CliSettings.from_env()
 
@@ -25,6 +42,17 @@ def urls(cli: CliSettings | None = None) -> tuple[str, str]:
     """NATS / Postgres URLs from the environment, else from a running `intentroute up`."""
     cli = cli or settings()
     nats_url, db_url = cli.nats_url, cli.database_url
+    if db_url and cli.database_password_file:
+        from pathlib import Path
+
+        from intentroute.stack.pgroles import with_password
+
+        try:
+            password = Path(cli.database_password_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            typer.echo(f"DATABASE_PASSWORD_FILE: {exc.strerror}: {exc.filename}", err=True)
+            raise typer.Exit(2) from None
+        db_url = with_password(db_url, password)
     if not (nats_url and db_url):
         state = read_state(cli.state_dir)
         if state:
