@@ -13,6 +13,10 @@ answer after it; `nats_node`, with a cluster: node killed -> first answer to a r
 published after the kill), history_rows_missing / history_rows_doubled (ok answers whose
 classify_history row is missing / there twice), log_rows_missing (final chunks without
 a request-log row).
+`sigint_process_group` (single server only): `intentroute up` under load gets SIGINT on its
+whole process group, as from a terminal, and a second `up` answers what it left
+(bench/sigint.py: sent, answered_once, answered_before_exit, lost, duplicate_finals,
+drain_s, stall_s, servers_stopped_last, tracebacks).
 
 With `nats_cluster=3` NATS is a three-node cluster (every stream and consumer with 3
 replicas, workers and caller given every node's URL): first the node leading the
@@ -20,6 +24,11 @@ pipeline stream is killed with SIGKILL (`nats_node_failover`: which node, the ti
 until every stream and consumer has a new leader, until answers resume, and, once it
 is restarted, until it is a current replica of all of them again), then the worker
 kills, the restart of the whole cluster (`stall_s.nats`) and of Postgres as without.
+
+`nats_restart_by_up` (single server): nats-server killed with SIGKILL and started again
+by the keeper `intentroute up` runs (intentroute.stack.keeper: same port, data and
+configuration): seconds from the kill to the server listening again, from listening to
+the caller's own reconnect, and to the first answer after it (target: 2 s).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from intentroute.stack import DEFAULT_SYNC_INTERVAL, NatsCluster, NatsServer, PostgresServer
 from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
+from intentroute.stack.keeper import ServerKeeper
 from intentroute.stack.replication import Replicated, leaders, wait_until
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS, wait_for_consumers
@@ -51,6 +61,7 @@ from shared.contracts import deadletter, pipeline, request, response
 from shared.contracts.codec import decode_chunk
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import agent_responses
+from shared.runtime.consumer import agent_consumer_name
 from shared.runtime.streams import ensure_streams
 from shared.store import asyncpg_dsn, migrate
 from shared.store.agents import AgentStore
@@ -65,8 +76,9 @@ MIX: list[dict[str, str | None]] = [
 REPLICAS = 2
 STREAMS = [Replicated(name) for name in (request.STREAM, pipeline.STREAM, response.STREAM,
                                          deadletter.STREAM)]
-CONSUMERS = [Replicated(request.STREAM if name == "gateway" else pipeline.STREAM, name)
-             for name in WORKERS]
+# The gateway reads the chaos agent's requests through that agent's own consumer.
+CONSUMERS = [Replicated(request.STREAM, agent_consumer_name(name, AGENT)) if name == "gateway"
+             else Replicated(pipeline.STREAM, name) for name in WORKERS]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -124,6 +136,8 @@ class Chaos:
         self.kills: list[float] = []
         self.stalls: dict[str, float] = {}
         self.node_failover: dict[str, Any] = {}
+        self.restart_by_up: dict[str, float] = {}
+        self.caller_reconnects: list[float] = []
         self.publishes: set[asyncio.Task[None]] = set()
         self.t0 = 0.0
 
@@ -250,6 +264,38 @@ class Chaos:
             "caught_up_s": round(caught_up, 3),
         }
 
+    async def kill_nats_for_up(self) -> None:
+        """SIGKILL the nats-server; `up`'s keeper starts it again on the same port. The
+        stall is counted from the moment it listens again (the keeper's start returns
+        once it accepts connections and wrote its pid file)."""
+        assert isinstance(self.nats, NatsServer)
+        assert self.nats.proc is not None
+        keeper = ServerKeeper([("nats-server", self.nats)])
+        self.nats.proc.kill()
+        killed = time.monotonic()
+        while True:  # as `up` polls it (the keeper's first delay is 0.2 s)
+            if await asyncio.to_thread(keeper.poll):
+                break
+            await asyncio.sleep(0.05)
+        back = keeper.kept[0].listening_at
+        answered = None
+        while answered is None and time.monotonic() - back < 30:
+            await asyncio.sleep(0.02)
+            answered = self.first_answer_after(back)
+        reconnected = min((t for t in self.caller_reconnects if t > killed), default=None)
+        self.restart_by_up = {
+            "killed_to_listening_s": round(back - killed, 3),
+            "listening_to_caller_reconnected_s": (
+                round(reconnected - back, 3) if reconnected is not None else 30.0),
+            "listening_to_first_answer_s": round(answered - back, 3) if answered else 30.0,
+        }
+
+    def first_answer_after(self, moment: float) -> float | None:
+        """When the first final chunk after `moment` arrived (any request's)."""
+        times = [t for finals in list(self.tally.finals.values()) for t, _ in finals
+                 if t > moment]
+        return min(times) if times else None
+
     async def faults(self) -> None:
         await asyncio.sleep(2.0)
         if isinstance(self.nats, NatsCluster):
@@ -260,6 +306,9 @@ class Chaos:
         await self.restart_server("nats", self.nats.stop, self.nats.start, 1.0)
         await asyncio.sleep(2.0)
         await self.restart_server("postgres", self.pg.stop, self.pg.start, 2.0)
+        if isinstance(self.nats, NatsServer):
+            await asyncio.sleep(2.0)
+            await self.kill_nats_for_up()
 
     async def stored_finals(self) -> dict[str, int]:
         """Final chunks per request as the response stream stored them."""
@@ -303,8 +352,11 @@ class Chaos:
         try:
             async with await self.admin() as admin:
                 await wait_for_consumers(admin, list(WORKERS))
+            async def reconnected() -> None:
+                self.caller_reconnects.append(time.monotonic())
+
             nc = await nats.connect(self.servers, **cred.nats, reconnect_time_wait=0.1,
-                                    max_reconnect_attempts=-1)
+                                    max_reconnect_attempts=-1, reconnected_cb=reconnected)
             await nc.subscribe(agent_responses(AGENT), cb=self.tally.on_chunk)
             await asyncio.gather(self.load(nc), self.faults())
             # Everything ends within the deadline (a request published last, plus it).
@@ -361,6 +413,7 @@ class Chaos:
                 for rid in duplicates[:10]],
             "faults_at": [round(t - self.t0, 2) for t in self.kills],
             **({"nats_node_failover": self.node_failover} if self.node_failover else {}),
+            **({"nats_restart_by_up": self.restart_by_up} if self.restart_by_up else {}),
         }
 
 
@@ -378,10 +431,21 @@ def run(requests: int = 1000, rate: float = 40.0, deadline: float = 60.0, *,
                       sync_interval=sync_interval)
         chaos.start_servers()
         try:
-            return asyncio.run(chaos.run())
+            result = asyncio.run(chaos.run())
         finally:
             chaos.nats.stop()
             chaos.pg.stop()
+        if nats_cluster == 1:
+            # Ctrl-C to `intentroute up`'s process group under load, on an `up` of its own.
+            from bench.sigint import sigint_under_load
+
+            result["sigint_process_group"] = asyncio.run(sigint_under_load(
+                state / "sigint" / "home", state / "index", requests=300))
+        # Postgres paused 20 s under questions that need no database (bench/pg_pause.py).
+        from bench.pg_pause import pause_under_load
+
+        result["postgres_pause_20s"] = pause_under_load(state / "pg-pause", state / "index")
+        return result
 
 
 if __name__ == "__main__":

@@ -42,6 +42,13 @@ from shared.contracts.response import agent_responses
 from shared.runtime.streams import ensure_streams
 
 REPO = Path(__file__).resolve().parent.parent
+# Per-agent limits configured but never reached by this load, and all off.
+LIMITS_NOT_REACHED = {"LIMIT_RATE": "100000/s", "LIMIT_MAX_INFLIGHT": "100000",
+                      "LIMIT_TOKENS_PER_MIN": "1000000000", "LIMIT_BUDGET_DAY": "1e9",
+                      "LIMIT_BUDGET_MONTH": "1e9"}
+LIMITS_OFF = {name: "off" for name in ("LIMIT_RATE", "LIMIT_MAX_INFLIGHT",
+                                       "LIMIT_TOKENS_PER_MIN", "LIMIT_BUDGET_DAY",
+                                       "LIMIT_BUDGET_MONTH")}
 AGENTS = ("bench-load", "bench-seq")
 # One of each type; CODE_GENERATION adds the validator hop.
 MIX: list[dict[str, str | None]] = [
@@ -205,11 +212,14 @@ async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool, repli
 
 
 def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: bool = False,
-        auth: bool = True, accounting: bool = True, nats_cluster: int = 1,
+        auth: bool = True, accounting: bool = True, limits: bool = False, nats_cluster: int = 1,
         sync_interval: str = DEFAULT_SYNC_INTERVAL) -> dict[str, Any]:
     """models=False measures the transport: rules-only classifier, BM25 retriever.
     models=True runs the production cascade (Layer 2) and hybrid retrieval.
-    accounting=False runs the workers with ACCOUNTING=off (what accounting costs)."""
+    accounting=False runs the workers with ACCOUNTING=off (what accounting costs).
+    limits=True configures every per-agent limit far above this load (rate, in flight,
+    tokens a minute, daily and monthly budgets, so every admission runs the whole
+    check); limits=False turns them all off, as shipped."""
     from intentroute.stack.auth import service_env
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.encoders.embeddings import SentenceTransformerEncoder
@@ -227,7 +237,8 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
                        NATS_STREAM_REPLICAS=str(replicas),
                        INTENTROUTE_HOME=str(state), INDEX_DIR=str(state / "index"),
                        GENERATOR_BACKEND="echo", AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="WARNING",
-                       ACCOUNTING="on" if accounting else "off")
+                       ACCOUNTING="on" if accounting else "off",
+                       **(LIMITS_NOT_REACHED if limits else LIMITS_OFF))
             if not models:
                 env.update(RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="")
             procs = [
@@ -241,6 +252,7 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
                 result["models"] = models
                 result["auth"] = auth
                 result["accounting"] = accounting
+                result["limits"] = limits
                 result["nats_nodes"] = nats_cluster
                 result["stream_replicas"] = replicas
                 result["nats_sync_interval"] = sync_interval

@@ -33,6 +33,18 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
     # How often the embedded JetStream fsyncs its store: a duration or "always"
     # (README, Reliability: what a host crash can lose with each).
     nats_sync_interval: Annotated[str, env("NATS_SYNC_INTERVAL")] = DEFAULT_SYNC_INTERVAL
+    # A file holding DATABASE_URL's password (compose's secrets: the URL names the role,
+    # the password never sits in the environment).
+    database_password_file: Annotated[str, env("DATABASE_PASSWORD_FILE")] = ""
+    # `up`'s Ctrl-C / SIGTERM: seconds the workers get to finish the requests in flight
+    # before they are stopped (`--drain-timeout`; intentroute.drain).
+    up_drain_timeout: Annotated[float, env("UP_DRAIN_TIMEOUT")] = 30.0
+    # The embedded servers' ports under `up` (`--nats-port` / `--postgres-port` win);
+    # unset: the ones the last `up` in the state dir used (ports.json), else free ones;
+    # 0: a free one. With a cluster NATS_PORT is node 1's, the others the next ones.
+    nats_port: Annotated[int | None, env("NATS_PORT", parse=int, blank_is_unset=True)] = None
+    postgres_port: Annotated[int | None, env("POSTGRES_PORT", parse=int,
+                                             blank_is_unset=True)] = None
 
     @property
     def state_dir(self) -> Path:

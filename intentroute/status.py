@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 
 from shared.auth.permissions import SERVICES_API, WORKER_GRANTS, service_user
 from shared.contracts import deadletter
+from shared.runtime.consumer import per_agent_lag
 from shared.runtime.signals import Lag, bucket_delta, merge_buckets, quantile
 
 
@@ -186,6 +187,9 @@ async def read_sample(nc: Client, *, timeout: float = 2.0) -> Sample:
     at = time.time()
     lag: dict[str, Lag | None] = {}
     for grant in WORKER_GRANTS.values():
+        if grant.per_agent:  # the gateway: the sum over its agents' consumers
+            lag[grant.durable] = await per_agent_lag(js, grant.stream, grant.durable)
+            continue
         try:
             info = await js.consumer_info(grant.stream, grant.durable)
         except NotFoundError:

@@ -22,7 +22,9 @@ Spawn = Callable[[Sequence[str], Mapping[str, str]], "subprocess.Popen[bytes]"]
 
 
 def _spawn(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(list(argv), env=dict(env))
+    # A session of its own: the terminal's Ctrl-C (SIGINT to the foreground process
+    # group) reaches `up` alone, which stops the processes in order (intentroute.drain).
+    return subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
 
 
 @dataclass

@@ -81,20 +81,28 @@ def _validator(environ: Mapping[str, str] | None, tp: TracerProvider | None) -> 
 
 
 async def wait_for_consumers(nc: object, durables: list[str], timeout: float = 180.0) -> None:
-    """Block until every worker's durable consumer exists (workers load models first)."""
+    """Block until every worker's durable consumer exists (workers load models first);
+    the gateway, whose consumers are per agent and made on demand, until it answers
+    the services API (it registers once its consumer runs)."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeoutError
     from nats.js.errors import NotFoundError
 
-    from shared.contracts import pipeline, request
+    from shared.auth.permissions import SERVICES_API, WORKER_GRANTS, service_user
 
     js = nc.jetstream()  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
     for durable in durables:
-        stream = request.STREAM if durable == "gateway" else pipeline.STREAM
+        grant = WORKER_GRANTS[durable]
         while True:
             try:
-                await js.consumer_info(stream, durable)
+                if grant.per_agent:
+                    await nc.request(  # type: ignore[attr-defined]
+                        f"{SERVICES_API}.PING.{service_user(durable)}", b"", timeout=0.5)
+                else:
+                    await js.consumer_info(grant.stream, durable)
                 break
-            except NotFoundError:
+            except (NotFoundError, NoRespondersError, NatsTimeoutError):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"worker {durable} did not start") from None
                 await asyncio.sleep(0.25)

@@ -18,10 +18,11 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from services.classifier.ports import Prediction
 from services.gateway.feedback import FeedbackRecorder
+from services.gateway.limits.logic import ADMITTED, Admission
 from services.generator.prompts import ChatMessage
 from services.parser.avap import validate
 from services.retriever.ports import SearchResult
@@ -265,6 +266,19 @@ class FakePolicies:
     def policy_for(self, agent_id: str, request_id: str = "") -> AgentPolicy:
         self.lookups.append((agent_id, request_id))
         return self.policies.get(agent_id, AgentPolicy())
+
+
+class FakeLimits:
+    """The per-agent limits' shared state (`services.gateway.ports.LimitStore`): answers
+    each admission with the next scripted verdict (then admits), recording the calls."""
+
+    def __init__(self, *verdicts: Admission) -> None:
+        self.verdicts = list(verdicts)
+        self.calls: list[dict[str, Any]] = []
+
+    async def admit(self, agent_id: str, request_id: str, **kw: Any) -> Admission:
+        self.calls.append({"agent_id": agent_id, "request_id": request_id, **kw})
+        return self.verdicts.pop(0) if self.verdicts else ADMITTED
 
 
 class FakeFeedbackTable:

@@ -11,10 +11,12 @@ from intentroute.cli import (
     dlq_cmds,
     learn_cmds,
     report_cmds,
+    serve_cmds,
     stack_cmds,
     status_cmd,
 )
 from intentroute.cli.apps import app
 
 __all__ = ["agent_cmds", "app", "ask_cmd", "bench_cmds", "data_cmds", "dlq_cmds", "learn_cmds",
-           "report_cmds", "stack_cmds", "status_cmd"]
+           "report_cmds", "serve_cmds",
+           "stack_cmds", "status_cmd"]

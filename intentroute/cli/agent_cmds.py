@@ -10,6 +10,7 @@ rewritten and reloaded), without one it does when the next `up` starts. A policy
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -20,6 +21,7 @@ import asyncpg
 import typer
 
 from intentroute.cli.apps import app, require_db, settings
+from intentroute.stack.auth import ReloadRefusedError
 from shared.policy.agent import AgentPolicy, PolicyError, encode_policy
 from shared.store import asyncpg_dsn
 from shared.store.agents import AgentError, AgentRecord, AgentStore
@@ -46,19 +48,38 @@ def _with_store(db_url: str, action: Callable[[AgentStore], Awaitable[T]]) -> T:
         raise typer.Exit(1) from None
 
 
+# Why a change did not reach the running nats-server: it refused the reload (or did not
+# confirm it), or none of the stack's servers is running (ProcessLookupError).
+NOT_APPLIED: tuple[type[Exception], ...] = (ReloadRefusedError, ProcessLookupError)
+
+
 def _reload_running_stack(db_url: str) -> None:
-    """Apply the change to a running embedded stack's nats-server now."""
+    """Apply the change to a running embedded stack's nats-server now, and wait for the
+    server to say it did: raises one of NOT_APPLIED when it did not. The servers are
+    found by their current processes (their pid files), not by a pid `stack.json` may
+    remember from before a restart."""
     from intentroute.stack import read_state
     from intentroute.stack.auth import sync_agents
 
     cli = settings()
     state = read_state(cli.state_dir)
-    if state is None or not state.nats_pid or state.database_url != db_url:
+    if state is None or not (state.nats_config or state.nats_pid) or state.database_url != db_url:
         typer.echo("no running embedded stack on this database: NATS learns of the change "
                    "when `intentroute up` starts", err=True)
         return
-    asyncio.run(sync_agents(cli.state_dir, db_url,
-                            pids=state.nats_pids or [state.nats_pid]))
+    asyncio.run(sync_agents(cli.state_dir, db_url, force=True))
+
+
+def _undo_add(db_url: str, name: str, out: Path | None) -> None:
+    """An added agent whose credential is not in effect: its row and file go (a rerun
+    adds it afresh), and the auth part is rendered without it again."""
+    from intentroute.stack.auth import sync_agents
+
+    _with_store(db_url, lambda store: store.discard(name))
+    if out is not None:
+        out.unlink(missing_ok=True)
+    with contextlib.suppress(Exception):  # the server refuses again: it never had it
+        asyncio.run(sync_agents(settings().state_dir, db_url))
 
 
 @agent_app.command("add")
@@ -78,9 +99,15 @@ def add(
 
     db_url = require_db()
     cred = _with_store(db_url, lambda store: store.add(name, trusted=trusted))
-    _reload_running_stack(db_url)
+    try:
+        if out is not None:  # first: an agent never lacks its credential file
+            write_credential(out, cred)
+        _reload_running_stack(db_url)
+    except (ReloadRefusedError, OSError) as exc:  # OSError: ProcessLookupError too
+        _undo_add(db_url, name, out)
+        typer.echo(f"agent add: {name} not added: {exc}", err=True)
+        raise typer.Exit(1) from None
     if out is not None:
-        write_credential(out, cred)
         typer.echo(f"agent {name} added; credential written to {out}", err=True)
     else:
         typer.echo(msgspec.json.encode(cred).decode())
@@ -106,7 +133,13 @@ def revoke(name: Annotated[str, typer.Argument(help="Agent id")]) -> None:
     """Revoke an agent: its connections are closed and its credential refused."""
     db_url = require_db()
     record = _with_store(db_url, lambda store: store.revoke(name))
-    _reload_running_stack(db_url)
+    try:
+        _reload_running_stack(db_url)
+    except NOT_APPLIED as exc:
+        # Not undone: a revocation is kept; `up`'s auth sync reloads again every ~2 s.
+        typer.echo(f"agent revoke: {name} is revoked in the database but NATS still admits "
+                   f"it: {exc}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"agent {record.agent_id} revoked at {_when(record.revoked_at)}", err=True)
 
 
@@ -145,7 +178,9 @@ def set_policy(
     name: Annotated[str, typer.Argument(help="Agent id")],
     assignments: Annotated[list[str], typer.Argument(
         help="key=value ...: clarity_threshold, clarity_policy, fallback.SLOT, slo_p95_ms, "
-             "price.MODEL (an empty value unsets a key)")],
+             "price.MODEL, rate (20/s), burst, max_inflight, tokens_per_min, budget_day, "
+             "budget_month, on_budget (refuse|degrade), weight (an empty value unsets a "
+             "key; `off` turns a limit off)")],
 ) -> None:
     """Change an agent's policy and print the result (JSON); running workers pick it up
     within POLICY_REFRESH seconds. Nothing changes if one assignment is refused."""

@@ -11,6 +11,7 @@ import typer
 from nats.aio.client import Client
 
 from intentroute.cli.apps import app, settings, urls
+from shared.auth.natsconn import RECONNECT
 from shared.common.settings import nats_servers
 
 
@@ -51,7 +52,8 @@ def ask(
             typer.secho(f"nats: {exc!r}", dim=True, err=True)
 
         try:
-            nc = await nats.connect(nats_servers(nats_url), error_cb=on_error, **kwargs)
+            nc = await nats.connect(nats_servers(nats_url), error_cb=on_error,
+                                    **{**RECONNECT, **kwargs})
         except nats.errors.Error as exc:
             typer.echo(f"NATS at {nats_url} refused the connection: {exc}", err=True)
             return 2

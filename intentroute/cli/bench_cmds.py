@@ -4,6 +4,8 @@ Each prints one JSON object with --json, a readable listing of the same figures 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -32,16 +34,23 @@ def bench_pipeline(
         bool, typer.Option("--no-accounting", help="Workers with ACCOUNTING=off, to measure "
                                                    "what per-agent accounting costs")
     ] = False,
+    limits: Annotated[
+        bool, typer.Option("--limits/--no-limits",
+                           help="Every per-agent limit configured far above the load "
+                                "(LIMIT_*), to measure what checking them costs; off by "
+                                "default, as shipped")
+    ] = False,
     nats_cluster: NatsClusterOption = 1,
 ) -> None:
     """End-to-end latency and throughput with the echo generator, all workers here, with
     authentication and per-subject permissions on and durable servers (as `intentroute
     up` runs them; NATS_SYNC_INTERVAL applies), per-agent accounting on unless
-    --no-accounting."""
+    --no-accounting, per-agent limits off as shipped unless --limits (configured, not
+    reached)."""
     from bench.pipeline import run
 
     emit(run(requests=requests, load=load, models=models, auth=not no_auth,
-             accounting=not no_accounting, nats_cluster=nats_cluster,
+             accounting=not no_accounting, limits=limits, nats_cluster=nats_cluster,
              sync_interval=settings().nats_sync_interval), json_out)
 
 
@@ -76,6 +85,25 @@ def bench_chaos(
         raise typer.BadParameter("1 or 3", param_hint="--nats-cluster")
     emit(run(requests=requests, rate=rate, deadline=deadline, nats_cluster=nats_cluster,
              sync_interval=settings().nats_sync_interval), json_out)
+
+
+@bench_app.command("fairness")
+def bench_fairness(
+    json_out: JsonFlag = False,
+    flood: Annotated[int, typer.Option(help="RETRIEVAL requests agent A publishes at once")
+                     ] = 5000,
+    quiet: Annotated[float, typer.Option(help="Seconds B and C ask alone first")] = 8.0,
+    deadline: Annotated[float, typer.Option(help="Seconds the flood may take")] = 300.0,
+    backlog: Annotated[int | None, typer.Option(
+        help="GATEWAY_PIPELINE_BACKLOG for the run (default: the setting's)")] = None,
+) -> None:
+    """Two gateway replicas with authentication on: agent A floods RETRIEVAL requests
+    while B and C ask one a second; their latency during the flood against before it,
+    A's answered / refused requests, lost and duplicated answers."""
+    from bench.fairness import run
+
+    env = {} if backlog is None else {"GATEWAY_PIPELINE_BACKLOG": str(backlog)}
+    emit(run(flood=flood, quiet=quiet, deadline=deadline, env=env), json_out)
 
 
 @bench_app.command("scaling")
@@ -192,9 +220,53 @@ def eval_routing(
     from services.classifier.offline.routing_eval import run_eval_routing
     from services.classifier.settings import ClassifierSettings
 
-    report = run_eval_routing(file, ClassifierSettings.from_env(), threshold=threshold,
-                              predictions_out=predictions)
+    with _input_errors():
+        report = run_eval_routing(file, ClassifierSettings.from_env(), threshold=threshold,
+                                  predictions_out=predictions)
     emit(report, json_out)
+
+
+@eval_app.command("rules")
+def eval_rules(
+    files: Annotated[list[Path] | None, typer.Argument(
+        help="JSONL paraphrase sets (query, expected, family, fires, history, ...); "
+             "default: tests/data/rule_paraphrases.jsonl and rule_paraphrases_fresh.jsonl")
+    ] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Each Layer 1 rule family's precision and coverage on paraphrase sets (no model)."""
+    from services.classifier.offline.rules_eval import run_eval_rules
+
+    with _input_errors():
+        report = run_eval_rules(*(files or [Path("tests/data/rule_paraphrases.jsonl"),
+                                            Path("tests/data/rule_paraphrases_fresh.jsonl")]))
+    if json_out:
+        emit(report, json_out)
+        return
+    typer.echo(f"{'family':<16}{'precision':>10}{'decided':>9}{'coverage':>10}"
+               f"{'positives':>11}  decision")
+    for name, row in report["families"].items():
+        precision = "-" if row["precision"] is None else f"{row['precision']:.4f}"
+        coverage = "-" if row["coverage"] is None else f"{row['coverage']:.4f}"
+        how = "final (1.0)" if row["final"] else f"prior ({row['confidence']})"
+        typer.echo(f"{name:<16}{precision:>10}{row['decided']:>9}{coverage:>10}"
+                   f"{row['positives']:>11}  {how}")
+    for wrong in report["wrong"]:
+        typer.echo(f"  wrong [{wrong['family']}] {wrong['id']}: {wrong['query']!r} -> "
+                   f"{wrong['decided']} (expected {wrong['expected']})")
+
+
+@contextmanager
+def _input_errors() -> Iterator[None]:
+    """A malformed evaluation input is one line on stderr (file:line: field: problem)
+    and exit status 2."""
+    from services.classifier.offline.inputs import InputError
+
+    try:
+        yield
+    except InputError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
 
 
 @eval_app.command("intents")
@@ -211,9 +283,10 @@ def eval_intents(
     """Train the Layer-2 classifier on any intent dataset and score it."""
     from services.classifier.offline.intents_eval import eval_intents as run_eval
 
-    emit(run_eval(train, test, threshold=threshold, finetune_epochs=finetune_epochs,
-                  embed_cache=embed_cache, onnx_cache_dir=settings().common.onnx_cache_dir),
-         json_out)
+    with _input_errors():
+        report = run_eval(train, test, threshold=threshold, finetune_epochs=finetune_epochs,
+                          embed_cache=embed_cache, onnx_cache_dir=settings().common.onnx_cache_dir)
+    emit(report, json_out)
 
 
 @eval_app.command("retrieval")

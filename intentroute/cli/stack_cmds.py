@@ -1,13 +1,14 @@
-"""Running the system: `up` (embedded stack + every worker), `worker`, `parser`, `migrate`."""
+"""`intentroute up`: the embedded stack and every worker, supervised, in named steps (the
+one-process commands `worker`, `parser`, `migrate`, `db-init`, `llm-server` are in
+`serve_cmds`)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
@@ -17,9 +18,35 @@ import typer
 from intentroute.cli.apps import app, settings, urls
 from intentroute.cli.data_cmds import ingest_into
 from intentroute.cli.demo import ask_samples
+from intentroute.drain import (
+    DEFAULT_DRAIN_TIMEOUT,
+    StopSignals,
+    WaitIdle,
+    drain,
+    interrupt_on_stop_signals,
+    nats_wait_idle,
+)
 from intentroute.settings import CliSettings
-from intentroute.stack import ServerTls, StackInfo, embedded_stack, free_port, write_state
+from intentroute.stack import (
+    NatsServer,
+    PostgresServer,
+    ServerTls,
+    StackInfo,
+    embedded_stack,
+    free_port,
+    write_state,
+)
 from intentroute.stack.auth import AuthSync, admin_kwargs, auth_files, server_pids, service_env
+from intentroute.stack.keeper import ServerKeeper, stack_keeper, update_pids
+from intentroute.stack.lock import StackLockedError, StateLock
+from intentroute.stack.pgroles import (
+    DatabaseUrls,
+    StageSecrets,
+    database_urls,
+    init_database,
+    role_passwords,
+)
+from intentroute.stack.ports import PortPlan, PortTakenError, StackPorts, Wanted, plan_ports
 from intentroute.stack.state import (
     DEFAULT_GATEWAY_HTTP_LISTEN,
     dashboard_token,
@@ -28,6 +55,7 @@ from intentroute.stack.state import (
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS
 from shared.auth.natsconn import connect_kwargs, tls_kwargs
+from shared.common.limits import StreamLimits
 from shared.common.settings import nats_servers
 
 DEMO_KB = Path(__file__).resolve().parent.parent.parent / "kb" / "avap"
@@ -64,6 +92,18 @@ def up(
     llm: Annotated[bool, typer.Option(
         "--llm", help="Answer with a local model (SmolLM2-135M on llama.cpp, CPU) instead "
                       "of the extractive answerer")] = False,
+    nats_port: Annotated[int | None, typer.Option(
+        "--nats-port", min=0, help="The embedded NATS's client port (a cluster's node 1; "
+                                   "the others the next ones); default NATS_PORT, else the "
+                                   "last up's, else a free one; 0: a free one")] = None,
+    postgres_port: Annotated[int | None, typer.Option(
+        "--postgres-port", min=0, help="The embedded Postgres's port; default "
+                                       "POSTGRES_PORT, else the last up's, else a free one; "
+                                       "0: a free one")] = None,
+    drain_timeout: Annotated[float | None, typer.Option(
+        "--drain-timeout", min=0,
+        help="On Ctrl-C / SIGTERM: seconds the workers get to finish the requests in flight "
+             "before they are stopped (default UP_DRAIN_TIMEOUT, else 30)")] = None,
 ) -> None:
     """Start the embedded stack if needed, migrate, and run every worker.
 
@@ -72,25 +112,37 @@ def up(
     created, its credential in <state>/creds/demo.json); agents added or revoked while
     it runs take effect within seconds. With `--nats-cluster 3` three nats-servers
     run as one cluster on loopback (same users, routes authenticated) and every stream
-    has 3 replicas: losing one node loses nothing."""
+    has 3 replicas: losing one node loses nothing. A server that dies is started again
+    on the same port; the next `up` in the same state dir takes the same ports."""
     counts = parse_replicas(replicas or [])
     cli = settings()
     state_dir = cli.state_dir
     embedded_nats = not cli.nats_url
     _check_cluster_size(nats_cluster, embedded_nats)
-    with embedded_stack(state_dir, nats_url=cli.nats_url, database_url=cli.database_url,
+    lock = _own_state_dir(state_dir)  # before anything reads or writes the state dir
+    ports = _plan_ports(cli, nats_cluster if embedded_nats else 0, nats_port, postgres_port,
+                        llm)
+    servers: list[tuple[str, NatsServer | PostgresServer]] = []
+    # An external DATABASE_URL with its DATABASE_PASSWORD_FILE applied.
+    external_db = urls(cli)[1] if cli.database_url else ""
+    with embedded_stack(state_dir, nats_url=cli.nats_url, database_url=external_db,
                         tls=_server_tls(cli), nats_cluster=nats_cluster,
-                        sync_interval=cli.nats_sync_interval) as (nats_url, db_url):
+                        sync_interval=cli.nats_sync_interval, ports=ports.ports,
+                        servers=servers) as (nats_url, server_url):
         from shared.store import migrate
 
+        db = _database_roles(cli, server_url)
+        db_url = db.owner
         migrate(db_url)
         stream_replicas = cli.common.replicas(len(nats_servers(nats_url)))
-        env, http = _stack_env(cli, nats_url, db_url, stream_replicas)
+        env, http = _stack_env(cli, nats_url, stream_replicas, ports.ports.gateway_http)
         admin, nats_pids, sync = _nats_access(cli, db_url, env, embedded_nats=embedded_nats)
         asyncio.run(_declare_streams(nats_url, admin, cli.common.response_ttl,
-                                     stream_replicas))
+                                     stream_replicas, cli.common.streams))
         _ingest_knowledge_base(ingest_path, cli.index_dir)
-        supervisor = _start_processes(cli, env, counts, llm=llm, embedded_nats=embedded_nats)
+        supervisor = _start_processes(cli, env, counts, llm=llm, embedded_nats=embedded_nats,
+                                      secrets=StageSecrets(db, http.token),
+                                      stack_ports=ports.ports)
         info = StackInfo(
             nats_url=nats_url, database_url=db_url, parser_url=env.get("AVAP_PARSER_URL", ""),
             pid=os.getpid(),
@@ -99,11 +151,50 @@ def up(
             gateway_http_url=http.url, dashboard_url=http.dashboard_url,
             dashboard_token_file=http.token_file,
         )
+        update_pids(info, servers)
         write_state(state_dir, info)
-        typer.echo(_banner(info, stream_replicas, counts), err=True)
+        ports.save()
+        typer.echo(f"{_banner(info, stream_replicas, counts)}  {ports.summary()}", err=True)
         _run_until_stopped(supervisor, sync, state_dir,
+                           keeper=stack_keeper(servers, state_dir, info, sync),
                            demo=partial(ask_samples, cli, nats_url, admin) if demo else None,
-                           exit_after_demo=exit_after_demo)
+                           exit_after_demo=exit_after_demo,
+                           wait_idle=nats_wait_idle(nats_servers(nats_url), admin),
+                           drain_timeout=(cli.up_drain_timeout if drain_timeout is None
+                                          else drain_timeout))
+    lock.release()
+
+
+def _own_state_dir(state_dir: Path) -> StateLock:
+    """`up`'s hold on its state directory, for its lifetime: a second `up` there exits 1
+    in one line naming the first's pid, having touched none of its files. Until the
+    drain's handlers take over, SIGTERM and SIGHUP interrupt the start-up as Ctrl-C does
+    (the servers already started are stopped on the way out)."""
+    try:
+        lock = StateLock(state_dir).acquire()
+    except StackLockedError as exc:
+        typer.echo(f"intentroute up: {exc}", err=True)
+        raise typer.Exit(1) from None
+    interrupt_on_stop_signals()
+    return lock
+
+
+def _plan_ports(cli: CliSettings, nats_nodes: int, nats_port: int | None,
+                postgres_port: int | None, llm: bool) -> PortPlan:
+    """This `up`'s ports, chosen before anything starts (README, Stable ports): a flag
+    wins over its variable, which wins over the last `up`'s port; a taken port that
+    clients hold ends `up` in one line."""
+    listen = os.environ.get("GATEWAY_HTTP_LISTEN", DEFAULT_GATEWAY_HTTP_LISTEN).strip()
+    wanted = Wanted(
+        nats_nodes=nats_nodes, nats_port=cli.nats_port if nats_port is None else nats_port,
+        postgres=not cli.database_url,
+        postgres_port=cli.postgres_port if postgres_port is None else postgres_port,
+        gateway_http=listen.endswith(":0"), parser=_runs_parser(os.environ), llm=llm)
+    try:
+        return plan_ports(cli.state_dir, wanted)
+    except PortTakenError as exc:
+        typer.echo(f"intentroute up: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _check_cluster_size(nodes: int, embedded_nats: bool) -> None:
@@ -123,29 +214,48 @@ def _server_tls(cli: CliSettings) -> ServerTls | None:
 
 
 class _HttpDoor(NamedTuple):
-    """The gateway's HTTP listener as `up` announces it ("": off / none generated)."""
+    """The gateway's HTTP listener as `up` announces it ("": off / none generated), and
+    the dashboard's token (the gateway's environment alone gets it)."""
 
     url: str
     dashboard_url: str
     token_file: str
+    token: str = ""
 
 
-def _stack_env(cli: CliSettings, nats_url: str, db_url: str, stream_replicas: int
+def _database_roles(cli: CliSettings, server_url: str) -> DatabaseUrls:
+    """The owner's and each worker's Postgres URL. On the embedded Postgres the
+    superuser creates (or brings up to date) the roles and hands the database to the
+    owner, and is not used again; a DATABASE_URL of the environment is every process's,
+    as given (`intentroute db-init` makes the roles there: README, Security)."""
+    if cli.database_url:
+        return DatabaseUrls(server_url, {})
+    passwords = role_passwords(cli.state_dir / "postgres")
+    asyncio.run(init_database(server_url, PostgresServer.DB, passwords))
+    return database_urls(server_url, passwords)
+
+
+def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port: int = 0
                ) -> tuple[dict[str, str], _HttpDoor]:
-    """The environment every started process gets: the stack's URLs, the gateway's HTTP
-    listen address and the operator dashboard's token. The dashboard is on, behind a token
-    generated in the state dir, unless GATEWAY_DASHBOARD_TOKEN brings one."""
-    env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
-               INDEX_DIR=str(cli.index_dir), NATS_STREAM_REPLICAS=str(stream_replicas))
+    """The environment every started process gets: the stack's NATS URL and the gateway's
+    HTTP listen address. No secret: the database URLs and the dashboard's token are each
+    worker's own (StageSecrets). The dashboard is on, behind a token generated in the
+    state dir, unless GATEWAY_DASHBOARD_TOKEN brings one."""
+    env = dict(os.environ, NATS_URL=nats_url, INDEX_DIR=str(cli.index_dir),
+               NATS_STREAM_REPLICAS=str(stream_replicas))
+    for secret in ("DATABASE_URL", "DATABASE_PASSWORD_FILE", "GATEWAY_DASHBOARD_TOKEN",
+                   "LEARN_DATABASE_URL"):
+        env.pop(secret, None)
     env["GATEWAY_HTTP_LISTEN"], http_url = gateway_http_listen(
-        env.get("GATEWAY_HTTP_LISTEN", DEFAULT_GATEWAY_HTTP_LISTEN), free_port)
-    token_file = ""
-    if http_url and not env.get("GATEWAY_DASHBOARD_TOKEN"):
+        env.get("GATEWAY_HTTP_LISTEN", DEFAULT_GATEWAY_HTTP_LISTEN),
+        lambda: http_port or free_port())
+    token_file, token = "", os.environ.get("GATEWAY_DASHBOARD_TOKEN", "")
+    if http_url and not token:
         path = dashboard_token(auth_files(cli.state_dir).creds_dir)
-        env["GATEWAY_DASHBOARD_TOKEN"] = path.read_text(encoding="utf-8").strip()
+        token = path.read_text(encoding="utf-8").strip()
         token_file = str(path)
     dashboard_url = f"{http_url}/dashboard" if http_url else ""
-    return env, _HttpDoor(http_url, dashboard_url, token_file)
+    return env, _HttpDoor(http_url, dashboard_url, token_file, token if http_url else "")
 
 
 def _nats_access(cli: CliSettings, db_url: str, env: dict[str, str], *, embedded_nats: bool
@@ -174,21 +284,25 @@ def _ingest_knowledge_base(ingest_path: Path | None, index_dir: Path) -> None:
 
 
 def _start_processes(cli: CliSettings, env: dict[str, str], counts: dict[str, int], *,
-                     llm: bool, embedded_nats: bool) -> Supervisor:
+                     llm: bool, embedded_nats: bool, secrets: StageSecrets,
+                     stack_ports: StackPorts | None = None) -> Supervisor:
     """The parser (unless one runs elsewhere), the local model with `--llm`, then each
-    worker's replicas (with the embedded NATS, as its service user); with METRICS_PORT set,
-    each worker on its own metrics port, listed in the scrape targets file."""
+    worker's replicas (with the embedded NATS, as its service user; its own database role
+    and the secrets its stage uses); with METRICS_PORT set, each worker on its own metrics
+    port, listed in the scrape targets file."""
     state_dir = cli.state_dir
     supervisor = Supervisor()
-    parser_argv = _parser_argv(env)
+    chosen = stack_ports or StackPorts()
+    parser_argv = _parser_argv(env, chosen.parser)
     if parser_argv:
         supervisor.add("parser", parser_argv, env)
     if llm:
-        supervisor.add("llm", _llm_argv(env), env)
+        supervisor.add("llm", _llm_argv(env, chosen.llm), env)
     plan = metrics_ports(counts, cli.common.metrics_port)
     ports = iter(plan)
     for name, count in counts.items():
-        worker_env = {**env, **service_env(state_dir, name)} if embedded_nats else env
+        worker_env = {**env, **(service_env(state_dir, name) if embedded_nats else {}),
+                      **secrets.env_for(name, env)}
         for _ in range(count):
             port = next(ports, None)
             supervisor.add(name, [sys.executable, "-m", "intentroute.cli", "worker", name],
@@ -211,27 +325,32 @@ def _banner(info: StackInfo, stream_replicas: int, counts: dict[str, int]) -> st
 
 
 def _run_until_stopped(supervisor: Supervisor, sync: AuthSync | None, state_dir: Path, *,
-                       demo: Callable[[], None] | None, exit_after_demo: bool) -> None:
-    """Run the demo if asked, then keep the processes running until SIGTERM/SIGINT (or the
-    demo's end with `exit_after_demo`); then stop them all and remove the state files."""
-    stop = {"flag": False}
-
-    def _stop(*_: object) -> None:
-        stop["flag"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+                       demo: Callable[[], None] | None, exit_after_demo: bool,
+                       keeper: ServerKeeper | None = None,
+                       wait_idle: WaitIdle | None = None,
+                       drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
+    """Run the demo if asked, then keep the processes running until SIGINT / SIGTERM /
+    SIGHUP (or the demo's end with `exit_after_demo`); then drain them in order
+    (intentroute.drain: the gateways first, the servers kept meanwhile; a second signal
+    stops at once) and remove the state files. The servers stop after this returns."""
+    signals = StopSignals().install()
     try:
         if demo is not None:
             demo()
             if exit_after_demo:
-                stop["flag"] = True
-        # A worker that dies is restarted (with backoff); only a stop ends them all.
-        while not stop["flag"]:
+                signals.count = max(signals.count, 1)
+        # A worker that dies is restarted (with backoff), and so is a server (the keeper:
+        # same port, data and configuration); only a stop ends them all.
+        while not signals.requested:
+            if keeper is not None:
+                keeper.poll()
             supervisor.poll()
             time.sleep(0.1)
     finally:
-        supervisor.stop()
+        typer.echo(f"intentroute up: stopping: no new requests; draining those in flight "
+                   f"(up to {drain_timeout:g}s; Ctrl-C again stops at once)", err=True)
+        drain(supervisor, signals, wait_idle, timeout=drain_timeout,
+              tick=keeper.poll if keeper is not None else None)
         if sync is not None:
             sync.stop()
         (state_dir / "stack.json").unlink(missing_ok=True)
@@ -292,30 +411,38 @@ async def _prepare_agents(state_dir: Path, db_url: str, nats_pids: list[int]) ->
         await store.close()
 
 
-def _parser_argv(env: dict[str, str]) -> list[str]:
-    """The reference AVAP parser service's command (it listens on a port chosen here,
-    which the workers' env names), unless AVAP_PARSER_URL points elsewhere."""
-    if env.get("AVAP_PARSER_URL") or env.get("AVAP_PARSER_TIMEOUT", "").strip() in ("0", "0.0"):
+def _runs_parser(env: Mapping[str, str]) -> bool:
+    """Whether `up` runs the parser: not when AVAP_PARSER_URL points elsewhere or
+    validation is off."""
+    return not (env.get("AVAP_PARSER_URL")
+                or env.get("AVAP_PARSER_TIMEOUT", "").strip() in ("0", "0.0"))
+
+
+def _parser_argv(env: dict[str, str], port: int = 0) -> list[str]:
+    """The reference AVAP parser service's command (it listens on `port`, else one
+    chosen here, which the workers' env names), unless it runs elsewhere."""
+    if not _runs_parser(env):
         return []
-    port = free_port()
+    port = port or free_port()
     env["AVAP_PARSER_URL"] = f"127.0.0.1:{port}"
     return [sys.executable, "-m", "intentroute.cli", "parser", "--port", str(port)]
 
 
-def _llm_argv(env: dict[str, str]) -> list[str]:
+def _llm_argv(env: dict[str, str], port: int = 0) -> list[str]:
     """The local model server's command; the generators' env points at it (its API key
     travels in the env, never on a command line)."""
     from intentroute.stack.llm import LOCAL_MODEL, local_model_path, new_api_key, server_env
 
     local_model_path()  # a missing model is an error now, not a restart loop later
-    port = free_port()
+    port = port or free_port()
     env.update(server_env(port, new_api_key()))
     env.setdefault("OLLAMA_MODEL_NAME", LOCAL_MODEL)
     return [sys.executable, "-m", "intentroute.cli", "llm-server", "--port", str(port)]
 
 
 async def _declare_streams(
-    nats_url: str, admin: dict[str, Any], response_ttl: float, replicas: int
+    nats_url: str, admin: dict[str, Any], response_ttl: float, replicas: int,
+    limits: StreamLimits,
 ) -> None:
     import nats
 
@@ -323,67 +450,6 @@ async def _declare_streams(
 
     nc = await nats.connect(nats_servers(nats_url), **admin)
     try:
-        await ensure_streams(nc.jetstream(), response_ttl, replicas)
+        await ensure_streams(nc.jetstream(), response_ttl, replicas, limits=limits)
     finally:
         await nc.drain()
-
-
-@app.command()
-def worker(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(WORKERS)}")]) -> None:
-    """Run one worker (for ops: scale a stage by running more of these)."""
-    nats_url, db_url = urls()
-    # The worker builds its settings from the environment: hand it the running stack's,
-    # with its service user's credential when the environment carries none.
-    if nats_url:
-        os.environ["NATS_URL"] = nats_url
-    if db_url:
-        os.environ["DATABASE_URL"] = db_url
-    cli = settings()
-    if not cli.common.nats_authenticated and name in WORKERS:
-        from shared.auth.permissions import service_user
-
-        if auth_files(cli.state_dir).credential(service_user(name)).exists():
-            os.environ.update(service_env(cli.state_dir, name))
-    import uvloop
-
-    from intentroute.workers import create_worker
-
-    worker_app = create_worker(name)
-    uvloop.run(worker_app.run())
-
-
-@app.command()
-def migrate() -> None:
-    """Apply the Alembic migrations to DATABASE_URL."""
-    from intentroute.cli.apps import require_db
-    from shared.store import migrate as run_migrate
-
-    run_migrate(require_db())
-
-
-@app.command()
-def parser(
-    host: Annotated[str, typer.Option()] = "127.0.0.1",
-    port: Annotated[int, typer.Option()] = 50051,
-    strict: Annotated[bool, typer.Option(help="Strict (spec) mode by default")] = False,
-) -> None:
-    """Run the AVAP parser gRPC service."""
-    from services.parser.server import run
-
-    asyncio.run(run(host, port, default_strict=strict))
-
-
-@app.command("llm-server")
-def llm_server(
-    port: Annotated[int, typer.Option()] = 8081,
-    threads: Annotated[int, typer.Option(help="CPU threads for the model")] = 2,
-) -> None:
-    """Serve the local model (SmolLM2-135M, OpenAI-compatible chat API) on 127.0.0.1;
-    every call needs OPENAI_API_KEY from the environment as its bearer token."""
-    from intentroute.stack.llm import serve
-
-    key = settings().openai_api_key
-    if not key:
-        raise typer.BadParameter("set OPENAI_API_KEY: the model server takes no "
-                                 "anonymous calls")
-    serve(port, api_key=key, threads=threads)

@@ -27,10 +27,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import bcrypt
 import msgspec
 
 from intentroute.stack.natsconf import AUTH_FILE, auth_config, stack_users
-from shared.auth.identity import hash_secret
 from shared.auth.natsconn import read_credential, user_credential, write_credential
 from shared.auth.permissions import ADMIN_USER, OPS_USER, STACK_USERS, service_user
 from shared.store.agents import AgentStore
@@ -96,9 +96,34 @@ def write_private(path: Path, text: str) -> bool:
     return True
 
 
+# The stack's own users (admin, ops reader, one per worker type) hold generated secrets
+# of 256 random bits (token_urlsafe(32)), not passwords. A slow hash protects what can be
+# guessed; 2^256 cannot be at any hash speed, so their bcrypt hashes take bcrypt's
+# lowest cost, 4 (16 rounds), instead of 10 (1024). nats-server checks the hash on every
+# CONNECT, and after a restart every worker reconnects at once: at cost 10 each check
+# took ~60 ms of CPU, and on a loaded 2-core machine the server's read loops took
+# 2-4 s per connection, longer than nats-py's 2 s connect timeout, so clients gave up
+# and tried again (answers resumed 1.4-14 s after the server listened; README,
+# Reliability, for the figures after). The hashes stay bcrypt: nats-server has no
+# other password check than bcrypt or plain text, and plain text would put the secrets
+# in its config. Agents' hashes (shared.auth.identity) are not changed here.
+SERVICE_BCRYPT_COST = 4
+
+
+def service_hash(secret: str) -> str:
+    return bcrypt.hashpw(secret.encode(), bcrypt.gensalt(SERVICE_BCRYPT_COST)).decode()
+
+
+def bcrypt_cost(secret_hash: str) -> int:
+    """A bcrypt hash's cost (`$2b$<cost>$...`); 0 when it is not one."""
+    parts = secret_hash.split("$")
+    return int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else 0
+
+
 def ensure_service_users(files: AuthFiles) -> dict[str, str]:
     """The admin's and service users' password hashes, creating their credentials the
-    first time (or when one is missing); kept across restarts."""
+    first time (or when one is missing); kept across restarts. Hashes made at another
+    cost by an older version are remade from the same secrets (no credential changes)."""
     users = list(STACK_USERS)
     hashes: dict[str, str] = {}
     if files.hashes.exists():
@@ -108,12 +133,16 @@ def ensure_service_users(files: AuthFiles) -> dict[str, str]:
     if not files.admission_key.exists():  # the workers' shared admission key
         write_private(files.admission_key, secrets.token_urlsafe(32))
     if set(hashes) == set(users) and all(files.credential(u).exists() for u in users):
-        return hashes
-    hashes = {}
-    for user in users:
-        secret = secrets.token_urlsafe(32)
-        write_credential(files.credential(user), user_credential(user, secret))
-        hashes[user] = hash_secret(secret)
+        if all(bcrypt_cost(h) == SERVICE_BCRYPT_COST for h in hashes.values()):
+            return hashes
+        hashes = {user: service_hash(read_credential(files.credential(user)).nats["password"])
+                  for user in users}
+    else:
+        hashes = {}
+        for user in users:
+            secret = secrets.token_urlsafe(32)
+            write_credential(files.credential(user), user_credential(user, secret))
+            hashes[user] = service_hash(secret)
     write_private(files.hashes, msgspec.json.encode(hashes).decode())
     return hashes
 
@@ -142,6 +171,73 @@ def write_auth(files: AuthFiles, agents: Iterable[tuple[str, str]]) -> bool:
     """Render the auth part for the service users and these agents; True if it changed."""
     hashes = msgspec.json.decode(files.hashes.read_bytes(), type=dict[str, str])
     return write_private(files.auth, auth_config(stack_users(hashes, agents)))
+
+
+class ReloadRefusedError(RuntimeError):
+    """nats-server did not apply a reload: its reason, as it logged it."""
+
+
+class RunningServer(NamedTuple):
+    """A nats-server running now from a state directory's files, and its log."""
+
+    pid: int
+    log: Path
+
+
+def running_servers(files: AuthFiles) -> list[RunningServer]:
+    """The nats-servers running from these files now (the single one or the cluster's
+    nodes): each pid file's pid when that process is alive and is a nats-server started
+    with the config next to the pid file. A server restarted by `up` wrote its new pid
+    there, so this finds the current process, never a pid remembered from an earlier
+    one (which could be any process by now)."""
+    found = []
+    for pid_file in files.pid_files():
+        pid = _read_pid(pid_file)
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid else []
+        except OSError:  # gone
+            continue
+        config = str(pid_file.parent / CONFIG_FILE).encode()
+        if any(a.endswith(b"nats-server") for a in argv) and config in argv:
+            found.append(RunningServer(pid, pid_file.parent / "nats-server.log"))
+    return found
+
+
+# nats-server logs the outcome of a reload (SIGHUP) on one line: measured, 2-3 ms after
+# the signal with a few hundred users.
+_RELOADED = "Reloaded server configuration"
+_RELOAD_FAILED = "Failed to reload server configuration: "
+RELOAD_CONFIRM_TIMEOUT = 10.0
+
+
+def reload_confirmed(server: RunningServer, timeout: float = RELOAD_CONFIRM_TIMEOUT) -> None:
+    """SIGHUP `server` and wait for the outcome in its log: return once it says it
+    reloaded, raise ReloadRefusedError with its reason when it refused (a config it
+    cannot apply, such as a changed port, or one it cannot parse) or said nothing."""
+    import time
+
+    try:
+        offset = server.log.stat().st_size
+    except FileNotFoundError:
+        offset = 0
+    reload_server(server.pid)
+    mine = f"[{server.pid}] "
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError), server.log.open("rb") as log:
+            log.seek(offset)
+            for raw in log.read().decode(errors="replace").splitlines():
+                if not raw.startswith(mine):
+                    continue
+                if _RELOAD_FAILED in raw:
+                    reason = raw.split(_RELOAD_FAILED, 1)[1].strip()
+                    raise ReloadRefusedError(
+                        f"nats-server (pid {server.pid}) refused the reload: {reason}")
+                if _RELOADED in raw:
+                    return
+        time.sleep(0.02)
+    raise ReloadRefusedError(f"nats-server (pid {server.pid}) did not confirm the reload "
+                             f"within {timeout:g}s (its log: {server.log})")
 
 
 def reload_server(pid: int) -> None:
@@ -203,30 +299,40 @@ async def ensure_agent_file(store: AgentStore, state_dir: Path, agent_id: str) -
 
 
 async def apply_agents(
-    store: AgentStore, state_dir: Path, *, pid: int = 0, pids: Sequence[int] = ()
+    store: AgentStore, state_dir: Path, *, pid: int = 0, pids: Sequence[int] = (),
+    force: bool = False,
 ) -> bool:
     """Bring the servers' agents in line with the `agents` table; True if they reloaded.
-    Every server sharing the users is reloaded: `pids`, or `pid`, or those the pid
-    files name (all the nodes of a cluster)."""
+    Every server sharing the users is reloaded (all the nodes of a cluster): those
+    running from the state dir's files now (`running_servers`), each reload confirmed
+    in its log (ReloadRefusedError otherwise); only when none is found there, `pids` or
+    `pid` (unconfirmed). With `force` the servers reload even when the auth part did not
+    change (an earlier reload may have been refused, or made by someone else)."""
     agents = await store.active_hashes()
     files = auth_files(state_dir)
-    if not write_auth(files, agents):
+    if not write_auth(files, agents) and not force:
         return False
-    targets = list(pids) or ([pid] if pid else server_pids(files))
+    servers = running_servers(files)
+    targets = [s.pid for s in servers] or list(pids) or ([pid] if pid else [])
     if not targets:
-        raise ProcessLookupError("no nats-server pid to signal")
-    for target in targets:
-        reload_server(target)
+        raise ProcessLookupError("no nats-server of this state directory is running")
+    if servers:
+        for server in servers:
+            reload_confirmed(server)
+    else:
+        for target in targets:
+            reload_server(target)
     log.info("NATS auth reloaded on %d server(s): %d active agents", len(targets), len(agents))
     return True
 
 
 async def sync_agents(
-    state_dir: Path, database_url: str, *, pid: int = 0, pids: Sequence[int] = ()
+    state_dir: Path, database_url: str, *, pid: int = 0, pids: Sequence[int] = (),
+    force: bool = False,
 ) -> bool:
     store = await AgentStore.connect(database_url)
     try:
-        return await apply_agents(store, state_dir, pid=pid, pids=pids)
+        return await apply_agents(store, state_dir, pid=pid, pids=pids, force=force)
     finally:
         await store.close()
 
@@ -260,14 +366,18 @@ class AuthSync:
     async def _loop(self) -> None:
         last = ""
         store: AgentStore | None = None
+        # After a failure the auth part may already be written: reload it regardless.
+        retry = False
         while not self._stop.is_set():
             try:
                 store = store or await AgentStore.connect(self.database_url)
                 digest = await store.digest()
-                if digest != last:
-                    await apply_agents(store, self.state_dir, pid=self.pid, pids=self.pids)
-                    last = digest
+                if digest != last or retry:
+                    await apply_agents(store, self.state_dir, pid=self.pid, pids=self.pids,
+                                       force=retry)
+                    last, retry = digest, False
             except Exception as exc:  # the database restarting must not end the loop
+                retry = True
                 log.warning("auth sync failed, retrying: %r", exc)
                 if store is not None:
                     with contextlib.suppress(Exception):

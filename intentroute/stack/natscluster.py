@@ -2,15 +2,17 @@
 authenticated routes, JetStream clustered, the users of a single server.
 
 Node `n` keeps its data in `<data_dir>/node-<n>/` and its name (`n<n>`) across
-restarts, which is what JetStream's replication groups know it by; the ports are
-chosen afresh at every start of the cluster. Every node includes the same auth part
-(`<data_dir>/auth.conf`), so an agent added or revoked reaches all of them when each
-is reloaded (`intentroute.stack.auth.server_pids` finds them by their pid files).
+restarts, which is what JetStream's replication groups know it by; its ports are the
+ones given (`up` keeps them across runs), else chosen afresh at the cluster's start.
+Every node includes the same auth part (`<data_dir>/auth.conf`), so an agent added or
+revoked reaches all of them when each is reloaded (`intentroute.stack.auth.server_pids`
+finds them by their pid files).
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 
 from intentroute.stack.natsconf import DEFAULT_SYNC_INTERVAL, ClusterNode, ServerTls
@@ -42,6 +44,8 @@ class NatsCluster:
         creds_dir: Path | None = None,
         tls: ServerTls | None = None,
         sync_interval: str = DEFAULT_SYNC_INTERVAL,
+        client_ports: Sequence[int] = (),
+        route_ports: Sequence[int] = (),
     ) -> None:
         if size < 3:
             raise StackError(f"a NATS cluster needs at least 3 nodes, not {size}: with 2, "
@@ -51,8 +55,13 @@ class NatsCluster:
         # its bcrypt hash; a node restarted alone reuses its config.
         secret = secrets.token_urlsafe(24)
         secret_hash = hash_secret(secret)
+        # The ports given (`up` keeps them across its runs: intentroute.stack.ports),
+        # else free ones.
         ports = _free_ports(2 * size)
-        client_ports, self.route_ports = ports[:size], ports[size:]
+        client_ports = list(client_ports) or ports[:size]
+        self.route_ports = list(route_ports) or ports[size:]
+        if len(client_ports) != size or len(self.route_ports) != size:
+            raise StackError(f"a cluster of {size} needs {size} client and route ports")
         routes = tuple(f"nats-route://{ROUTE_USER}:{secret}@127.0.0.1:{p}"
                        for p in self.route_ports)
         self.nodes = [

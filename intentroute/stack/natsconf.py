@@ -155,7 +155,10 @@ def _user_entry(user: User) -> dict[str, Any]:
             "publish": {"allow": list(perms.publish)},
             "subscribe": {"allow": list(perms.subscribe)},
         }
-        if perms.allow_responses:
+        if perms.allow_responses and perms.max_responses > 1:
+            entry["permissions"]["allow_responses"] = {
+                "max": perms.max_responses, "expires": f"{perms.responses_seconds:g}s"}
+        elif perms.allow_responses:
             entry["permissions"]["allow_responses"] = True
     return entry
 

@@ -115,6 +115,9 @@ class NatsServer:
             self.proc = subprocess.Popen(
                 [nats_server_binary(), "-c", str(self.config_path)],
                 stdout=log, stderr=subprocess.STDOUT,
+                # Not in the terminal's process group: Ctrl-C reaches `up`, which stops
+                # the server after the workers have drained (intentroute.drain).
+                start_new_session=True,
             )
 
     def wait_ready(self, timeout: float = 10.0) -> None:

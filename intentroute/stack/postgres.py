@@ -168,6 +168,7 @@ class PostgresServer:
                  "-h", "127.0.0.1", "-k", str(sock_dir), *DURABILITY,
                  "-c", "max_connections=200", "-c", "password_encryption=scram-sha-256"],
                 stdout=log, stderr=subprocess.STDOUT, user=self._user,
+                start_new_session=True,  # as nats-server's: stopped last by `up`
             )
         wait_tcp("127.0.0.1", self.port, timeout, self.proc)
         if trusting:

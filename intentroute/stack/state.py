@@ -26,6 +26,9 @@ class StackInfo(msgspec.Struct):
     dashboard_token_file: str = ""
     # Every node's pid when the embedded NATS is a cluster (all are reloaded).
     nats_pids: list[int] = msgspec.field(default_factory=list)
+    # The embedded Postgres's postmaster. `up` rewrites this file when it restarts a
+    # server that died, so the pids here are the running ones.
+    postgres_pid: int = 0
 
 
 STATE_FILE = "stack.json"

@@ -1,11 +1,15 @@
 """The classifier cascade: pure decision logic over injected layers.
 
 1. caller-declared type (trusted agents only)                       layer `declared`
-2. Layer 1 rules: RC-01 platform prefix (trusted agents only),
-   RC-02 platform data                                                layer `rules`
-3. deictic references resolved from history / editor (RC-03 scope)   layer `rules`
-4. Layer 2 embedding head: decides at or above the threshold          layer `embedding`
-5. Layer 3 LLM with the compact intent history                        layer `llm`
+2. Layer 1 rule families (layer1.py): RC-01 platform prefix (trusted
+   agents only), RC-02 platform data, code requests, social messages,
+   reshape requests, deictic references resolved from history /
+   editor (RC-03 scope). A final family decides at 1.0             layer `rules`
+3. Layer 2 embedding head: decides at or above the threshold. A
+   non-final family's decision is a prior on its prediction          layer `embedding`
+   (the rule's type winning confidently stays                        layer `rules`);
+   a deictic resolution meets the gate at its calibrated confidence  layer `rules`
+4. Layer 3 LLM with the compact intent history                        layer `llm`
    (no LLM, or it does not answer: Layer 2's best guess)              layer `fallback`
 
 Every decision carries the ADR-018 clarity outcome and its alternatives. Only a
@@ -20,13 +24,20 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from services.classifier.deixis import is_deictic, is_social, resolve_reference
+from services.classifier.layer1 import (
+    Family,
+    RuleHit,
+    match_contract,
+    match_message,
+    match_reference,
+    points_elsewhere,
+    with_account_figures,
+)
 from services.classifier.ports import Layer2, LlmLabeler, Prediction
 from services.classifier.rules import (
     has_account_context,
     has_platform_data,
     has_platform_prefix,
-    is_code_request,
     strip_platform_prefix,
 )
 from shared.contracts.request import AgentRequest
@@ -106,6 +117,33 @@ def _alternatives(pred: Prediction) -> list[Alternative]:
             if label in QueryType.__members__][:3]
 
 
+class Combined(msgspec.Struct, frozen=True):
+    """Layer 2's prediction with a non-final rule family's decision as a prior."""
+
+    label: str
+    confidence: float
+    alternatives: list[tuple[str, float]]
+
+
+def with_prior(pred: Prediction, hit: RuleHit) -> Combined:
+    """Product of Layer 2's distribution and the rule's: the rule gives its type its
+    calibrated confidence (its measured precision) and shares the rest evenly. The
+    rule's type loses only where Layer 2 is far surer of another one, and the combined
+    confidence goes through the clarity gate and Layer 3 like Layer 2's own."""
+    dist = {label: float(p) for label, p in pred.alternatives if label in QueryType.__members__}
+    dist[pred.label] = float(pred.confidence)
+    rest = (1.0 - hit.confidence) / (len(QueryType) - 1)
+    score = {t.value: dist.get(t.value, 0.0) * (hit.confidence if t is hit.type else rest)
+             for t in QueryType}
+    total = sum(score.values())
+    if total <= 0.0:  # Layer 2 gave every type zero: the rule alone
+        score = {t.value: hit.confidence if t is hit.type else rest for t in QueryType}
+        total = 1.0
+    ranked = sorted(score.items(), key=lambda kv: -kv[1])
+    return Combined(ranked[0][0], ranked[0][1] / total,
+                    [(label, p / total) for label, p in ranked[1:]])
+
+
 class Cascade:
     def __init__(
         self,
@@ -119,17 +157,16 @@ class Cascade:
         self.llm = llm
 
     def decide_fast(self, request: AgentRequest, *, trusted: bool) -> RoutingDecision | None:
-        """Declared type and Layer 1; no model, no I/O. `trusted` is the agent's record
-        (stamped by the gateway), never something the request says about itself."""
+        """Declared type and the final rule families that read the message alone; no
+        model, no I/O. `trusted` is the agent's record (stamped by the gateway), never
+        something the request says about itself."""
         if request.query_type and trusted:
             return decision(QueryType(request.query_type), Layer.DECLARED, 1.0)
-        if trusted and has_platform_prefix(request.query):
-            log.debug("[classify] platform prefix detected -> PLATFORM")
-            return decision(QueryType.PLATFORM, Layer.RULES, 1.0)
-        if has_platform_data(request.query, request.extra_context):
-            return decision(QueryType.PLATFORM, Layer.RULES, 1.0)
-        if is_code_request(request.query):
-            return decision(QueryType.CODE_GENERATION, Layer.RULES, 1.0)
+        hit = match_contract(request.query, request.extra_context, trusted=trusted)
+        if hit is None:
+            hit = match_message(request.query)
+        if hit is not None and hit.final:
+            return decision(hit.type, Layer.RULES, 1.0)
         return None
 
     async def decide(
@@ -160,30 +197,44 @@ class Cascade:
         self, request: AgentRequest, history: list[HistoryEntry] | HistoryLoader, *,
         trusted: bool, confirm: float,
     ) -> RoutingDecision:
-        past = _once(history)
-        fast = self.decide_fast(request, trusted=trusted)
+        query, past = request.query, _once(history)
+        if request.query_type and trusted:
+            return decision(QueryType(request.query_type), Layer.DECLARED, 1.0)
+        hit = match_contract(query, request.extra_context, trusted=trusted)
+        if hit is not None and trusted and has_platform_prefix(query):
+            return decision(hit.type, Layer.RULES, 1.0)  # RC-01: no model at all
+        hit = hit or match_message(query)
+        if hit is None and points_elsewhere(query):
+            hit = match_reference(query, await past(), request.editor_context)
+            hit = with_account_figures(hit, request.extra_context) if hit else None
+        if hit is not None and hit.final:
+            # RC-02 keeps the type; the gate still says when a second request rides along.
+            multi = (await self._multi_intent(query)
+                     if hit.family in (Family.PLATFORM_DATA, Family.CODE_REQUEST) else None)
+            return decision(hit.type, Layer.RULES, 1.0, resolved_reference=hit.resolved_reference,
+                            clarity=Clarity.MULTI_INTENT if multi else Clarity.CLEAR,
+                            alternatives=multi)
+        return await self._learned(request, past, hit, confirm=confirm)
+
+    async def _learned(
+        self, request: AgentRequest, past: HistoryLoader, hit: RuleHit | None, *, confirm: float,
+    ) -> RoutingDecision:
+        """Layer 2 (with a non-final rule family's decision as a prior), the clarity gate
+        and Layer 3."""
         query = request.query
-        if fast is not None:
-            if fast.layer == Layer.RULES and not (trusted and has_platform_prefix(query)):
-                # RC-02 keeps the type; the gate still says when a second request rides along.
-                multi = await self._multi_intent(query)
-                if multi is not None:
-                    return decision(fast.type, fast.layer, fast.confidence,
-                                    clarity=Clarity.MULTI_INTENT, alternatives=multi)
-            return fast
-        if is_social(query):
-            return decision(QueryType.CONVERSATIONAL, Layer.RULES, 1.0)
-        if is_deictic(query):
-            referent = resolve_reference(query, await past(), request.editor_context)
-            if referent is not None and _asks_about_account(request, referent, sure=True):
-                referent = QueryType.PLATFORM  # "¿y ahora qué hago?" next to account figures
-            if referent is not None:
-                return decision(referent, Layer.RULES, 1.0, resolved_reference=True)
+        if hit is not None and (self.layer2 is None or hit.family is Family.DEICTIC):
+            # Layer 2 reads the message alone: on "explain this" it is no evidence about
+            # the referent. The rule's calibrated confidence meets the gate by itself.
+            return await self._calibrated(request, past, hit, confirm=confirm)
         if self.layer2 is None:
             return decision(QueryType.RETRIEVAL, Layer.DEFAULT, 0.0)
-
-        pred = await self.layer2.predict(query)
+        pred: Prediction = await self.layer2.predict(query)
+        if hit is not None:
+            pred = with_prior(pred, hit)
         best = QueryType(pred.label)
+        by_rule = hit is not None and hit.type is best
+        # The decision follows the rule's resolution of a reference.
+        resolved = by_rule and bool(hit and hit.resolved_reference)
         alternatives = _alternatives(pred)
         multi = await self._multi_intent(query) if self.config.detect_multi_intent else None
         if multi is not None:
@@ -193,7 +244,8 @@ class Cascade:
         if _asks_about_account(request, best, sure=confident):
             return decision(QueryType.PLATFORM, Layer.RULES, 1.0, alternatives=alternatives)
         if confident:
-            return decision(best, Layer.EMBEDDING, pred.confidence, alternatives=alternatives)
+            return decision(best, Layer.RULES if by_rule else Layer.EMBEDDING, pred.confidence,
+                            alternatives=alternatives, resolved_reference=resolved)
 
         gate = clarity(pred.confidence, decide=self.config.threshold, confirm=confirm)
         if self.llm is not None:
@@ -201,9 +253,27 @@ class Cascade:
             label = await self.llm.label(query, await past(), request.editor_context)
             if label is not None:
                 return decision(label, Layer.LLM, pred.confidence, clarity=gate,
-                                alternatives=alternatives)
+                                alternatives=alternatives,
+                                resolved_reference=resolved and label is best)
         return decision(best, Layer.FALLBACK, pred.confidence, clarity=gate,
-                        alternatives=alternatives)
+                        alternatives=alternatives, resolved_reference=resolved)
+
+    async def _calibrated(self, request: AgentRequest, past: HistoryLoader, hit: RuleHit, *,
+                          confirm: float) -> RoutingDecision:
+        """A non-final rule's decision at its calibrated confidence: it decides at or above
+        the threshold like Layer 2; below it, Layer 3 (else the rule's type) with the
+        clarity gate's outcome."""
+        if hit.confidence >= self.config.threshold:
+            return decision(hit.type, Layer.RULES, hit.confidence,
+                            resolved_reference=hit.resolved_reference)
+        gate = clarity(hit.confidence, decide=self.config.threshold, confirm=confirm)
+        if self.llm is not None:
+            label = await self.llm.label(request.query, await past(), request.editor_context)
+            if label is not None:
+                return decision(label, Layer.LLM, hit.confidence, clarity=gate,
+                                resolved_reference=label is hit.type)
+        return decision(hit.type, Layer.FALLBACK, hit.confidence, clarity=gate,
+                        resolved_reference=hit.resolved_reference)
 
     async def _multi_intent(self, query: str) -> list[Alternative] | None:
         """Two parts of the message confidently asking for different types."""
@@ -215,7 +285,7 @@ class Cascade:
             if has_platform_data(part):
                 found[QueryType.PLATFORM] = 1.0
                 continue
-            if is_deictic(part):
+            if points_elsewhere(part):
                 continue
             pred = await self.layer2.predict(part)
             if pred.confidence >= self.config.threshold:

@@ -35,6 +35,25 @@ _RESHAPE = re.compile(
     r"en una tabla|en forma de|pasos numerados|lista de comprobación|punto por punto)\b",
     re.IGNORECASE,
 )
+# Asks to go on with, repeat or finish the previous answer, or to say it in plainer
+# words: the whole message is the request ("continue", "keep going", "sigue",
+# "repite eso", "explain it like I'm five", "in plain English").
+_CONTINUE = re.compile(
+    r"^\W*(please\s+|por favor\s+|ok\s+|vale\s+|(can|could|would) you\s+|"
+    r"puedes\s+|podr[ií]as\s+)?"
+    r"(continue|keep going|go on|carry on|repeat( that| it)?|say (that|it) again|"
+    r"finish (the|your|that) (answer|reply|response|sentence|list)|"
+    r"sigue|contin[uú]a|prosigue|rep[ií]te(lo|me|melo)?|repetir(lo)?|"
+    r"termina (la|tu|esa) (respuesta|frase|lista))\b",
+    re.IGNORECASE,
+)
+_PLAINER = re.compile(
+    r"\b(plain(er)? (english|words|language|terms)|simpler (words|terms)|"
+    r"like i'?m (five|5|a beginner)|tl;?dr|trim (it|that|this)|cut off|"
+    r"palabras m[aá]s (sencillas|simples|f[aá]ciles)|m[aá]s sencillo|"
+    r"como si tuviera (cinco|5) a[nñ]os|como a un principiante|a medias|vi[nñ]etas)\b",
+    re.IGNORECASE,
+)
 # Explicit references to the previous answer ("what you said", "tu última respuesta").
 _PRIOR = re.compile(
     r"\b(what you (just )?said|you (just )?said|your (last |previous |first )?(answer|response|"
@@ -105,10 +124,12 @@ def is_deictic(query: str) -> bool:
 
 
 def is_reshape_request(query: str) -> bool:
-    """Asks to rephrase / shorten / translate / reformat the previous answer."""
-    if not _RESHAPE.search(query):
-        return False
+    """Asks to rephrase / shorten / translate / reformat / continue the previous answer."""
     words = len(query.split())
+    if words <= 6 and _CONTINUE.search(query) and not _names_a_subject(query):
+        return True
+    if not (_RESHAPE.search(query) or _PLAINER.search(query)):
+        return False
     if _PRIOR.search(query):
         return words <= 25
     # "shorten this AVAP snippet" reshapes code, not the answer.
@@ -117,8 +138,20 @@ def is_reshape_request(query: str) -> bool:
     return words <= 8 and bool(_POINTERS.search(query) or not _TECH.search(query))
 
 
+def _names_a_subject(query: str) -> bool:
+    """Code, an AVAP command or account vocabulary named in the message: "continue the
+    endpoint", "repeat the RequestGet call" are requests of their own."""
+    return bool(_CODE_OBJECT.search(query) or _TECH.search(query)
+                or COMMAND_NAME.search(query))
+
+
+# A line of AVAP code: a command call, optionally assigned (`r = RequestGet(...)`).
+_CODE_LINE = re.compile(r"^\s*(\w+\s*=\s*)?[A-Za-z_]\w*\([^\n]*\)\s*$", re.MULTILINE)
+
+
 def editor_has_code(editor_context: str) -> bool:
-    return bool(_CODE_HINT.search(editor_context))
+    """The editor holds AVAP code: a known command called, or a line that is a call."""
+    return bool(_CODE_HINT.search(editor_context) or _CODE_LINE.search(editor_context))
 
 
 def resolve_reference(
@@ -127,7 +160,8 @@ def resolve_reference(
     """The type of what a deictic message refers to, or None if nothing to point at.
 
     Reshaping the previous answer is CONVERSATIONAL. Otherwise the referent is code
-    in the editor, else the most recent turn of the intent history.
+    in the editor, else the most recent turn of the intent history, else a document
+    in the editor (a passage of AVAP docs: RETRIEVAL).
     """
     if is_reshape_request(query):
         return QueryType.CONVERSATIONAL
@@ -140,4 +174,6 @@ def resolve_reference(
             if entry.type != QueryType.CONVERSATIONAL:
                 return entry.type
         return last
+    if editor_context.strip():
+        return QueryType.RETRIEVAL
     return None

@@ -7,10 +7,13 @@ from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
 from services.gateway.dashboard import add_dashboard_routes
+from services.gateway.fair_consumer import AgentWeights, fair_consumer_factory
 from services.gateway.feedback import FeedbackRecorder, build_feedback_consumer
 from services.gateway.grpc_server import start_grpc
 from services.gateway.handlers import GatewayDeps, build_stage
 from services.gateway.http import build_http_app, start_http
+from services.gateway.limits.gate import open_limit_gate
+from services.gateway.replay import ReplayService
 from services.gateway.scoring import ScoreRefresher
 from services.gateway.settings import GatewaySettings
 from services.gateway.throttle import AuthThrottle
@@ -18,6 +21,7 @@ from shared.auth.identity import CachedAgents
 from shared.runtime.worker import Consumes, Wiring, build_app
 from shared.store import asyncpg_dsn
 from shared.store.feedback import FeedbackTable
+from shared.store.policy_cache import open_policy_cache
 
 
 def create_app(
@@ -27,20 +31,28 @@ def create_app(
 ) -> FastStream:
     settings = settings or GatewaySettings.from_env()
     # One count of wrong credentials per address, whichever door they were tried at.
-    throttle = AuthThrottle(settings.auth_failures)
+    throttle = AuthThrottle(settings.auth_failures, settings.auth_hashes)
+    # agent.request.* is read in weighted fair turns, per agent (fair_consumer.py);
+    # each agent's share follows its policy's `weight`, read once the store is open.
+    weights = AgentWeights()
     tls = None
     if settings.tls_cert and settings.tls_key:
         tls = (settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())
 
     async def make_deps(wiring: Wiring) -> GatewayDeps:
         exits = wiring.base.exits
-        agents = CachedAgents(wiring.store.agent, ttl=settings.agent_cache_ttl)
+        agents = CachedAgents(wiring.store.agent, save_digest=wiring.store.save_token_digest,
+                              ttl=settings.agent_cache_ttl)
         scores = ScoreRefresher(wiring.store.pool, settings.common.confidence,
                                 interval=settings.score_refresh,
                                 full_interval=settings.score_full_refresh)
         scores.start()
         exits.push_async_callback(scores.stop)
         feedback = FeedbackRecorder(FeedbackTable(wiring.store.pool), on_recorded=scores.mark)
+        replays = ReplayService(wiring.nc, follow_for=settings.common.request_deadline,
+                                concurrency=settings.replay_concurrency)
+        await replays.start()
+        exits.push_async_callback(replays.stop)
         if settings.grpc_listen:
             server = await start_grpc(wiring.nc, settings.grpc_listen, agents,
                                       answer_timeout=settings.answer_timeout,
@@ -66,14 +78,25 @@ def create_app(
             # running it at once. Its own connection, not the hot path's pool.
             from shared.learning.job import LearnLoop
 
-            learner = LearnLoop(settings.common.database_url, settings.learn)
+            learner = LearnLoop(settings.learn.database_url or settings.common.database_url,
+                                settings.learn)
             learner.start()
             exits.push_async_callback(learner.stop)
-        return GatewayDeps(**wiring.base.parts(), agents=agents, feedback=feedback)
+        weights.policies = await open_policy_cache(
+            wiring.store.pool, refresh=settings.common.policy_refresh, exits=exits)
+        # Per-agent limits at admission, their state shared by the replicas in Postgres.
+        limits = await open_limit_gate(wiring.store.pool, settings.limits,
+                                       refresh=settings.common.policy_refresh, exits=exits)
+        return GatewayDeps(**wiring.base.parts(), agents=agents, feedback=feedback,
+                           limits=limits)
 
     stages: list[Consumes[GatewayDeps]] = [
         build_stage(settings),
         build_feedback_consumer(settings.common, max_inflight=settings.feedback_batch),
     ]
+    fair = fair_consumer_factory(weight=weights, backlog=settings.pipeline_backlog,
+                                 quantum=settings.fair_quantum, scan=settings.fair_scan,
+                                 delay=settings.pipeline_delay)
     return build_app(service="gateway", common=settings.common, stages=stages,
-                     make_deps=make_deps, tracer_provider=tracer_provider)
+                     make_deps=make_deps, tracer_provider=tracer_provider,
+                     consumers={stages[0].spec.durable: fair})

@@ -1,8 +1,10 @@
 """gRPC AskAgent / AskAgentStream / Feedback: the same contract for callers that speak gRPC.
 
 Every call carries the agent's bearer token (`authorization: Bearer <token>` metadata),
-checked against the `agents` table: none or a wrong one is UNAUTHENTICATED, a body that
-names another agent PERMISSION_DENIED. A request is then checked like a NATS one (bad
+checked against the `agents` table: none or a wrong one is UNAUTHENTICATED (too many
+wrong ones from an address RESOURCE_EXHAUSTED, throttle.py), a body that names another
+agent PERMISSION_DENIED, and only then a body that does not decode INVALID_ARGUMENT
+(grpc_decode.py). A request is then checked like a NATS one (bad
 input -> INVALID_ARGUMENT) and published on the agent's `agent.request.<agent_id>`, so
 it takes the same durable path through the workers. Feedback goes to the same recorder
 as the NATS and HTTP entry points (feedback.py): bad input INVALID_ARGUMENT, a request
@@ -21,11 +23,13 @@ import msgspec
 from nats.aio.client import Client
 
 from services.gateway.feedback import FeedbackRecorder
+from services.gateway.grpc_decode import DeferDecodeErrors, Undecodable, reject_undecodable
+from services.gateway.limits.logic import REFUSALS
 from services.gateway.throttle import AuthThrottle, ThrottledError, grpc_peer_address
 from services.gateway.validation import InputError, check_request
 from shared.auth.identity import bearer_value
 from shared.auth.ports import AgentInfo, TokenVerifier
-from shared.client.caller import AnswerTimeoutError, ask, assemble
+from shared.client.caller import AnswerTimeoutError, RequestRefusedError, ask, assemble
 from shared.contracts.feedback import (
     Feedback,
     FeedbackAck,
@@ -33,7 +37,7 @@ from shared.contracts.feedback import (
     FeedbackOutcome,
 )
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import ErrorCode, ResponseChunk
+from shared.contracts.response import ErrorCode, ErrorInfo, ResponseChunk
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from shared.store.writer import StoreUnavailableError
 
@@ -121,9 +125,15 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
         return agent
 
     async def _checked(
-        self, request: agent_pb2.AgentRequest, context: grpc.aio.ServicerContext
+        self, request: agent_pb2.AgentRequest | Undecodable,
+        context: grpc.aio.ServicerContext
     ) -> AgentRequest:
-        agent = await self._caller(request.agent_id, context)
+        # The token first: a body that does not decode is INVALID_ARGUMENT only for a
+        # caller with a valid one (grpc_decode).
+        claimed = "" if isinstance(request, Undecodable) else request.agent_id
+        agent = await self._caller(claimed, context)
+        if isinstance(request, Undecodable):
+            await reject_undecodable(context, request)
         checked = check_request(to_request(request), agent.agent_id)
         if isinstance(checked, InputError):
             await context.abort(
@@ -137,19 +147,25 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
     ) -> AsyncIterator[ResponseChunk]:
         try:
             async for chunk in ask(self._nc, req, timeout=self._timeout):
+                if chunk.error is not None and chunk.error.code in REFUSALS:
+                    await abort_refused(context, chunk.error)
                 yield chunk
         except AnswerTimeoutError as exc:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        except RequestRefusedError as exc:  # the request stream is full (for this agent)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
 
     async def AskAgentStream(
-        self, request: agent_pb2.AgentRequest, context: grpc.aio.ServicerContext
+        self, request: agent_pb2.AgentRequest | Undecodable,
+        context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.AgentResponse]:
         req = await self._checked(request, context)
         async for chunk in self._chunks(req, context):
             yield to_response(chunk)
 
     async def AskAgent(
-        self, request: agent_pb2.AgentRequest, context: grpc.aio.ServicerContext
+        self, request: agent_pb2.AgentRequest | Undecodable,
+        context: grpc.aio.ServicerContext
     ) -> agent_pb2.AgentResponse:
         req = await self._checked(request, context)
         chunks: list[ResponseChunk] = []
@@ -163,9 +179,13 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
         raise AssertionError("unreachable")
 
     async def Feedback(
-        self, request: agent_pb2.FeedbackRequest, context: grpc.aio.ServicerContext
+        self, request: agent_pb2.FeedbackRequest | Undecodable,
+        context: grpc.aio.ServicerContext
     ) -> agent_pb2.FeedbackReply:
-        agent = await self._caller(request.agent_id, context)
+        claimed = "" if isinstance(request, Undecodable) else request.agent_id
+        agent = await self._caller(claimed, context)
+        if isinstance(request, Undecodable):
+            await reject_undecodable(context, request)
         try:
             fb = to_feedback(request)
         except ValueError:
@@ -186,6 +206,17 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
                                        repeat=ack.repeat)
 
 
+async def abort_refused(context: grpc.aio.ServicerContext, error: ErrorInfo) -> None:
+    """A request refused at admission (a per-agent limit): RESOURCE_EXHAUSTED, with
+    `retry-after` (whole seconds, as HTTP's header) and `retry-after-ms` trailers when
+    the refusal says when to ask again."""
+    if error.retry_after_ms > 0:
+        context.set_trailing_metadata((
+            ("retry-after", str(-(-error.retry_after_ms // 1000))),
+            ("retry-after-ms", str(error.retry_after_ms))))
+    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{error.code}: {error.message}")
+
+
 def feedback_status(ack: FeedbackAck) -> grpc.StatusCode:
     if ack.error_code == ErrorCode.UNKNOWN_REQUEST:
         return grpc.StatusCode.NOT_FOUND
@@ -203,7 +234,7 @@ async def start_grpc(
     tls: tuple[bytes, bytes] | None = None,
 ) -> grpc.aio.Server:
     """`tls`: (private key, certificate chain) in PEM; None serves plain text."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=(DeferDecodeErrors(),))
     # The generated registration function is untyped (grpc_tools emits no annotations).
     agent_pb2_grpc.add_AssistanceEngineServicer_to_server(  # type: ignore[no-untyped-call]
         AssistanceEngine(nc, agents, answer_timeout=answer_timeout, feedback=feedback,

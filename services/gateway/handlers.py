@@ -12,6 +12,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+from services.gateway.limits.gate import LimitGate, answer_refusal
+from services.gateway.limits.logic import Verdict, refusal
 from services.gateway.ports import VerdictRecorder
 from services.gateway.settings import GatewaySettings
 from services.gateway.validation import InputError, parse_request, salvage_field
@@ -42,6 +44,8 @@ class GatewayDeps(StageDeps):
     agents: AgentDirectory
     # Agents' verdicts on their answers, from every entry point (feedback.py).
     feedback: VerdictRecorder
+    # Per-agent limits checked at admission (limits/); None: none checked.
+    limits: LimitGate | None = None
 
 
 class InvalidRequestError(ValueError):
@@ -96,13 +100,20 @@ async def reject_input(deps: GatewayDeps, msg: Delivery, exc: Exception) -> None
     await deps.bus.publish(response_subject(agent, INVALID_REQUEST_ID), encode(chunk))
 
 
-async def on_request(env: Admitted, call: Call, deps: GatewayDeps) -> Handoff:
+async def on_request(env: Admitted, call: Call, deps: GatewayDeps) -> Handoff | None:
     agent = await deps.agents.get(env.request.agent_id)
     if agent is None or agent.revoked:
         # Publishing needs a live credential; this is a request queued before revocation.
         raise PermanentError(ErrorCode.UNKNOWN_AGENT,
                              f"agent '{env.request.agent_id}' is unknown or revoked")
     env.trusted = agent.trusted
+    if deps.limits is not None:
+        admission, limits = await deps.limits.check(env)
+        refused = refusal(admission, limits)
+        if refused is not None:
+            await answer_refusal(deps.bus, deps.store, env, refused)
+            return None
+        env.degraded = admission.verdict == Verdict.DEGRADE
     return Handoff(CLASSIFY_SUBJECT, env, "accepted")
 
 
@@ -115,7 +126,7 @@ def build_stage(settings: GatewaySettings) -> Stage[Admitted, GatewayDeps]:
             subject=request_contract.SUBJECTS,
             durable="gateway",
             max_inflight=settings.batch_size,
-        ),
+        ).per_agent_stage(),
         decode=admitter(settings.common.request_deadline),
         logic=on_request,
         on_undecodable=reject_input,

@@ -1,14 +1,23 @@
-"""Failed credential checks per client address (gRPC, HTTP feedback, the dashboard).
+"""Wrong credentials per client address, and the gateway's slow-hash budget (gRPC, HTTP
+feedback, the dashboard).
 
-An agent token is checked with bcrypt (~50 ms of CPU, on purpose), so a stream of wrong
-tokens from anyone who can reach the gateway would eat its CPU and the threads that
-answer real agents; the dashboard's token could be guessed at. Past `limit` failed
-checks from one address within the window (a `limits` rate string, "20/minute"), that
-address's credentials are refused, not checked, until the window moves on: HTTP 429 /
-gRPC RESOURCE_EXHAUSTED with the seconds to wait. Valid credentials never count.
+Checking a credential is cheap: an agent token against its fast digest (~3 us,
+shared.auth.identity), the dashboard token by constant-time comparison. So every
+credential presented is checked, from any address, and a right one is let in even from
+an address that presented many wrong ones (everyone behind one proxy or NAT shares its
+address). Wrong ones are counted per address: past `limit` within the window (a
+`limits` rate string, "20/minute"), the address's wrong credentials are answered
+HTTP 429 / gRPC RESOURCE_EXHAUSTED with the seconds to wait, not 401, until the window
+moves on. Guessing is not what this stops: secrets are 256 random bits.
 
-Addresses are as the gateway sees them: behind a proxy, every caller shares the proxy's.
-Each gateway replica counts its own failures (memory).
+bcrypt (~60 ms of CPU) is left only for agents whose digest is not written yet (added
+before it existed, until their first right token). It is never spent for a throttled
+address, and all addresses together get `hashes` checks per window ("8/second"): an
+attacker rotating addresses gains no more CPU than one that does not. Past that, such a
+token is refused unchecked (retry in a second), the right one too; the first right one
+writes the digest and ends it for that agent.
+
+Addresses are as the gateway sees them. Each replica counts its own (memory).
 """
 
 from __future__ import annotations
@@ -21,58 +30,88 @@ import limits
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
+from services.gateway.log_budget import LogBudget
 from shared.auth.ports import AgentInfo, TokenVerifier
 
 log = logging.getLogger("intentroute.gateway.throttle")
 
 DEFAULT_AUTH_FAILURES = "20/minute"
+# bcrypt cost 10 took 63 ms of one core here (2 cores): 8 a second is half a core at
+# most, whatever the number of addresses.
+DEFAULT_AUTH_HASHES = "8/second"
+_HASHES = "bcrypt"
 
 
 class ThrottledError(Exception):
-    """Too many failed credential checks from this address: refused unchecked."""
+    """Refused: this address presented too many wrong credentials lately, or the slow
+    check it needs is over the gateway's budget."""
 
-    def __init__(self, client: str, retry_after: int) -> None:
-        super().__init__(f"too many failed credentials from {client}; retry in {retry_after} s")
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
         self.retry_after = retry_after
 
 
-class AuthThrottle:
-    def __init__(self, limit: str) -> None:
-        """`limit`: e.g. "20/minute"; "" turns the throttle off."""
-        # The rate and its moving-window counter; None: off.
-        self._rule: tuple[limits.RateLimitItem, MovingWindowRateLimiter] | None = None
-        if limit:
-            try:
-                item = limits.parse(limit)
-            except ValueError:
-                raise ValueError(f"GATEWAY_AUTH_FAILURES {limit!r} is not a rate such as "
-                                 f"{DEFAULT_AUTH_FAILURES!r} (or 'off')") from None
-            self._rule = (item, MovingWindowRateLimiter(MemoryStorage()))
+def _rule(limit: str, setting: str, example: str) -> limits.RateLimitItem | None:
+    if not limit:
+        return None
+    try:
+        return limits.parse(limit)
+    except ValueError:
+        raise ValueError(f"{setting} {limit!r} is not a rate such as {example!r} "
+                         f"(or 'off')") from None
 
-    def check(self, client: str) -> None:
-        """ThrottledError if `client` has used up its failed checks."""
-        if self._rule is None:
-            return
-        item, limiter = self._rule
-        if not limiter.test(item, client):
-            reset = limiter.get_window_stats(item, client).reset_time
-            raise ThrottledError(client, max(1, math.ceil(reset - time.time())))
+
+class AuthThrottle:
+    def __init__(self, limit: str, hashes: str = DEFAULT_AUTH_HASHES) -> None:
+        """`limit`: wrong credentials per address, e.g. "20/minute"; `hashes`: bcrypt
+        checks per window over all addresses, e.g. "8/second"; "" turns either off."""
+        self._failures = _rule(limit, "GATEWAY_AUTH_FAILURES", DEFAULT_AUTH_FAILURES)
+        self._hashes = _rule(hashes, "GATEWAY_AUTH_HASHES", DEFAULT_AUTH_HASHES)
+        self._limiter = MovingWindowRateLimiter(MemoryStorage())
+        self._log = LogBudget(log)
+
+    def _retry_after(self, item: limits.RateLimitItem, key: str) -> int:
+        reset = self._limiter.get_window_stats(item, key).reset_time
+        return max(1, math.ceil(reset - time.time()))
+
+    def throttled(self, client: str) -> bool:
+        """Has `client` used up its wrong credentials for now?"""
+        return self._failures is not None and not self._limiter.test(self._failures, client)
 
     def failed(self, client: str) -> None:
-        if self._rule is None:
+        """Count a wrong credential from `client`; ThrottledError once it is past its
+        limit (this one included), so the caller answers 429, not 401."""
+        if self._failures is None or self._limiter.hit(self._failures, client):
             return
-        item, limiter = self._rule
-        if not limiter.hit(item, client):
-            log.warning("throttling credential checks from %s (over %s failures)",
-                        client, item)
+        retry_after = self._retry_after(self._failures, client)
+        self._log.warning(client, "throttling wrong credentials from %s (over %s)",
+                          client, self._failures)
+        raise ThrottledError(f"too many wrong credentials from {client}; "
+                             f"retry in {retry_after} s", retry_after)
+
+    def before_hashing(self, client: str) -> None:
+        """ThrottledError unless a bcrypt check for `client` may be spent: the address
+        is not throttled and the gateway's budget has room."""
+        if self.throttled(client):
+            assert self._failures is not None
+            retry_after = self._retry_after(self._failures, client)
+            raise ThrottledError(f"too many wrong credentials from {client}; "
+                                 f"retry in {retry_after} s", retry_after)
+        if self._hashes is not None and not self._limiter.hit(self._hashes, _HASHES):
+            self._log.warning(_HASHES, "slow credential checks over %s: refused unchecked",
+                              self._hashes)
+            retry_after = self._retry_after(self._hashes, _HASHES)
+            raise ThrottledError(f"too many credential checks; retry in {retry_after} s",
+                                 retry_after)
 
     async def verify(self, agents: TokenVerifier, token: str, client: str) -> AgentInfo | None:
-        """The token's agent (None: no token or not a valid one, counted as a failure);
-        ThrottledError, without checking, once `client` failed too often."""
+        """The token's agent; None: no token or a wrong one (counted against `client`);
+        ThrottledError for a wrong one past the limit, or a check the hashing budget
+        refuses. A right token is never refused for others' failures."""
         if not token:
             return None
-        self.check(client)
-        agent = await agents.verify_token(token)
+        agent = await agents.verify_token(
+            token, before_hashing=lambda: self.before_hashing(client))
         if agent is None:
             self.failed(client)
         return agent

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.generator.fallback import Answered, Sink, merged, steps_for
+from services.generator.fallback import EXTRACTIVE, Answered, Sink, merged, steps_for
 from services.generator.fallback import produce as produce_answer
 from services.generator.ports import ChatBackend
 from services.generator.settings import GeneratorSettings
@@ -26,6 +26,10 @@ from shared.runtime.stage import (
     payload,
     stage_spec,
 )
+
+# `answered_by` of a request the gateway degraded (the agent is past its budget and its
+# policy says on_budget=degrade): the extractive answer, no model asked.
+DEGRADED_BY = f"{EXTRACTIVE}:budget"
 
 
 @dataclass(kw_only=True)
@@ -64,7 +68,8 @@ async def generate(
     if decision.type == QueryType.CONVERSATIONAL:
         previous = await deps.store.previous_answer(req.agent_id, req.session_id) or ""
     policy = deps.policies.policy_for(req.agent_id, req.request_id)
-    steps = steps_for(policy, settings.slot.value, deps.model, backend=deps.backend is not None)
+    steps = ([EXTRACTIVE] if env.degraded else
+             steps_for(policy, settings.slot.value, deps.model, backend=deps.backend is not None))
 
     async def produce(sink: Sink, on_restart: Callable[[], Awaitable[None]]) -> Answered:
         answered = await produce_answer(
@@ -72,6 +77,8 @@ async def generate(
             on_restart=on_restart, timeout=settings.ollama_timeout)
         if settings.common.accounting:
             env.usage = merged(env.usage, answered.usage)
+        if env.degraded:
+            answered.answered_by = DEGRADED_BY
         return answered
 
     if decision.type == QueryType.CODE_GENERATION:

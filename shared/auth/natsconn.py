@@ -22,6 +22,13 @@ import msgspec
 
 from shared.common.settings import CommonSettings
 
+# How a caller comes back after its server restarts: nats-py tries a server it lost again
+# only every `reconnect_time_wait` (default 2 s, so up to 2 s after the server listens
+# again) and gives up after 60 attempts (default). Workers use the same wait
+# (shared.runtime.streams.make_broker). nats-py has no jitter: all clients reconnect
+# together, which costs the server one cheap hash check each (intentroute.stack.auth).
+RECONNECT: dict[str, Any] = {"reconnect_time_wait": 0.25, "max_reconnect_attempts": -1}
+
 
 class Credential(msgspec.Struct, frozen=True, kw_only=True):
     agent_id: str

@@ -12,8 +12,11 @@ Four kinds of user connect to NATS:
 - `intentroute-ops`: the monitoring reader (`intentroute status`, a scraper's sidecar):
   services-API requests, consumer and stream info; it cannot publish work, pull, ack,
   nor change a stream or consumer, so a monitoring host never holds the admin's power.
-- one user per active agent: publish its own requests and feedback, read its own
-  responses (feedback acknowledgements included).
+- one user per active agent: publish its own requests, feedback and replay requests,
+  read its own responses (feedback acknowledgements included). No JetStream API at all:
+  a late replay is the gateway's (`agent.replay.<id>`, services/gateway/replay.py), since
+  a consumer an agent created could be durable (never expiring) or push its deliveries
+  to any subject, past the subject permissions, into other streams.
 
 Every user may subscribe only to its own reply inbox `_INBOX.<user>.>` (clients pass
 `inbox_prefix`), so nobody reads another user's replies or JetStream acks.
@@ -27,7 +30,7 @@ import re
 from typing import NamedTuple
 
 from shared.auth.natsconn import inbox_prefix
-from shared.contracts import deadletter, feedback, pipeline, request, response
+from shared.contracts import deadletter, feedback, pipeline, replay, request, response, turn_rows
 from shared.contracts.routing import ModelSlot
 
 ADMIN_USER = "admin"
@@ -61,15 +64,20 @@ STREAM_SUBJECTS: dict[str, tuple[str, ...]] = {
     response.STREAM: (f"{response.SUBJECT_PREFIX}.>",),
     response.CLAIM_STREAM: (f"{response.CLAIM_SUBJECT_PREFIX}.>",),
     deadletter.STREAM: (f"{deadletter.SUBJECT_PREFIX}.>",),
+    turn_rows.STREAM: (turn_rows.SUBJECTS,),
 }
 
 
 class Permissions(NamedTuple):
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
-    # Lets a user answer a message it received with a reply subject (the server's
-    # flow-control requests on a push consumer), without a publish grant on `$JS.FC`.
+    # Lets a user answer a message it received with a reply subject (services-API
+    # requests, replay requests) without a publish grant on the asker's inbox: at most
+    # `max_responses` messages within `responses_seconds` of the request (the server's
+    # defaults, 1 message and 2 minutes, when `max_responses` is 1).
     allow_responses: bool = False
+    max_responses: int = 1
+    responses_seconds: float = 0.0
 
 
 class ConsumerGrant(NamedTuple):
@@ -90,17 +98,36 @@ class WorkerGrant(NamedTuple):
     subscribe: tuple[str, ...] = ()
     # Further durable consumers of the same worker (the gateway's feedback consumer).
     consumers: tuple[ConsumerGrant, ...] = ()
+    # One durable consumer per agent, `<durable>-<agent_id>` filtered to the agent's
+    # subject under `filter_subject` (the gateway's fair share), instead of `durable`.
+    per_agent: bool = False
+    # Replies it may send to one request it received (`Permissions.max_responses`).
+    max_responses: int = 1
+    responses_seconds: float = 0.0
 
+
+# A replay is answered with one reply per stored chunk, within this window of the
+# request (services/gateway/replay.py stops before either bound, with a final chunk).
+REPLAY_MAX_REPLIES = 10_000
+REPLAY_REPLY_SECONDS = 600.0
+# The gateway's replay consumers: named, on AGENT_RESPONSES, filtered to one answer.
+REPLAY_CONSUMER_CREATE = f"$JS.API.CONSUMER.CREATE.{response.STREAM}.*.{AGENT_RESPONSE_ANY}"
+REPLAY_CONSUMER_DELETE = f"$JS.API.CONSUMER.DELETE.{response.STREAM}.*"
 
 WORKER_GRANTS: dict[str, WorkerGrant] = {
     # Its gRPC face asks on behalf of authenticated callers: publish any agent's
     # request, follow every response. It also reads every agent's feedback and
-    # acknowledges it on that agent's responses.
+    # acknowledges it on that agent's responses. It serves agents' late replays
+    # (`agent.replay.*`) through short-lived consumers of its own, answering each on
+    # the asker's reply subject.
     "gateway": WorkerGrant(
         stream=request.STREAM, durable="gateway", filter_subject=AGENT_REQUEST_ANY,
-        publish=(pipeline.CLASSIFY_SUBJECT, AGENT_REQUEST_ANY, FEEDBACK_ACK_ANY),
-        subscribe=(f"{response.SUBJECT_PREFIX}.>",),
+        per_agent=True,
+        publish=(pipeline.CLASSIFY_SUBJECT, AGENT_REQUEST_ANY, FEEDBACK_ACK_ANY,
+                 REPLAY_CONSUMER_CREATE, REPLAY_CONSUMER_DELETE),
+        subscribe=(f"{response.SUBJECT_PREFIX}.>", replay.SUBJECTS),
         consumers=(ConsumerGrant(feedback.STREAM, FEEDBACK_DURABLE, AGENT_FEEDBACK_ANY),),
+        max_responses=REPLAY_MAX_REPLIES, responses_seconds=REPLAY_REPLY_SECONDS,
     ),
     "classifier": WorkerGrant(
         stream=pipeline.STREAM, durable="classifier", filter_subject=pipeline.CLASSIFY_SUBJECT,
@@ -157,10 +184,29 @@ def consumer_grants(stream: str, durable: str, filter_subject: str) -> tuple[str
     )
 
 
+def per_agent_consumer_grants(stream: str, durable: str, filter_subject: str
+                              ) -> tuple[str, ...]:
+    """JetStream API subjects for one consumer per agent on `stream`: create one whose
+    filter is an agent's subject (`filter_subject` is `agent.request.*`: one token per
+    agent; a subject token cannot hold a name prefix, so the consumer's name is `*`),
+    pull and ack on any consumer of the stream (only the gateway's exist there: agents
+    have no JetStream API), list them (the lag is their sum), and delete the catch-all
+    `durable` they replace (it overlaps them all, so the stream refuses them while it
+    exists)."""
+    return (
+        f"$JS.API.CONSUMER.CREATE.{stream}.*.{filter_subject}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+        f"$JS.ACK.{stream}.*.>",
+        f"$JS.API.CONSUMER.LIST.{stream}",
+        f"$JS.API.CONSUMER.DELETE.{stream}.{durable}",
+    )
+
+
 def service_permissions(worker: str) -> Permissions:
     grant = WORKER_GRANTS[worker]
+    own_consumers = per_agent_consumer_grants if grant.per_agent else consumer_grants
     publish = [
-        *consumer_grants(grant.stream, grant.durable, grant.filter_subject),
+        *own_consumers(grant.stream, grant.durable, grant.filter_subject),
         *(p for c in grant.consumers
           for p in (*consumer_grants(c.stream, c.durable, c.filter_subject),
                     deadletter.dead_letter_subject(c.durable))),
@@ -178,11 +224,24 @@ def service_permissions(worker: str) -> Permissions:
         f"{response.CLAIM_SUBJECT_PREFIX}.>",
         f"$JS.API.STREAM.MSG.GET.{response.CLAIM_STREAM}",
         f"$JS.API.DIRECT.GET.{response.CLAIM_STREAM}.>",
+        # A turn's rows queued while Postgres is away, whether a session has any, and
+        # the row writer every worker runs (shared.runtime.turn_rows).
+        turn_rows.SUBJECTS,
+        f"$JS.API.STREAM.MSG.GET.{turn_rows.STREAM}",
+        f"$JS.API.DIRECT.GET.{turn_rows.STREAM}.>",
+        *consumer_grants(turn_rows.STREAM, turn_rows.DURABLE, turn_rows.SUBJECTS),
+        deadletter.dead_letter_subject(turn_rows.DURABLE),
     ]
-    subscribe = (*grant.subscribe, f"{inbox_prefix(service_user(worker))}.>",
+    # A per-agent reader hears every publication on its subject (the doorbell saying
+    # which agent has requests waiting).
+    doorbell = (grant.filter_subject,) if grant.per_agent else ()
+    subscribe = (*grant.subscribe, *doorbell, f"{inbox_prefix(service_user(worker))}.>",
                  *services_api_subjects(service_user(worker)))
-    # One reply per services-API request, to whoever asked (its inbox is its own).
-    return Permissions(publish=_unique(publish), subscribe=subscribe, allow_responses=True)
+    # One reply per services-API request, to whoever asked (its inbox is its own); the
+    # gateway's replays send several.
+    return Permissions(publish=_unique(publish), subscribe=subscribe, allow_responses=True,
+                       max_responses=grant.max_responses,
+                       responses_seconds=grant.responses_seconds)
 
 
 def services_api_subjects(name: str) -> tuple[str, ...]:
@@ -198,24 +257,24 @@ def ops_permissions() -> Permissions:
     publish = [
         *(f"{SERVICES_API}.{verb}" for verb in SERVICES_VERBS),
         *(f"{SERVICES_API}.{verb}.>" for verb in SERVICES_VERBS),
-        *(f"$JS.API.CONSUMER.INFO.{g.stream}.{g.durable}" for g in WORKER_GRANTS.values()),
+        *(f"$JS.API.CONSUMER.LIST.{g.stream}" if g.per_agent
+          else f"$JS.API.CONSUMER.INFO.{g.stream}.{g.durable}" for g in WORKER_GRANTS.values()),
         *(f"$JS.API.STREAM.INFO.{name}" for name in STREAM_SUBJECTS),
     ]
     return Permissions(publish=_unique(publish), subscribe=(f"{inbox_prefix(OPS_USER)}.>",))
 
 
 def agent_permissions(agent_id: str) -> Permissions:
-    """Its own requests and feedback, its own responses (live, or replayed through an
-    ephemeral consumer whose filter the server checks against the API subject), its
-    own inbox. No stream listing, no other JetStream API."""
-    own_responses = response.agent_responses(agent_id)
+    """Its own requests, feedback and replay requests (answered by the gateway), its own
+    responses, its own inbox. No JetStream API: no consumer of its own, durable or
+    push, no stream listing."""
     publish = [
         request.request_subject(agent_id),
         feedback.feedback_subject(agent_id),
-        f"$JS.API.CONSUMER.CREATE.{response.STREAM}.*.{own_responses}",
+        replay.replay_subject(agent_id),
     ]
-    subscribe = [own_responses, f"{inbox_prefix(agent_id)}.>"]
-    return Permissions(publish=tuple(publish), subscribe=tuple(subscribe), allow_responses=True)
+    subscribe = [response.agent_responses(agent_id), f"{inbox_prefix(agent_id)}.>"]
+    return Permissions(publish=tuple(publish), subscribe=tuple(subscribe))
 
 
 def _unique(items: list[str]) -> tuple[str, ...]:

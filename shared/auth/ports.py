@@ -3,9 +3,13 @@ The store (`shared.store.stores`, `shared.store.agents`) implements them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
+
+# Called before a token check would spend a slow (bcrypt) hash; raises to refuse it.
+HashGate = Callable[[], None]
 
 
 class AgentInfo(msgspec.Struct, frozen=True):
@@ -22,5 +26,7 @@ class AgentDirectory(Protocol):
 
 
 class TokenVerifier(Protocol):
-    async def verify_token(self, token: str) -> AgentInfo | None:
-        """The active agent a bearer token belongs to, or None."""
+    async def verify_token(self, token: str, *,
+                           before_hashing: HashGate | None = None) -> AgentInfo | None:
+        """The active agent a bearer token belongs to, or None. `before_hashing` runs
+        before any slow hash is spent on the check and may raise to refuse it."""

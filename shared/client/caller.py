@@ -5,8 +5,9 @@ publishes on its own `agent.request.<agent_id>` (and its verdicts on
 `agent.feedback.<agent_id>`) and reads `agent.response.<agent_id>.<request_id>`; its
 credential allows nothing else. Live callers subscribe to the
 response subject before publishing (no race, no JetStream consumer per request);
-`replay` reads a stored answer from the start through an ephemeral consumer filtered to
-that one subject, for callers that join late.
+`replay` asks the gateway for a stored answer from the start (`agent.replay.<agent_id>`),
+for callers that join late; an agent creates no JetStream consumer. `ask` replays what
+its subscription missed while the connection was away (`follow_live`).
 """
 
 from __future__ import annotations
@@ -14,26 +15,35 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 import msgspec
 import nats
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import APIError
 
 from shared.contracts import feedback as feedback_contract
+from shared.contracts import replay as replay_contract
 from shared.contracts import request as request_contract
-from shared.contracts import response as response_contract
 from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.feedback import Feedback, FeedbackAck
 from shared.contracts.request import AgentRequest, request_subject
-from shared.contracts.response import ChunkKind, ResponseChunk, response_subject
+from shared.contracts.response import ChunkKind, ErrorCode, ResponseChunk, response_subject
 
 
 class AnswerTimeoutError(Exception):
     """No final chunk arrived in time."""
+
+
+class RequestRefusedError(Exception):
+    """AGENT_REQUESTS refused the request: it holds as many of this agent's waiting
+    requests as it may (STREAM_MAX_PER_AGENT), or is full for everyone
+    (STREAM_MAX_MSGS, STREAM_MAX_BYTES). Nothing was queued; ask again later."""
+
+
+# JetStream's "could not store" (maximum messages, per subject, or bytes exceeded).
+_JS_STORE_FAILED = 10077
 
 
 def request_msg_id(req: AgentRequest) -> str:
@@ -46,25 +56,35 @@ def request_msg_id(req: AgentRequest) -> str:
 
 async def publish_request(nc: Client, req: AgentRequest, *, msg_id: str = "") -> None:
     """Durable publish on `agent.request.<agent_id>` (JetStream ack). A resend with the
-    same `msg_id` is a no-op; without one, a fresh unpredictable id is used."""
-    await nc.jetstream().publish(
-        request_subject(req.agent_id),
-        encode(req),
-        stream=request_contract.STREAM,
-        headers={"Nats-Msg-Id": msg_id or request_msg_id(req)},
-    )
+    same `msg_id` is a no-op; without one, a fresh unpredictable id is used. A full
+    stream raises RequestRefusedError."""
+    try:
+        await nc.jetstream().publish(
+            request_subject(req.agent_id),
+            encode(req),
+            stream=request_contract.STREAM,
+            headers={"Nats-Msg-Id": msg_id or request_msg_id(req)},
+        )
+    except APIError as exc:
+        if exc.err_code == _JS_STORE_FAILED:
+            raise RequestRefusedError(
+                f"request {req.request_id} refused: {exc.description}") from None
+        raise
 
 
 async def publish_until_stored(nc: Client, req: AgentRequest, *, give_up_at: float,
                                pause: float = 0.2) -> None:
     """Publish again until the stream acknowledges the request (through a server
     restart or a stream's leader election): the same msg id, so it is stored once.
-    After `give_up_at` (time.monotonic()) the last error is raised."""
+    After `give_up_at` (time.monotonic()) the last error is raised; a full stream's
+    refusal (RequestRefusedError) at once."""
     msg_id = request_msg_id(req)
     while True:
         try:
             await publish_request(nc, req, msg_id=msg_id)
             return
+        except RequestRefusedError:
+            raise
         except Exception:
             if time.monotonic() > give_up_at:
                 raise
@@ -77,8 +97,10 @@ async def ask(
     """Publish `req` and yield its chunks in order until the final one."""
     sub = await nc.subscribe(response_subject(req.agent_id, req.request_id))
     try:
+        reconnects = _reconnects(nc)
         await publish_request(nc, req)
-        async for chunk in follow(sub, timeout=timeout):
+        async for chunk in follow_live(nc, sub, req.agent_id, req.request_id, timeout=timeout,
+                                       reconnects=reconnects):
             yield chunk
     finally:
         await sub.unsubscribe()
@@ -101,29 +123,126 @@ async def follow(sub: Subscription, *, timeout: float) -> AsyncIterator[Response
             return
 
 
+# How often a live follower looks at the connection's reconnect count while no chunk
+# comes (a dict read): the replay after a reconnect starts within this much of it.
+RECONNECT_POLL = 0.25
+# A replay whose first chunk does not come within this (no gateway yet after a server
+# restart, or one busy) is asked again this much later, the live subscription read
+# meanwhile.
+REPLAY_FIRST_CHUNK = 2.0
+REPLAY_RETRY = 0.5
+
+
+def _reconnects(nc: Client) -> int:
+    return int(nc.stats.get("reconnects", 0))
+
+
+class Merged:
+    """One answer's chunks from two sources (the live subscription, and replays of what
+    is stored after a reconnect), each chunk once, in order: a chunk whose seq is not
+    past the last one passed on was passed on already (seqs grow along an answer, resets
+    and redeliveries included); nothing after the first final."""
+
+    def __init__(self) -> None:
+        self.last_seq = -1
+        self.done = False
+
+    def take(self, chunk: ResponseChunk) -> bool:
+        """Pass `chunk` on?"""
+        if self.done or chunk.seq <= self.last_seq:
+            return False
+        self.last_seq = chunk.seq
+        self.done = chunk.is_final
+        return True
+
+
+class _ReplayUnavailableError(Exception):
+    """No gateway answered the replay (yet), or it was too busy: ask again later."""
+
+
+async def follow_live(
+    nc: Client, sub: Subscription, agent_id: str, request_id: str, *, timeout: float,
+    reconnects: int | None = None,
+) -> AsyncIterator[ResponseChunk]:
+    """`follow` for a caller subscribed to its answer's subject, across reconnects: what
+    was published while the connection was away (a nats-server restart) never reaches
+    the subscription, so after each reconnect (the client's `reconnects` count moved past
+    `reconnects`, default: now) the stored answer is replayed (`replay`) and merged with
+    the live chunks (`Merged`): each chunk once, in order, one final. A replay that finds
+    nothing stored yet leaves the rest to the live subscription, which is back by then."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    seen = _reconnects(nc) if reconnects is None else reconnects
+    merged = Merged()
+    owed_at: float | None = None  # when a replay is owed (a reconnect was seen)
+    while not merged.done:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise AnswerTimeoutError(f"no final chunk within {timeout}s")
+        if _reconnects(nc) != seen:
+            seen, owed_at = _reconnects(nc), loop.time()
+        if owed_at is not None and loop.time() >= owed_at:
+            try:
+                async for chunk in _replay_stored(nc, agent_id, request_id, remaining):
+                    if merged.take(chunk):
+                        yield chunk
+                owed_at = None
+            except _ReplayUnavailableError:
+                owed_at = loop.time() + REPLAY_RETRY
+            continue
+        try:
+            msg = await sub.next_msg(timeout=min(remaining, RECONNECT_POLL))
+        except nats.errors.TimeoutError:
+            continue
+        chunk = decode_chunk(msg.data)
+        if merged.take(chunk):
+            yield chunk
+
+
+async def _replay_stored(nc: Client, agent_id: str, request_id: str, timeout: float
+                         ) -> AsyncIterator[ResponseChunk]:
+    """The stored chunks of the answer (`replay`); nothing when none is stored yet."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    try:
+        await nc.publish(replay_contract.replay_subject(agent_id), request_id.encode(),
+                         reply=inbox)
+        first = True
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=min(timeout, REPLAY_FIRST_CHUNK)
+                                         if first else timeout)
+            except nats.errors.TimeoutError:
+                raise _ReplayUnavailableError from None
+            if not msg.data and msg.headers and msg.headers.get("Status") == "503":
+                raise _ReplayUnavailableError  # no responders: no gateway (yet)
+            chunk = decode_chunk(msg.data)
+            code = chunk.error.code if chunk.error else ""
+            if first and code == ErrorCode.UNKNOWN_REQUEST:
+                return  # nothing stored yet: all of it will come live
+            if first and code == ErrorCode.CONCURRENCY_LIMITED:
+                raise _ReplayUnavailableError
+            first = False
+            yield chunk
+            if chunk.is_final:
+                return
+    finally:
+        await sub.unsubscribe()
+
+
 async def replay(
     nc: Client, agent_id: str, request_id: str, *, timeout: float = 120.0
 ) -> AsyncIterator[ResponseChunk]:
-    """Read an answer from its first chunk, even if it started (or ended) before.
-
-    The consumer is named and filtered to this answer's subject: that is the one form
-    of consumer creation an agent's credential allows on the response stream."""
-    subject = response_subject(agent_id, request_id)
+    """Read an answer from its first chunk, even if it started (or ended) before: the
+    gateway sends the stored chunks to this connection's inbox, following an answer in
+    progress to its final chunk. Nothing stored for this agent under `request_id`
+    (unknown, expired, or another agent's): one final UNKNOWN_REQUEST chunk. No gateway
+    answering: AnswerTimeoutError after `timeout`."""
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
-    await nc.jetstream().add_consumer(
-        response_contract.STREAM,
-        ConsumerConfig(
-            name=f"replay-{uuid.uuid4().hex[:12]}",
-            filter_subject=subject,
-            deliver_subject=inbox,
-            deliver_policy=DeliverPolicy.ALL,
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-            mem_storage=True,
-        ),
-    )
     try:
+        await nc.publish(replay_contract.replay_subject(agent_id), request_id.encode(),
+                         reply=inbox)
         async for chunk in follow(sub, timeout=timeout):
             yield chunk
     finally:

@@ -29,6 +29,7 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import msgspec
 
+from shared.common.limits import StreamLimits
 from shared.policy.confidence import ConfidenceParams
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -297,6 +298,18 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # kept, and days the daily rollups are kept.
     log_hot_days: Annotated[int, env("REQUEST_LOG_HOT_DAYS")] = LOG_HOT_DAYS
     rollup_keep_days: Annotated[int, env("ROLLUP_KEEP_DAYS")] = ROLLUP_KEEP_DAYS
+    # Bounds of the streams (StreamLimits), applied by whoever declares them.
+    streams: Annotated[StreamLimits, env_group(
+        max_bytes="STREAM_MAX_BYTES",
+        max_msgs="STREAM_MAX_MSGS",
+        work_max_age="STREAM_MAX_AGE",
+        dead_letter_max_age="DLQ_MAX_AGE",
+        per_agent="STREAM_MAX_PER_AGENT",
+        max_consumers="STREAM_MAX_CONSUMERS",
+    )] = StreamLimits()
+    # Conversations one agent keeps (sessions rows and their messages): past it, each new
+    # session expires the agent's least recently used one. 0: no cap.
+    max_sessions_per_agent: Annotated[int, env("MAX_SESSIONS_PER_AGENT")] = 10_000
     # Agent confidence (shared/policy/confidence.py): prior strength, daily decay, divergence
     # bound; the gateway's score refresh and the learning job read the same.
     confidence: Annotated[ConfidenceParams, env_group(

@@ -71,6 +71,10 @@ class Admitted(msgspec.Struct, kw_only=True):
     # agent used before is a new run), plus `r<id>` per operator replay of a dead letter.
     # Each run has one final chunk (its answer claim, shared.runtime.bus).
     run: str = ""
+    # The agent is past its budget and its policy says `on_budget=degrade`: the
+    # generator answers with the extractive answerer (no model cost), marked in
+    # `answered_by` (services/gateway/limits.py).
+    degraded: bool = False
 
 
 class Routed(msgspec.Struct, kw_only=True):
@@ -96,12 +100,13 @@ class Routed(msgspec.Struct, kw_only=True):
     # Accounting of the generation (None: ACCOUNTING off, or not generated yet).
     usage: Usage | None = None
     run: str = ""
+    degraded: bool = False
 
     @classmethod
     def from_admitted(cls, admitted: Admitted, decision: RoutingDecision) -> Routed:
         return cls(request=admitted.request, accepted_at=admitted.accepted_at,
                    decision=decision, timings=admitted.timings, deadline=admitted.deadline,
-                   run=admitted.run)
+                   run=admitted.run, degraded=admitted.degraded)
 
 
 # A run: stream sequence digits, and `r<dead-letter id>` per replay.

@@ -86,11 +86,19 @@ class ErrorCode(enum.StrEnum):
     UNKNOWN_REQUEST = "UNKNOWN_REQUEST"
     # The store could not be reached for long enough (feedback not recorded: send again).
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+    # Refusals at admission (per-agent limits, services/gateway/limits.py): nothing was
+    # worked on; `retry_after_ms` says when asking again can succeed (0: unknown).
+    RATE_LIMITED = "RATE_LIMITED"  # requests per second past the agent's bucket
+    CONCURRENCY_LIMITED = "CONCURRENCY_LIMITED"  # too many of its requests in flight
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"  # its daily or monthly budget is spent
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # its model tokens per minute are used up
 
 
-class ErrorInfo(msgspec.Struct, frozen=True):
+class ErrorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     code: str
     message: str
+    # Milliseconds after which the same request may be admitted (refusals; 0: not said).
+    retry_after_ms: int = 0
 
 
 class ResponseChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -21,6 +21,9 @@ class LearnSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Seconds between runs inside a worker (the gateway); 0 = never (`intentroute learn`
     # runs it by hand or from cron).
     interval: Annotated[float, env("LEARN_INTERVAL")] = 0.0
+    # The database URL the job connects with inside a worker: the learner's role, whose
+    # grants the gateway's own role lacks ("" = DATABASE_URL). `up` sets it.
+    database_url: Annotated[str, env("LEARN_DATABASE_URL")] = ""
     # Days of the request log the proposals and the observe replay read.
     window_days: Annotated[float, env("LEARN_WINDOW_DAYS")] = 30.0
     # An agent needs this many logged requests in the window to get proposals, and this

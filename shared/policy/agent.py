@@ -11,12 +11,23 @@ Keys (an empty value unsets one):
     slo_p95_ms=500                 latency SLO
     price.MODEL=IN,OUT[,COMPUTE_S] price per 1k input / output tokens and per compute
                                    second (local models)
+    rate=20/s burst=40             requests per second (or /min, /hour) and the bucket
+    max_inflight=8                 requests admitted and not yet answered
+    tokens_per_min=20000           model tokens (in + out) per minute
+    budget_day=5.0 budget_month=100
+                                   cost units (from the prices) per UTC day / month
+    on_budget=refuse|degrade       past a budget: BUDGET_EXCEEDED, or the extractive answer
+    weight=1                       the agent's share in the gateway's fair scheduling
+Limits left unset take the gateway's global defaults (LIMIT_*); `off` turns one off
+for the agent whatever the default.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -38,6 +49,17 @@ class FallbackEnd(enum.StrEnum):
     ERROR = "error"
 
 
+class OnBudget(enum.StrEnum):
+    """What the gateway does with a request of an agent past its budget."""
+
+    REFUSE = "refuse"  # a final BUDGET_EXCEEDED error chunk
+    DEGRADE = "degrade"  # the extractive answerer answers, marked (no model cost)
+
+
+# A limit set to this is off for the agent, whatever the global default says.
+UNLIMITED = -1
+
+
 class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     input_per_1k: float = 0.0
     output_per_1k: float = 0.0
@@ -52,6 +74,18 @@ class AgentPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     fallback: dict[str, list[str]] = {}
     slo_p95_ms: float | None = None
     prices: dict[str, Price] = {}
+    # Admission limits (services/gateway/limits.py). None: the global default (LIMIT_*);
+    # UNLIMITED (-1): off for this agent.
+    rate: float | None = None  # requests per second (token bucket refill)
+    burst: int | None = None  # the bucket's size
+    max_inflight: int | None = None
+    tokens_per_min: int | None = None
+    budget_day: float | None = None  # cost units per UTC day
+    budget_month: float | None = None  # cost units per UTC month
+    on_budget: OnBudget | None = None
+    # The agent's share in the gateway's weighted fair scheduling (stored and
+    # validated here; the scheduler reads it).
+    weight: float | None = None
 
 
 SLOTS = ("main", "conversational")
@@ -66,6 +100,61 @@ def _number(key: str, value: str, *, low: float, high: float | None = None) -> f
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise PolicyError(f"{key}: {value} must be {bound}")
     return number
+
+
+_UNITS = {"s": "second", "sec": "second", "m": "minute", "min": "minute", "h": "hour",
+          "d": "day"}
+
+
+def per_second(key: str, value: str) -> float:
+    """A rate as requests per second: `20`, `20/s`, `1200/min`, `5 per 10 seconds` (the
+    `limits` library's notation, plus the short units s, sec, m, min, h, d)."""
+    import limits  # the policy module stays importable without it for the other keys
+
+    amount, sep, unit = value.partition("/")
+    text = f"{amount}/{_UNITS.get(unit.strip(), unit.strip())}" if sep else value
+    try:
+        item = limits.parse(text) if (sep or " " in value) else None
+    except ValueError:
+        raise PolicyError(f"{key}: {value!r} is not a rate (e.g. 20/s, 1200/min)") from None
+    rate = item.amount / item.get_expiry() if item else _number(key, value, low=0.0)
+    if rate <= 0:
+        raise PolicyError(f"{key}: {value} must be more than 0 (or off)")
+    return rate
+
+
+# Limit key -> parser of its value; "off" is UNLIMITED, "" the global default.
+_LIMITS: dict[str, Callable[[str, str], float]] = {
+    "rate": per_second,
+    "burst": lambda key, value: _whole(key, value),
+    "max_inflight": lambda key, value: _whole(key, value),
+    "tokens_per_min": lambda key, value: _whole(key, value),
+    "budget_day": lambda key, value: _number(key, value, low=0.0),
+    "budget_month": lambda key, value: _number(key, value, low=0.0),
+}
+
+
+def _whole(key: str, value: str) -> int:
+    number = _number(key, value, low=1.0, high=1e12)
+    if number != int(number):
+        raise PolicyError(f"{key}: {value} must be a whole number")
+    return int(number)
+
+
+def _limit(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
+    """One of the admission keys (limits, on_budget, weight) applied."""
+    if key == "on_budget":
+        if value and value not in OnBudget.__members__.values():
+            raise PolicyError(f"{key}: {value!r} is not one of refuse, degrade")
+        return msgspec.structs.replace(policy, on_budget=OnBudget(value) if value else None)
+    if key == "weight":
+        return msgspec.structs.replace(
+            policy, weight=_number(key, value, low=0.01, high=1000.0) if value else None)
+    number = (None if not value else UNLIMITED if value.lower() == "off"
+              else _LIMITS[key](key, value))
+    if number is not None and not math.isfinite(number):
+        raise PolicyError(f"{key}: {value} is not a finite number")
+    return msgspec.structs.replace(policy, **{key: number})
 
 
 def fallback_chain(key: str, value: str) -> list[str]:
@@ -87,6 +176,8 @@ def apply_assignment(policy: AgentPolicy, assignment: str) -> AgentPolicy:
     if not sep or not key:
         raise PolicyError(f"{assignment!r}: expected key=value")
     replace = msgspec.structs.replace
+    if key in _LIMITS or key in ("on_budget", "weight"):
+        return _limit(policy, key, value)
     if key == "clarity_threshold":
         return replace(policy, clarity_threshold=(
             _number(key, value, low=0.0, high=1.0) if value else None))

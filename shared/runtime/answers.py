@@ -144,8 +144,9 @@ async def finish_turn(
 ) -> None:
     """Store the turn, its classify_history entry and its request-log row in one
     write before the final chunk goes out, so the next turn of the session already
-    sees this answer and this turn's type. An unreachable store is retried until the
-    request's deadline.
+    sees this answer and this turn's type. The stages' store does not wait on an absent
+    Postgres: past a moment the rows are queued on the bus and written when it is back,
+    and the session's next reads wait for them (shared.runtime.turn_rows).
 
     With accounting on (`env.usage` set) the row has the time to the first chunk:
     from the gateway's acceptance to `first_chunk_at` (epoch seconds: when the first

@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind, Tracer
 
 from shared.contracts import deadletter
 from shared.runtime.ports import Delivery
-from shared.runtime.signals import Outcome, StageStats
+from shared.runtime.signals import Lag, Outcome, StageStats
 from shared.runtime.streams import until_ready
 
 log = logging.getLogger("intentroute.consumer")
@@ -55,6 +55,13 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
     # Seconds a replica may hold a message before JetStream redelivers it elsewhere.
     ack_wait: float
     max_deliver: int
+    # One durable consumer per agent (`agent_consumer_name`), filtered to that agent's
+    # subject, instead of one for the whole subject (the gateway's fair share).
+    per_agent: bool = False
+
+    def per_agent_stage(self) -> StageSpec:
+        """The same stage read through one consumer per agent."""
+        return msgspec.structs.replace(self, per_agent=True)
 
     def consumer_config(self) -> ConsumerConfig:
         # With a name nats-py creates through `CONSUMER.CREATE.<stream>.<name>.<filter>`,
@@ -132,6 +139,28 @@ class JsDelivery:
 Handler = Callable[[Delivery], Awaitable[Outcome | None]]
 # Called after each delivery with its outcome and handling time (seconds).
 OnHandled = Callable[[Outcome, float], None]
+
+
+def agent_consumer_name(durable: str, agent_id: str) -> str:
+    """The durable consumer of one agent's subject in a per-agent stage."""
+    return f"{durable}-{agent_id}"
+
+
+async def per_agent_lag(js: JetStreamContext, stream: str, durable: str) -> Lag | None:
+    """A per-agent stage's lag: the sum over its agents' consumers (None: it has none)."""
+    prefix, found, offset = f"{durable}-", [], 0
+    while True:
+        page = await js.consumers_info(stream, offset=offset or None)
+        found += [c for c in page if (c.name or "").startswith(prefix)]
+        offset += len(page)
+        if len(page) < 256:  # the server's page size
+            break
+    if not found:
+        return None
+    return Lag(pending=sum(c.num_pending or 0 for c in found),
+               ack_pending=sum(c.num_ack_pending or 0 for c in found),
+               redelivered=sum(c.num_redelivered or 0 for c in found),
+               waiting=sum(c.num_waiting or 0 for c in found))
 
 
 async def ensure_consumer(js: JetStreamContext, spec: StageSpec) -> None:

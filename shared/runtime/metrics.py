@@ -38,7 +38,7 @@ from opentelemetry.sdk.resources import Resource
 
 from shared.common.tasks import cancel_and_wait
 from shared.contracts import deadletter
-from shared.runtime.consumer import OnHandled, StageSpec
+from shared.runtime.consumer import OnHandled, StageSpec, per_agent_lag
 from shared.runtime.signals import BREAKER_LEVELS, LATENCY_BUCKETS, Lag, Outcome, WorkerSignals
 
 log = logging.getLogger("intentroute.metrics")
@@ -182,10 +182,14 @@ async def read_lag(js: JetStreamContext, signals: WorkerSignals,
                    specs: Sequence[StageSpec]) -> None:
     """One reading of each stage's consumer and of its parked dead letters."""
     for spec in specs:
-        info = await js.consumer_info(spec.stream, spec.durable)
-        signals.lag[spec.durable] = Lag(
-            pending=info.num_pending or 0, ack_pending=info.num_ack_pending or 0,
-            redelivered=info.num_redelivered or 0, waiting=info.num_waiting or 0)
+        if spec.per_agent:  # the sum over its agents' consumers
+            summed = await per_agent_lag(js, spec.stream, spec.durable)
+            signals.lag[spec.durable] = summed or Lag()
+        else:
+            info = await js.consumer_info(spec.stream, spec.durable)
+            signals.lag[spec.durable] = Lag(
+                pending=info.num_pending or 0, ack_pending=info.num_ack_pending or 0,
+                redelivered=info.num_redelivered or 0, waiting=info.num_waiting or 0)
         subject = deadletter.dead_letter_subject(spec.durable)
         dlq = await js.stream_info(deadletter.STREAM, subjects_filter=subject)
         signals.dead_letters_stored[spec.durable] = int(

@@ -10,8 +10,12 @@ Streams:
   stored, so a subscriber that joins late still reads the whole answer.
 - AGENT_FEEDBACK (`agent.feedback.*`), work-queue retention: agents' verdicts on their
   answers, read by the gateway's `gateway-feedback` durable consumer.
+- TURN_ROWS (`intentroute.rows.>`), work-queue retention: turn rows Postgres did not
+  take in time, written by every worker's `row-writer` (shared.runtime.turn_rows).
 
-Every stream has the same number of replicas (`NATS_STREAM_REPLICAS`; 3 on a cluster).
+Every stream has the same number of replicas (`NATS_STREAM_REPLICAS`; 3 on a cluster),
+and bytes, messages, age and consumers bounded by `CommonSettings.streams`; the request
+and feedback streams also bound each agent's waiting messages.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from faststream.nats.security import NatsCredentials, NatsSecurity, NatsToken, N
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import (
     APIError,
     BadRequestError,
@@ -37,39 +41,66 @@ from nats.js.errors import (
 
 from shared.auth.natsconn import connect_kwargs
 from shared.auth.permissions import STREAM_SUBJECTS
+from shared.common.limits import StreamLimits
 from shared.common.settings import CommonSettings
-from shared.contracts import deadletter, feedback, pipeline, request, response
+from shared.contracts import deadletter, feedback, pipeline, request, response, turn_rows
 
 log = logging.getLogger("intentroute.bus")
 T = TypeVar("T")
 
 
-def _stream(name: str, retention: RetentionPolicy, max_age: float, *,
+def _stream(name: str, retention: RetentionPolicy, max_age: float, limits: StreamLimits, *,
             duplicate_window: float = 120) -> StreamConfig:
-    """A file-backed stream on the subjects the permission table gives it
-    (`duplicate_window` 0: the server's default)."""
+    """A file-backed stream on the subjects the permission table gives it, bounded by
+    `limits` (`duplicate_window` 0: the server's default). A work queue refuses a
+    publish when full (discard new: the publisher sees the error, nothing queued is
+    lost); a limits stream drops its oldest messages."""
+    work = retention == RetentionPolicy.WORK_QUEUE
     return StreamConfig(name=name, subjects=list(STREAM_SUBJECTS[name]), retention=retention,
                         storage=StorageType.FILE, max_age=max_age,
-                        duplicate_window=duplicate_window)
+                        duplicate_window=duplicate_window,
+                        max_bytes=limits.max_bytes, max_msgs=limits.max_msgs,
+                        max_consumers=limits.max_consumers,
+                        discard=DiscardPolicy.NEW if work else DiscardPolicy.OLD)
 
 
-def stream_configs(response_ttl: float, replicas: int = 1) -> list[StreamConfig]:
-    day = 24 * 3600
+def _per_agent(cfg: StreamConfig, limit: int) -> StreamConfig:
+    """At most `limit` messages waiting per subject, i.e. per agent (`agent.request.<id>`,
+    `agent.feedback.<id>`); the next one is refused, for that agent only
+    (nats-server >= 2.10; the bundled 2.15 enforces it, tests/integration/test_bounds.py)."""
+    cfg.max_msgs_per_subject = limit
+    cfg.discard_new_per_subject = True
+    return cfg
+
+
+def stream_configs(response_ttl: float, replicas: int = 1,
+                   limits: StreamLimits | None = None) -> list[StreamConfig]:
+    lim = limits or StreamLimits()
+    work = lim.work_max_age
+    requests = _per_agent(_stream(request.STREAM, RetentionPolicy.WORK_QUEUE, work, lim),
+                          lim.per_agent)
+    # The gateway reads requests through one consumer per active agent
+    # (services/gateway/fair_consumer.py), so their number follows the agents an operator
+    # admitted; only the gateway may create them, and idle ones expire.
+    requests.max_consumers = -1
     configs = [
-        _stream(request.STREAM, RetentionPolicy.WORK_QUEUE, day),
-        _stream(pipeline.STREAM, RetentionPolicy.WORK_QUEUE, day),
-        _stream(response.STREAM, RetentionPolicy.LIMITS, response_ttl),
-        _stream(feedback.STREAM, RetentionPolicy.WORK_QUEUE, day),
+        requests,
+        _stream(pipeline.STREAM, RetentionPolicy.WORK_QUEUE, work, lim),
+        _stream(response.STREAM, RetentionPolicy.LIMITS, response_ttl, lim),
+        _per_agent(_stream(feedback.STREAM, RetentionPolicy.WORK_QUEUE, work, lim),
+                   lim.per_agent),
         # One final chunk per run of a request, kept as long as the answers.
-        _stream(response.CLAIM_STREAM, RetentionPolicy.LIMITS, response_ttl),
+        _stream(response.CLAIM_STREAM, RetentionPolicy.LIMITS, response_ttl, lim),
         # Messages that exhausted their deliveries, kept a week for an operator.
-        _stream(deadletter.STREAM, RetentionPolicy.LIMITS, 7 * day, duplicate_window=0),
+        _stream(deadletter.STREAM, RetentionPolicy.LIMITS, lim.dead_letter_max_age, lim,
+                duplicate_window=0),
+        # Turn rows waiting for Postgres (shared.runtime.turn_rows): kept as long as
+        # dead letters, so an outage shorter than a week loses none.
+        _stream(turn_rows.STREAM, RetentionPolicy.WORK_QUEUE, lim.dead_letter_max_age, lim),
     ]
     for cfg in configs:
         cfg.num_replicas = replicas
     return configs
-
-
 
 
 # A cluster that has just started answers these until its JetStream leader is elected
@@ -81,13 +112,15 @@ _JS_NO_PEERS = 10005
 
 
 async def ensure_streams(
-    js: JetStreamContext, response_ttl: float, replicas: int = 1, *, timeout: float = 30.0
+    js: JetStreamContext, response_ttl: float, replicas: int = 1, *,
+    limits: StreamLimits | None = None, timeout: float = 30.0
 ) -> None:
-    """Create or update the streams; every worker may call it at start. Waits (up to
+    """Create or update the streams (a stream declared before has its limits brought to
+    `limits` on the next start); every worker may call it at start. Waits (up to
     `timeout`) for a cluster that is still electing its leaders."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    for cfg in stream_configs(response_ttl, replicas):
+    for cfg in stream_configs(response_ttl, replicas, limits):
         async def declare(cfg: StreamConfig = cfg) -> None:
             try:
                 await js.add_stream(config=cfg)
@@ -142,7 +175,8 @@ async def prepare_streams(js: JetStreamContext, settings: CommonSettings) -> Non
     if settings.nats_authenticated:
         await require_streams(js, settings.response_ttl)
     else:
-        await ensure_streams(js, settings.response_ttl, settings.replicas())
+        await ensure_streams(js, settings.response_ttl, settings.replicas(),
+                             limits=settings.streams)
 
 
 def broker_security(kwargs: dict[str, Any]) -> NatsSecurity | None:

@@ -20,25 +20,26 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
 from nats.aio.client import Client
-from opentelemetry.trace import TracerProvider
+from opentelemetry.trace import Tracer, TracerProvider
 
 from shared.auth.admission import Admission
 from shared.common.settings import CommonSettings
 from shared.runtime.bus import Bus
-from shared.runtime.consumer import Handler, StageConsumer, StageSpec
+from shared.runtime.consumer import Handler, OnHandled, StageConsumer, StageSpec
 from shared.runtime.metrics import Metrics
 from shared.runtime.micro import StageService, service_name
-from shared.runtime.signals import WorkerSignals
+from shared.runtime.signals import StageStats, WorkerSignals
 from shared.runtime.stage import StageDeps
 from shared.runtime.streams import make_broker, prepare_streams
 from shared.runtime.telemetry import build_tracer_provider, tracer_for
+from shared.runtime.turn_rows import AnsweringStore, row_writer
 from shared.store.stores import Store
 
 D = TypeVar("D", bound=StageDeps)
@@ -71,6 +72,15 @@ class Wiring:
 MakeDeps = Callable[[Wiring], Awaitable[D]]
 
 
+class MakeConsumer(Protocol[D_contra]):
+    """Builds the consumer of one stage instead of the plain `StageConsumer` (the
+    gateway's fair reader of `agent.request.*`), given the worker's dependencies."""
+
+    def __call__(self, nc: Client, spec: StageSpec, handler: Handler, deps: D_contra, *,
+                 tracer: Tracer | None, stats: StageStats,
+                 on_handled: OnHandled | None) -> StageConsumer: ...
+
+
 class Worker(Generic[D]):
     """One worker process's stages, their dependencies and their consumers."""
 
@@ -83,6 +93,7 @@ class Worker(Generic[D]):
         stages: Sequence[Consumes[D]],
         make_deps: MakeDeps[D],
         tracer_provider: TracerProvider | None,
+        consumers: Mapping[str, MakeConsumer[D]] | None = None,
     ) -> None:
         self.broker = broker
         self.service = service
@@ -90,8 +101,10 @@ class Worker(Generic[D]):
         self.stages = stages
         self._make_deps = make_deps
         self._provider = tracer_provider
+        self._make_consumer = dict(consumers or {})
         self.deps: D | None = None
         self.consumers: list[StageConsumer] = []
+        self.row_writer: StageConsumer | None = None
         self.signals = WorkerSignals(service_name(service))
         self.metrics: Metrics | None = None
         self.service_api: StageService | None = None
@@ -108,8 +121,13 @@ class Worker(Generic[D]):
                   claim_key=self.common.admission_key.encode())
         tracer = tracer_for(f"intentroute.{self.service}", self._provider)
         store = await Store.connect(self.common.database_url, tracer=tracer,
-                                    implicit_feedback=self.common.accounting)
-        base = StageDeps(bus=bus, store=store, tracer=tracer,
+                                    implicit_feedback=self.common.accounting,
+                                    max_sessions_per_agent=self.common.max_sessions_per_agent)
+        # Turn rows never hold an answer back on an absent Postgres: queued on the bus
+        # instead, written by this worker's row writer (shared.runtime.turn_rows).
+        answering = AnsweringStore(store, nc.jetstream())
+        self.row_writer = row_writer(nc, store, answering, ack_wait=self.common.ack_wait)
+        base = StageDeps(bus=bus, store=answering, tracer=tracer,
                          admission=Admission(self.common.admission_key.encode()))
         base.exits.push_async_callback(store.close)
         try:
@@ -128,14 +146,20 @@ class Worker(Generic[D]):
             if self.metrics.serve():
                 metadata["metrics"] = self.metrics.address
         metrics = self.metrics
-        self.consumers = [
-            StageConsumer(nc, stage.spec, stage.bind(self.deps), tracer=consumer_tracer,
-                          stats=self.signals.stage(stage.spec.durable),
-                          on_handled=metrics.on_handled(stage.spec.durable) if metrics else None)
-            for stage in self.stages
-        ]
+        deps = self.deps
+        self.consumers = []
+        for stage in self.stages:
+            durable = stage.spec.durable
+            make = self._make_consumer.get(durable)
+            kwargs: dict[str, Any] = {
+                "tracer": consumer_tracer, "stats": self.signals.stage(durable),
+                "on_handled": metrics.on_handled(durable) if metrics else None}
+            self.consumers.append(
+                make(nc, stage.spec, stage.bind(deps), deps, **kwargs) if make is not None
+                else StageConsumer(nc, stage.spec, stage.bind(deps), **kwargs))
         for consumer in self.consumers:
             await consumer.start()
+        await self.row_writer.start()
         specs = [stage.spec for stage in self.stages]
         if metrics is not None:
             metrics.poll(nc.jetstream(), specs, self.common.metrics_interval)
@@ -157,6 +181,8 @@ class Worker(Generic[D]):
                 logging.getLogger("intentroute.app").warning("services API: %r", exc)
         for consumer in self.consumers:
             await consumer.stop()
+        if self.row_writer is not None:
+            await self.row_writer.stop()
 
     async def close(self) -> None:
         if self.metrics is not None:
@@ -174,9 +200,11 @@ def build_app(
     stages: Sequence[Consumes[D]],
     make_deps: MakeDeps[D],
     tracer_provider: TracerProvider | None = None,
+    consumers: Mapping[str, MakeConsumer[D]] | None = None,
 ) -> FastStream:
     """The worker's FastStream application; `make_deps` turns what the runtime built
-    (bus, store, tracer, exit stack, connection) into what its stages need."""
+    (bus, store, tracer, exit stack, connection) into what its stages need; `consumers`
+    (by durable) replaces a stage's plain consumer."""
     logging.basicConfig(
         level=common.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -185,7 +213,7 @@ def build_app(
     )
     broker = make_broker(common)
     worker = Worker(broker, service=service, common=common, stages=stages,
-                    make_deps=make_deps, tracer_provider=provider)
+                    make_deps=make_deps, tracer_provider=provider, consumers=consumers)
     return FastStream(
         broker,
         logger=logging.getLogger("intentroute.app"),

@@ -2,8 +2,9 @@
 
 Off the hot path (the CLI, the stack's auth sync, the gateway's credential check
 behind a cache). A secret is generated here, handed out once in a credential and
-stored only as its bcrypt hash; the same hash is the agent's NATS password hash, so
-one secret opens NATS (user = agent id) and gRPC/HTTP (bearer `<agent_id>.<secret>`).
+stored only as its bcrypt hash and the fast digest keyed by it (shared.auth.identity);
+the same hash is the agent's NATS password hash, so one secret opens NATS (user = agent
+id) and gRPC/HTTP (bearer `<agent_id>.<secret>`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import msgspec
 from shared.auth.identity import (
     agent_token,
     check_or_decoy,
+    digest_matches,
     hash_secret,
     split_token,
+    token_digest,
 )
 from shared.auth.natsconn import Credential, user_credential
 from shared.auth.permissions import agent_id_problem
@@ -82,13 +85,21 @@ class AgentStore:
         secret = secrets.token_urlsafe(32)
         secret_hash = await asyncio.to_thread(hash_secret, secret)
         status = await self._pool.execute(
-            "INSERT INTO agents (agent_id, secret_hash, trusted) VALUES ($1, $2, $3) "
-            "ON CONFLICT (agent_id) DO NOTHING",
-            agent_id, secret_hash, trusted,
+            "INSERT INTO agents (agent_id, secret_hash, secret_digest, trusted) "
+            "VALUES ($1, $2, $3, $4) ON CONFLICT (agent_id) DO NOTHING",
+            agent_id, secret_hash, token_digest(secret, secret_hash), trusted,
         )
         if status.endswith(" 0"):
             raise AgentExistsError(f"agent {agent_id!r} exists (revoked agents keep their id)")
         return new_credential(agent_id, secret)
+
+    async def discard(self, agent_id: str) -> bool:
+        """Undo an `add` that did not take effect (NATS refused the reload, its credential
+        was never handed out): the row goes, so adding the id again works. False when
+        there was no such active agent (a revoked agent's row stays)."""
+        status = await self._pool.execute(
+            "DELETE FROM agents WHERE agent_id = $1 AND revoked_at IS NULL", agent_id)
+        return not status.endswith(" 0")
 
     async def rotate(self, agent_id: str) -> Credential:
         """A new secret for an active agent (the old one stops working); its credential
@@ -96,9 +107,9 @@ class AgentStore:
         secret = secrets.token_urlsafe(32)
         secret_hash = await asyncio.to_thread(hash_secret, secret)
         status = await self._pool.execute(
-            "UPDATE agents SET secret_hash = $2, updated_at = now() "
+            "UPDATE agents SET secret_hash = $2, secret_digest = $3, updated_at = now() "
             "WHERE agent_id = $1 AND revoked_at IS NULL",
-            agent_id, secret_hash,
+            agent_id, secret_hash, token_digest(secret, secret_hash),
         )
         if status.endswith(" 0"):
             raise UnknownAgentError(f"no active agent {agent_id!r}")
@@ -150,14 +161,26 @@ class AgentStore:
 
     async def verify_token(self, token: str) -> AgentRecord | None:
         """The active agent a bearer token belongs to, or None (unknown, revoked or a
-        wrong secret; all take one bcrypt check)."""
+        wrong secret). Checked against the secret's digest; an agent without one yet
+        (added before it existed) with bcrypt, and its digest stored on success, which
+        is how `intentroute up` upgrades the agents it holds credentials for."""
         agent_id, secret = split_token(token)
         row = None
         if agent_id and not agent_id_problem(agent_id):
             row = await self._pool.fetchrow(
-                f"SELECT {_COLUMNS}, secret_hash FROM agents WHERE agent_id = $1", agent_id
+                f"SELECT {_COLUMNS}, secret_hash, secret_digest FROM agents "
+                "WHERE agent_id = $1", agent_id
             )
-        ok = await asyncio.to_thread(check_or_decoy, secret, row["secret_hash"] if row else "")
+        if row is not None and row["secret_digest"]:
+            ok = digest_matches(secret, row["secret_hash"], row["secret_digest"])
+        else:
+            secret_hash = row["secret_hash"] if row else ""
+            ok = await asyncio.to_thread(check_or_decoy, secret, secret_hash)
+            if ok and token_digest(secret, secret_hash):
+                await self._pool.execute(
+                    "UPDATE agents SET secret_digest = $3 "
+                    "WHERE agent_id = $1 AND secret_hash = $2",
+                    agent_id, secret_hash, token_digest(secret, secret_hash))
         if not (ok and row is not None and row["revoked_at"] is None):
             return None
         return _record(row)

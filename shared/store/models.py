@@ -18,6 +18,9 @@ sessions = sa.Table(
     sa.Column("session_id", sa.String(128), primary_key=True),
     sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
     sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+    # An agent's least recently used sessions expire past MAX_SESSIONS_PER_AGENT
+    # (trigger sessions_cap, migration 0011).
+    sa.Index("ix_sessions_agent_updated", "agent_id", "updated_at"),
 )
 
 messages = sa.Table(
@@ -46,6 +49,10 @@ agents = sa.Table(
     sa.Column("agent_id", sa.String(128), primary_key=True),
     # bcrypt hash of the agent's secret; the secret itself is never stored.
     sa.Column("secret_hash", sa.Text, nullable=False),
+    # HMAC-SHA256 of the secret keyed by secret_hash (shared.auth.identity.token_digest):
+    # the gateway's microsecond token check. "" until the secret is first checked with
+    # bcrypt (or rotated); a secret_hash changed any way voids it.
+    sa.Column("secret_digest", sa.Text, nullable=False, server_default=""),
     # May declare query_type; its RC-01 platform prefix is honoured.
     sa.Column("trusted", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
@@ -229,4 +236,34 @@ daily_agent_latency = sa.Table(
     sa.Column("latency_p95_ms", sa.Float, nullable=True),
     sa.Column("latency_p99_ms", sa.Float, nullable=True),
     sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+)
+# Per-agent limits' shared state (migration 0010, services/gateway/limits/store.py): the
+# rate bucket, the tokens of this and the last minute, the spend of the UTC day and
+# month, the cost estimate reserved per request and what the last admission reserved.
+agent_limit_state = sa.Table(
+    "agent_limit_state",
+    metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("bucket", sa.Float, nullable=False),
+    sa.Column("bucket_at", sa.Float, nullable=False),
+    sa.Column("tokens_minute", sa.BigInteger, nullable=False),
+    sa.Column("tokens_cur", sa.Float, nullable=False, server_default="0"),
+    sa.Column("tokens_prev", sa.Float, nullable=False, server_default="0"),
+    sa.Column("day", sa.Date, nullable=False),
+    sa.Column("spent_day", sa.Float, nullable=False, server_default="0"),
+    sa.Column("month", sa.Date, nullable=False),
+    sa.Column("spent_month", sa.Float, nullable=False, server_default="0"),
+    sa.Column("cost_estimate", sa.Float, nullable=True),
+    sa.Column("reserved", sa.Float, nullable=False, server_default="0"),
+    sa.Column("settled_at", sa.Float, nullable=False, server_default="0"),
+)
+# Requests admitted and not settled yet, keyed as their request-log rows.
+agent_inflight = sa.Table(
+    "agent_inflight",
+    metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("request_id", sa.String(128), primary_key=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), primary_key=True),
+    sa.Column("deadline", sa.Float, nullable=False),
+    sa.Column("estimate", sa.Float, nullable=False),
 )

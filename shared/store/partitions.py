@@ -73,16 +73,11 @@ async def default_days(conn: asyncpg.Connection) -> list[date]:
 
 async def _create(conn: asyncpg.Connection, day: date) -> int:
     """Create and attach `day`'s partition, moving its rows out of the DEFAULT partition;
-    returns how many moved."""
-    name, (low, high) = partition_name(day), bounds(day)
-    await conn.execute(f"CREATE TABLE {name} (LIKE {TABLE} INCLUDING DEFAULTS)")
-    status = await conn.execute(
-        f"WITH moved AS (DELETE FROM {DEFAULT_PARTITION} "
-        f"WHERE created_at >= '{low}' AND created_at < '{high}' RETURNING *) "
-        f"INSERT INTO {name} SELECT * FROM moved")
-    await conn.execute(
-        f"ALTER TABLE {TABLE} ATTACH PARTITION {name} FOR VALUES FROM ('{low}') TO ('{high}')")
-    return int(status.rsplit(" ", 1)[-1])
+    returns how many moved. The DDL runs in `request_log_create_partition` (migration
+    0009), as the schema's owner: the learning job's role may call it but creates and
+    drops nothing itself."""
+    moved: int = await conn.fetchval("SELECT request_log_create_partition($1::date)", day)
+    return moved
 
 
 async def ensure_partitions(conn: asyncpg.Connection, days: Iterable[date]) -> dict[str, int]:
@@ -127,8 +122,8 @@ async def drop_partitions_before(conn: asyncpg.Connection, cutoff: date) -> tupl
             await lock(conn)
             await conn.execute(f"SET LOCAL lock_timeout = '{DROP_LOCK_TIMEOUT}'")
             dropped = [day for day in await partition_days(conn) if day < cutoff]
-            for day in dropped:
-                await conn.execute(f"DROP TABLE {partition_name(day)}")
+            for day in dropped:  # as the owner, in request_log_drop_partition
+                await conn.execute("SELECT request_log_drop_partition($1::date)", day)
             status = await conn.execute(
                 f"DELETE FROM {DEFAULT_PARTITION} WHERE created_at < '{bounds(cutoff)[0]}'")
     except asyncpg.LockNotAvailableError as exc:

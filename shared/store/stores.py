@@ -12,6 +12,7 @@ import asyncpg
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
+from shared.auth.identity import AgentSecret
 from shared.auth.ports import AgentInfo
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
 from shared.store import asyncpg_dsn
@@ -24,12 +25,18 @@ from shared.store.writer import (
 )
 
 log = logging.getLogger("intentroute.store")
+# Read by the trigger that expires an agent's oldest sessions (migration 0011).
+SESSION_CAP_SETTING = "intentroute.max_sessions_per_agent"
 
 
 
 _SQL_AGENT = """
-SELECT agent_id, secret_hash, trusted, revoked_at IS NOT NULL AS revoked
+SELECT agent_id, secret_hash, secret_digest, trusted, revoked_at IS NOT NULL AS revoked
 FROM agents WHERE agent_id = $1
+"""
+# Only while the hash is the one the digest was derived with (rotated meanwhile: no).
+_SQL_SAVE_DIGEST = """
+UPDATE agents SET secret_digest = $3 WHERE agent_id = $1 AND secret_hash = $2
 """
 _SQL_LAST_HISTORY = """
 SELECT type, topic FROM classify_history
@@ -46,6 +53,11 @@ SELECT role, content FROM messages
 WHERE agent_id = $1 AND session_id = $2
 ORDER BY id DESC LIMIT $3
 """
+
+
+def _session_cap(cap: int | None) -> dict[str, str] | None:
+    """The connection setting the sessions_cap trigger reads (migration 0011)."""
+    return None if cap is None else {SESSION_CAP_SETTING: str(max(0, cap))}
 
 
 async def _release_as_is(conn: asyncpg.Connection) -> None:
@@ -76,14 +88,19 @@ class Store:
         max_size: int = 4,
         tracer: Tracer | None = None,
         implicit_feedback: bool = True,
+        max_sessions_per_agent: int | None = None,
     ) -> Store:
         """`implicit_feedback`: record the implicit outcome of every request-log row
-        written (CommonSettings.accounting; shared.store.writer)."""
+        written (CommonSettings.accounting; shared.store.writer).
+        `max_sessions_per_agent`: the sessions an agent keeps before its least recently
+        used expire (MAX_SESSIONS_PER_AGENT, 0 = no cap; None: the database's default,
+        migration 0011)."""
         if not database_url:
             raise StoreUnavailableError("DATABASE_URL is not set")
         pool = await asyncpg.create_pool(
             asyncpg_dsn(database_url), min_size=min_size, max_size=max_size,
             reset=_release_as_is,
+            server_settings=_session_cap(max_sessions_per_agent),
         )
         assert pool is not None
         return cls(pool, tracer=tracer, implicit_feedback=implicit_feedback)
@@ -110,14 +127,19 @@ class Store:
         rows = await self.pool.fetch(_SQL_LAST_TURNS, agent_id, session_id, n)
         return [(r["role"], r["content"]) for r in reversed(rows)]
 
-    async def agent(self, agent_id: str) -> tuple[AgentInfo, str] | None:
-        """An agent's record and the bcrypt hash of its secret (None: no such agent)."""
+    async def agent(self, agent_id: str) -> AgentSecret | None:
+        """An agent's record and its secret's hash and digest (None: no such agent)."""
         row = await self.pool.fetchrow(_SQL_AGENT, agent_id)
         if row is None:
             return None
         info = AgentInfo(agent_id=row["agent_id"], trusted=row["trusted"],
                          revoked=row["revoked"])
-        return info, row["secret_hash"]
+        return AgentSecret(info, row["secret_hash"], row["secret_digest"])
+
+    async def save_token_digest(self, agent_id: str, secret_hash: str, digest: str) -> None:
+        """Store the digest of an agent's secret, checked with bcrypt against
+        `secret_hash` (CachedAgents)."""
+        await self.pool.execute(_SQL_SAVE_DIGEST, agent_id, secret_hash, digest)
 
     async def write(self, *rows: Row, deadline: float | None = None) -> None:
         """Returns once every row is committed. While the database is unreachable the

@@ -136,6 +136,9 @@ _CALLER_ERRORS = frozenset({
     ErrorCode.MALFORMED_JSON, ErrorCode.MISSING_FIELD, ErrorCode.INVALID_FIELD,
     ErrorCode.OVERSIZED_FIELD, ErrorCode.UNKNOWN_QUERY_TYPE, ErrorCode.AGENT_MISMATCH,
     ErrorCode.UNKNOWN_AGENT,
+    # Refused at admission by the agent's own limits: nothing was answered.
+    ErrorCode.RATE_LIMITED, ErrorCode.CONCURRENCY_LIMITED, ErrorCode.QUOTA_EXCEEDED,
+    ErrorCode.BUDGET_EXCEEDED,
 })
 _ERROR_PREFIX = "error:"
 

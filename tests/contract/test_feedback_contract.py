@@ -16,7 +16,7 @@ from services.gateway.feedback import FeedbackRecorder, build_feedback_consumer,
 from services.gateway.handlers import GatewayDeps
 from services.gateway.http import build_http_app, split_listen
 from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle
-from shared.auth.ports import AgentInfo
+from shared.auth.ports import AgentInfo, HashGate
 from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackOutcome
 from testkit.fakes import (
     FakeAgents,
@@ -152,7 +152,8 @@ def test_check_feedback_accepts_the_bounds() -> None:
 class TokenAgents:
     """Bearer tokens `<agent>.good` are valid."""
 
-    async def verify_token(self, token: str) -> AgentInfo | None:
+    async def verify_token(self, token: str, *,
+                           before_hashing: HashGate | None = None) -> AgentInfo | None:
         agent, _, secret = token.partition(".")
         return AgentInfo(agent) if secret == "good" else None
 

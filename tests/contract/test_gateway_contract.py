@@ -100,3 +100,34 @@ async def test_gateway_answers_unreadable_input_on_the_agents_invalid_subject() 
     assert chunk.error is not None
     assert chunk.error.code == "MALFORMED_JSON"
     assert store.rows == []
+
+
+async def test_a_refused_request_ends_in_its_typed_final_chunk_and_log_row() -> None:
+    from services.gateway.limits.gate import LimitGate
+    from services.gateway.limits.logic import Admission, Verdict
+    from services.gateway.limits.settings import LimitSettings
+    from shared.store.rows import RequestLogRow
+    from testkit.fakes import FakeLimits, FakePolicies
+
+    stage = build_stage(GatewaySettings(common=COMMON))
+    bus, store, deps = setup()
+    limits = FakeLimits(Admission(verdict=Verdict.RATE_LIMITED, retry_after_ms=250),
+                        Admission(verdict=Verdict.DEGRADE))
+    deps.limits = LimitGate(limits, FakePolicies(), LimitSettings(rate=1000.0, max_inflight=512))
+    refused = AgentRequest(request_id="r-1", session_id="s", agent_id="a", query="hi")
+    degraded = AgentRequest(request_id="r-2", session_id="s", agent_id="a", query="hi")
+    for req in (refused, degraded):
+        await run_on_wire(stage, encode(req), deps, subject=from_agent("a"))
+
+    (final,) = (decode_chunk(c) for c in bus.on("agent.response.a.r-1"))
+    assert final.is_final
+    assert final.error is not None
+    assert (final.error.code, final.error.retry_after_ms) == ("RATE_LIMITED", 250)
+    assert [(r.request_id, r.outcome) for r in store.rows
+            if isinstance(r, RequestLogRow)] == [("r-1", "error:RATE_LIMITED")]
+    assert len(store.rows) == 1
+    # Past a budget with on_budget=degrade: handed on, marked for the generator.
+    (handoff,) = [s for s in bus.sent if s[0] == "intentroute.stage.classify"]
+    admitted = decode_admitted(handoff[3])
+    assert (admitted.request.request_id, admitted.degraded) == ("r-2", True)
+    assert [c["request_id"] for c in limits.calls] == ["r-1", "r-2"]

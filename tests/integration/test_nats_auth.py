@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,53 +121,42 @@ async def test_an_agent_cannot_list_streams(alice: Recorded) -> None:
     assert await alice.wait_refusal('publish to "$js.api.stream.list"', since)
 
 
-async def test_an_agent_cannot_create_a_consumer_on_another_agents_answers(
-    alice: Recorded,
-) -> None:
+@pytest.mark.parametrize("kind", ["durable", "push", "ordered", "other-agent"])
+async def test_an_agents_consumer_creation_is_refused(alice: Recorded, kind: str) -> None:
+    """No consumer of its own at all, even on its own answers: a durable one never
+    expires, a push one delivers wherever its body says (late replay is the gateway's,
+    tests/integration/test_bounds.py)."""
     js = alice.nc.jetstream(timeout=2)
     since = len(alice.errors)
+    name = f"peek-{uuid.uuid4().hex[:8]}"
+    own = "agent.response.alice.>"
+    attempts: dict[str, Callable[[], Awaitable[Any]]] = {
+        "durable": lambda: js.add_consumer(RESPONSES, config=ConsumerConfig(
+            durable_name=name, filter_subject=own, ack_policy=AckPolicy.EXPLICIT)),
+        "push": lambda: js.add_consumer(RESPONSES, config=ConsumerConfig(
+            name=name, filter_subject=own, deliver_subject="agent.request.alice",
+            ack_policy=AckPolicy.NONE)),
+        "ordered": lambda: js.subscribe(own, stream=RESPONSES, ordered_consumer=True,
+                                        deliver_policy=DeliverPolicy.ALL),
+        "other-agent": lambda: js.add_consumer(RESPONSES, config=ConsumerConfig(
+            name=name, filter_subject="agent.response.bob.>",
+            deliver_subject=alice.nc.new_inbox(), ack_policy=AckPolicy.NONE)),
+    }
     with pytest.raises(nats.errors.TimeoutError):
-        await js.add_consumer(RESPONSES, config=ConsumerConfig(
-            name=f"peek-{uuid.uuid4().hex[:8]}", filter_subject="agent.response.bob.>",
-            deliver_subject=alice.nc.new_inbox(), ack_policy=AckPolicy.NONE))
-    assert await alice.wait_refusal(
-        'publish to "$js.api.consumer.create.agent_responses.peek-', since)
-    # Its own filter in the subject and bob's in the body: the server compares them.
-    body: dict[str, Any] = {"stream_name": RESPONSES, "config": {
-        "name": "peek2", "filter_subject": "agent.response.bob.>", "ack_policy": "none",
-        "deliver_subject": alice.nc.new_inbox()}}
-    reply = await alice.nc.request(
-        f"$JS.API.CONSUMER.CREATE.{RESPONSES}.peek2.agent.response.alice.>",
-        json.dumps(body).encode(), timeout=2)
-    assert json.loads(reply.data)["error"]["err_code"] == 10131
-    # Several filters cannot use the subject-based API at all.
-    body["config"] = {**body["config"], "filter_subject": None,
-                      "filter_subjects": ["agent.response.alice.>", "agent.response.bob.>"]}
-    reply = await alice.nc.request(
-        f"$JS.API.CONSUMER.CREATE.{RESPONSES}.peek2.agent.response.alice.>",
-        json.dumps(body).encode(), timeout=2)
-    assert "error" in json.loads(reply.data)
+        await attempts[kind]()
+    assert await alice.wait_refusal('publish to "$js.api.consumer.', since)
 
 
-async def test_an_agent_publishes_its_requests_and_replays_its_own_answer(
+async def test_an_agent_publishes_its_requests_and_replay_requests(
     stack: AuthStack, alice: Recorded
 ) -> None:
     ack = await alice.nc.jetstream().publish("agent.request.alice", b'{"q": 1}')
     assert ack.stream == "AGENT_REQUESTS"
-    # A worker stored an answer in two chunks before alice subscribed.
-    worker = await connect_recording(stack.nats_url, **stack.service("generator-main"))
-    rid = uuid.uuid4().hex
-    for seq in range(2):
-        await worker.nc.jetstream().publish(f"agent.response.alice.{rid}", f"chunk{seq}".encode())
     since = len(alice.errors)
-    sub = await alice.nc.jetstream().subscribe(
-        f"agent.response.alice.{rid}", stream=RESPONSES, ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL, config=ConsumerConfig(name=f"replay-{rid[:8]}"))
-    got = [(await sub.next_msg(timeout=5)).data for _ in range(2)]
-    assert got == [b"chunk0", b"chunk1"]
-    await sub.unsubscribe()
+    await alice.nc.publish("agent.replay.alice", b"r1", reply=alice.nc.new_inbox())
+    await alice.nc.flush()
     await assert_no_refusal(alice, since)
-    await worker.nc.close()
+    await assert_publish_refused(alice, "agent.replay.bob", b"r1")
 
 
 async def test_an_agent_receives_its_live_answer(stack: AuthStack, alice: Recorded) -> None:
@@ -270,13 +258,14 @@ def test_state_files_hold_no_plain_secret_of_an_agent(stack: AuthStack) -> None:
 
 
 @pytest.mark.parametrize("target", [pipeline.CLASSIFY_SUBJECT, "agent.request.bob",
-                                    "agent.response.bob.r1"])
+                                    "agent.request.alice", "agent.feedback.alice",
+                                    "intentroute.claim.alice.x.1", "agent.response.bob.r1"])
 async def test_an_agents_push_consumer_cannot_feed_the_pipeline(
     stack: AuthStack, alice: Recorded, target: str
 ) -> None:
     """The deliver subject of a consumer is in the request body, out of reach of subject
-    permissions: the server refuses a cycle into the same stream, and delivers nothing
-    where no core subscriber listens (stages read through pull consumers)."""
+    permissions (the hostile test stored an agent's chunks in four streams this way):
+    an agent may create no consumer, so nothing is delivered or stored anywhere."""
     worker = await connect_recording(stack.nats_url, **stack.service("classifier"))
     await worker.nc.jetstream().publish("agent.response.alice.seed", b"seed")
     await worker.nc.close()
@@ -284,15 +273,15 @@ async def test_an_agents_push_consumer_cannot_feed_the_pipeline(
     js = admin.jetstream()
     before = {name: (await js.stream_info(name)).state.messages for name in STREAM_SUBJECTS}
     name = f"inject-{uuid.uuid4().hex[:8]}"
-    with contextlib.suppress(nats.js.errors.BadRequestError):  # the cycle case
-        await alice.nc.jetstream().add_consumer(RESPONSES, config=ConsumerConfig(
+    since = len(alice.errors)
+    with pytest.raises(nats.errors.TimeoutError):
+        await alice.nc.jetstream(timeout=2).add_consumer(RESPONSES, config=ConsumerConfig(
             name=name, filter_subject="agent.response.alice.>", deliver_subject=target,
             ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL))
+    assert await alice.wait_refusal('publish to "$js.api.consumer.create', since)
     await asyncio.sleep(1.0)
     after = {name: (await js.stream_info(name)).state.messages for name in STREAM_SUBJECTS}
-    assert after[pipeline.STREAM] == before[pipeline.STREAM]
-    assert after["AGENT_REQUESTS"] == before["AGENT_REQUESTS"]
-    assert after[RESPONSES] == before[RESPONSES]
+    assert after == before
     with contextlib.suppress(nats.js.errors.NotFoundError):
         await js.delete_consumer(RESPONSES, name)
     await admin.drain()

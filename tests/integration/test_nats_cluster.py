@@ -31,6 +31,7 @@ from shared.contracts import deadletter, pipeline, request, response
 from shared.contracts.codec import decode_chunk
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import agent_responses
+from shared.runtime.consumer import agent_consumer_name
 from shared.runtime.streams import ensure_streams
 from shared.store import asyncpg_dsn
 from shared.store.agents import AgentStore
@@ -43,7 +44,9 @@ AGENT = "cluster-agent"
 WORKERS = ("gateway", "classifier", "generator-conversational")
 STREAMS = [Replicated(s) for s in (request.STREAM, pipeline.STREAM, response.STREAM,
                                    deadletter.STREAM)]
-CONSUMERS = [Replicated(request.STREAM, "gateway"), Replicated(pipeline.STREAM, "classifier"),
+# The gateway reads each agent's requests through that agent's own consumer.
+CONSUMERS = [Replicated(request.STREAM, agent_consumer_name("gateway", AGENT)),
+             Replicated(pipeline.STREAM, "classifier"),
              Replicated(pipeline.STREAM, "generator-conversational")]
 
 

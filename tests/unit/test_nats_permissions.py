@@ -17,6 +17,8 @@ from shared.auth.natsconn import connect_kwargs
 from shared.auth.permissions import (
     ADMIN_USER,
     OPS_USER,
+    REPLAY_MAX_REPLIES,
+    REPLAY_REPLY_SECONDS,
     SERVICE_USERS,
     STACK_USERS,
     WORKER_GRANTS,
@@ -43,12 +45,12 @@ def test_an_agent_may_touch_only_its_own_subjects() -> None:
     perms = agent_permissions("alice")
     for subject in (*perms.publish, *perms.subscribe):
         assert "alice" in subject.split("."), subject
-    # Wildcards come after its own id only (the `*` in the consumer API subject is the
-    # consumer's name; the filter after it is checked by the server against the body).
+    # Its requests, verdicts and replay requests: no JetStream API subject at all.
     assert set(perms.publish) == {
-        "agent.request.alice", "agent.feedback.alice",
-        "$JS.API.CONSUMER.CREATE.AGENT_RESPONSES.*.agent.response.alice.>"}
+        "agent.request.alice", "agent.feedback.alice", "agent.replay.alice"}
     assert set(perms.subscribe) == {"agent.response.alice.>", "_INBOX.alice.>"}
+    # It answers nothing (no push consumer's flow control to reply to).
+    assert not perms.allow_responses
 
 
 def test_an_agent_has_no_stream_api_nor_pipeline_subject() -> None:
@@ -56,7 +58,8 @@ def test_an_agent_has_no_stream_api_nor_pipeline_subject() -> None:
     joined = " ".join(perms.publish + perms.subscribe)
     assert "$JS.API.STREAM" not in joined
     assert "intentroute.stage" not in joined
-    assert "$JS.API.CONSUMER.CREATE.AGENT_RESPONSES.*.agent.response.alice.>" in perms.publish
+    # No consumer of its own, durable or push, anywhere (late replay is the gateway's).
+    assert "$JS." not in joined
 
 
 @pytest.mark.parametrize("worker", list(WORKER_GRANTS))
@@ -89,9 +92,12 @@ def test_the_ops_reader_reads_and_changes_nothing() -> None:
     assert not perms.allow_responses
     for subject in perms.publish:
         assert subject.startswith(("$SRV.PING", "$SRV.INFO", "$SRV.STATS",
-                                   "$JS.API.CONSUMER.INFO.", "$JS.API.STREAM.INFO.")), subject
+                                   "$JS.API.CONSUMER.INFO.", "$JS.API.STREAM.INFO.",
+                                   "$JS.API.CONSUMER.LIST.")), subject
     for grant in WORKER_GRANTS.values():
-        assert f"$JS.API.CONSUMER.INFO.{grant.stream}.{grant.durable}" in perms.publish
+        lag = (f"$JS.API.CONSUMER.LIST.{grant.stream}" if grant.per_agent  # summed
+               else f"$JS.API.CONSUMER.INFO.{grant.stream}.{grant.durable}")
+        assert lag in perms.publish
     assert "$JS.API.STREAM.INFO.INTENTROUTE_DLQ" in perms.publish
     assert agent_id_problem(OPS_USER)  # never an agent's name
 
@@ -111,12 +117,13 @@ def test_stage_hand_offs_follow_the_pipeline() -> None:
     assert stage_publishes("validator") == {"intentroute.stage.generate.main"}
     # Every stage reads the last stored chunk of an answer (a redelivered message whose
     # answer already went out is dropped), and dead-letters only on its own consumers'
-    # subjects.
+    # subjects (the row writer every worker runs included).
     for worker, grant in WORKER_GRANTS.items():
         publish = service_permissions(worker).publish
         assert "$JS.API.STREAM.MSG.GET.AGENT_RESPONSES" in publish
         assert {p for p in publish if p.startswith("intentroute.dlq.")} == {
-            f"intentroute.dlq.{d}" for d in (grant.durable, *(c.durable for c in grant.consumers))}
+            f"intentroute.dlq.{d}" for d in (grant.durable, *(c.durable for c in grant.consumers),
+                                             "row-writer")}
 
 
 def test_only_the_gateway_reads_feedback_and_acknowledges_it() -> None:
@@ -137,6 +144,21 @@ def test_only_the_gateway_reads_feedback_and_acknowledges_it() -> None:
     assert [p for p in alice.publish if p.startswith("agent.feedback")] == [
         "agent.feedback.alice"]
     assert "agent.response.alice.>" in alice.subscribe
+
+
+def test_only_the_gateway_serves_replays_through_one_answer_consumers() -> None:
+    from services.gateway.replay import ReplayService  # noqa: F401  (the server side)
+
+    gateway = service_permissions("gateway")
+    assert "agent.replay.*" in gateway.subscribe
+    # Creation names the consumer and filters it to one agent's answer subject.
+    assert "$JS.API.CONSUMER.CREATE.AGENT_RESPONSES.*.agent.response.*.*" in gateway.publish
+    for worker in WORKER_GRANTS:
+        if worker != "gateway":
+            perms = service_permissions(worker)
+            assert "agent.replay.*" not in perms.subscribe
+            assert not any(p.startswith("$JS.API.CONSUMER.CREATE.AGENT_RESPONSES")
+                           for p in perms.publish), worker
 
 
 def test_the_feedback_consumer_is_the_one_granted() -> None:
@@ -171,7 +193,9 @@ def _service_specs() -> dict[str, tuple[str, str, str]]:
             GeneratorSettings.from_env({}, slot=ModelSlot.CONVERSATIONAL)),
         "validator": validator(ValidatorSettings.from_env({})),
     }
-    return {w: (s.spec.stream, s.spec.durable, s.spec.subject) for w, s in stages.items()}
+    # The gateway's per-agent consumers: tests/unit/test_fair_share.py.
+    return {w: (s.spec.stream, s.spec.durable, s.spec.subject) for w, s in stages.items()
+            if not s.spec.per_agent}
 
 
 @pytest.mark.parametrize(("worker", "spec"), list(_service_specs().items()))
@@ -197,7 +221,11 @@ def test_the_auth_part_lists_every_user_with_quoted_hashes() -> None:
     assert "permissions" not in users[ADMIN_USER]
     assert "allow_responses" not in users[OPS_USER]["permissions"]
     assert users["alice"]["password"] == "$2b$10$alice"
-    assert users["alice"]["permissions"]["allow_responses"] is True
+    assert "allow_responses" not in users["alice"]["permissions"]
+    # The gateway answers a replay with one reply per chunk; the other workers with one.
+    assert users["intentroute-gateway"]["permissions"]["allow_responses"] == {
+        "max": REPLAY_MAX_REPLIES, "expires": f"{REPLAY_REPLY_SECONDS:g}s"}
+    assert users["intentroute-classifier"]["permissions"]["allow_responses"] is True
     assert re.search(r'"password": "\$2b\$10\$alice"', text)  # never an unquoted `$`
     assert "no_auth_user" not in text
 

@@ -18,6 +18,7 @@ import pytest
 from intentroute.settings import CliSettings
 from services.classifier.settings import ClassifierSettings
 from services.gateway.dashboard.settings import DashboardSettings
+from services.gateway.limits.settings import LimitSettings
 from services.gateway.settings import GatewaySettings
 from services.generator.settings import GeneratorSettings
 from services.retriever.settings import RetrieverSettings
@@ -45,6 +46,7 @@ FROM_ENV: dict[type[msgspec.Struct], Callable[[Mapping[str, str]], Any]] = {
     ClassifierSettings: ClassifierSettings.from_env,
     GatewaySettings: GatewaySettings.from_env,
     DashboardSettings: DashboardSettings.from_env,
+    LimitSettings: LimitSettings.from_env,
     GeneratorSettings: GeneratorSettings.from_env,
     RetrieverSettings: RetrieverSettings.from_env,
     ValidatorSettings: ValidatorSettings.from_env,

@@ -2,9 +2,12 @@
 
 Accepted inputs (one or more files, mixed formats allowed):
 
-* JSONL: `{"text": ..., "label": ...}` (extra keys such as `lang` are ignored), or
-  `{"topic": ..., "type": ...}` lines as exported from classify_history;
+* JSONL: `{"text": ..., "label": ...}` (extra keys such as `lang` are ignored, and may
+  be null), or `{"topic": ..., "type": ...}` lines as exported from classify_history;
+  a label may be a string or an integer id;
 * CSV with a header containing `text` and `category` (or `label`).
+
+A malformed line raises `InputError` naming the file, the line number and the field.
 """
 
 from __future__ import annotations
@@ -17,40 +20,61 @@ from typing import Any
 
 import numpy as np
 
+from services.classifier.offline.inputs import InputError, read_lines
+
 
 def _clean(text: Any) -> str:
     return " ".join(str(text).split())
 
 
+_KEY_PAIRS = (("text", "label"), ("topic", "type"), ("text", "category"))
+
+
 def load_jsonl(path: Path) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            obj = json.loads(line)
-            if "text" in obj and "label" in obj:
-                text, label = obj["text"], obj["label"]
-            elif "topic" in obj and "type" in obj:
-                text, label = obj["topic"], obj["type"]
-            elif "text" in obj and "category" in obj:
-                text, label = obj["text"], obj["category"]
-            else:
-                raise ValueError(f"{path}:{n}: need text/label or topic/type keys")
-            text = _clean(text)
-            if text and label:
-                rows.append((text, str(label)))
+    for n, raw in read_lines(path):
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            raise InputError(path, n, "(line)", "not valid JSON") from None
+        if not isinstance(obj, dict):
+            raise InputError(path, n, "(line)", "not a JSON object")
+        keys = next((pair for pair in _KEY_PAIRS if pair[0] in obj and pair[1] in obj), None)
+        if keys is None:
+            raise InputError(path, n, "text/label", "need text/label or topic/type keys")
+        text, label = obj[keys[0]], obj[keys[1]]
+        if not isinstance(text, str):
+            raise InputError(path, n, keys[0], f"expected a string, got {_kind(text)}")
+        if not isinstance(label, str | int) or isinstance(label, bool):
+            raise InputError(path, n, keys[1],
+                             f"expected a string or an integer, got {_kind(label)}")
+        text = _clean(text)
+        if text and str(label).strip():
+            rows.append((text, str(label).strip()))
     return rows
 
 
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
 def load_csv(path: Path) -> list[tuple[str, str]]:
+    try:
+        return _read_csv(path)
+    except OSError as exc:
+        raise InputError(path, 0, "", exc.strerror or str(exc)) from None
+    except UnicodeDecodeError:
+        raise InputError(path, 0, "", "not UTF-8 text") from None
+
+
+def _read_csv(path: Path) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
         fields = [c.strip().lower() for c in reader.fieldnames or []]
         if "text" not in fields or not ({"category", "label"} & set(fields)):
-            raise ValueError(f"{path}: CSV header must have text and category columns")
+            raise InputError(path, 1, "(header)", "CSV header must have text and category "
+                             "columns")
         names = dict(zip(fields, reader.fieldnames or [], strict=True))
         label_col = names.get("category") or names["label"]
         for rec in reader:
@@ -73,7 +97,7 @@ def load_labelled(paths: Path | str | Iterable[Path | str]) -> list[tuple[str, s
         elif suffix in (".csv", ".tsv"):
             rows.extend(load_csv(p))
         else:
-            raise ValueError(f"{p}: unknown labelled-data format (want .jsonl or .csv)")
+            raise InputError(p, 0, "", "unknown labelled-data format (want .jsonl or .csv)")
     return rows
 
 

@@ -1,7 +1,8 @@
 """`intentroute eval routing`: every line through the real cascade, no NATS.
 
 Input lines: {"query", "expected", "history": [{"type", "topic"}], optional
-"extra_context", "editor_context", "query_type", "id"}.
+"extra_context", "editor_context", "query_type", "id"}. Optional fields may be null;
+a malformed line raises `InputError` (file, line number, field).
 """
 
 from __future__ import annotations
@@ -22,19 +23,18 @@ from services.classifier.deixis import is_deictic
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.predict import Prediction
 from services.classifier.llm import OllamaLabeler
+from services.classifier.offline.inputs import HistoryItem, decode_jsonl, history_entries
 from services.classifier.offline.metrics import macro_f1
 from services.classifier.ports import LlmLabeler
 from services.classifier.rules import has_platform_data, has_platform_prefix
 from services.classifier.settings import ClassifierSettings
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import (
-    HISTORY_WINDOW,
     HistoryEntry,
     Layer,
     QueryType,
     RoutingDecision,
     slot_for,
-    topic_snippet,
 )
 
 LAYERS = ("declared", "rules", "embedding", "llm", "fallback")
@@ -43,10 +43,10 @@ LAYERS = ("declared", "rules", "embedding", "llm", "fallback")
 class EvalLine(msgspec.Struct):
     query: str
     expected: QueryType
-    history: list[dict[str, str]] = []
-    extra_context: str = ""
-    editor_context: str = ""
-    query_type: str | None = None
+    history: list[HistoryItem] | None = None
+    extra_context: str | None = None
+    editor_context: str | None = None
+    query_type: QueryType | None = None
     id: str | int | None = None
 
 
@@ -63,15 +63,8 @@ class CountingLabeler:
         return await self.inner.label(query, history, editor_context)
 
 
-def _history(raw: list[dict[str, str]]) -> list[HistoryEntry]:
-    entries = [HistoryEntry(QueryType(h["type"]), topic_snippet(h.get("topic", "")))
-               for h in raw]
-    return entries[-HISTORY_WINDOW:]
-
-
 def load_lines(path: Path) -> list[EvalLine]:
-    decoder = msgspec.json.Decoder(EvalLine)
-    return [decoder.decode(line) for line in path.read_bytes().splitlines() if line.strip()]
+    return decode_jsonl(path, EvalLine)
 
 
 async def evaluate_routing(
@@ -90,10 +83,10 @@ async def evaluate_routing(
     for i, line in enumerate(lines, 1):
         req = AgentRequest(
             request_id=f"eval-{i}", session_id="eval", agent_id="eval", query=line.query,
-            query_type=line.query_type or None, extra_context=line.extra_context,
-            editor_context=line.editor_context,
+            query_type=line.query_type.value if line.query_type else None,
+            extra_context=line.extra_context or "", editor_context=line.editor_context or "",
         )
-        history = _history(line.history)
+        history = history_entries(line.history)
         calls_before = counting.calls if counting else 0
         started = time.perf_counter()
         # The sets stand for platform traffic: a trusted agent (declared types, RC-01).
@@ -161,7 +154,7 @@ def _violations(line: EvalLine, dec: RoutingDecision, *,
         dec.type != QueryType.PLATFORM or llm_called
     ):
         found.append("RC-01")
-    if not declared and has_platform_data(line.query, line.extra_context) and (
+    if not declared and has_platform_data(line.query, line.extra_context or "") and (
         dec.type != QueryType.PLATFORM
     ):
         found.append("RC-02")
@@ -199,11 +192,12 @@ def run_eval_routing(path: Path, settings: ClassifierSettings, *, threshold: flo
                      predictions_out: Path | None) -> dict[str, Any]:
     """The worker's cascade as `settings` configure it (Layer 2 from its head registry,
     seeded like the worker's; Layer 3 when an Ollama model is set), at `threshold`."""
+    lines = load_lines(path)  # a malformed line fails before any model is loaded
     classifier = build_classifier(settings, threshold=threshold)
     llm = (OllamaLabeler(settings.ollama_host, settings.llm_model)
            if settings.ollama_host and settings.llm_model else None)
     cascade = Cascade(CascadeConfig(threshold=threshold),
                       layer2=DirectLayer2(classifier) if classifier is not None else None,
                       llm=llm)
-    return asyncio.run(evaluate_routing(load_lines(path), cascade,
+    return asyncio.run(evaluate_routing(lines, cascade,
                                         predictions_out=predictions_out))

@@ -26,6 +26,7 @@ from aiohttp import web
 from services.gateway.dashboard.auth import COOKIE, session_cookie, session_valid, token_matches
 from services.gateway.dashboard.figures import build_dashboard
 from services.gateway.dashboard.queries import FiguresUnavailableError, Window, read_figures
+from services.gateway.log_budget import LogBudget
 from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle, ThrottledError
 from shared.auth.identity import bearer_value
 
@@ -47,10 +48,14 @@ _HEADERS = {
 }
 _NO_STORE = {**_HEADERS, "Cache-Control": "no-store"}
 Handler = Callable[[web.Request], Awaitable[web.Response]]
+# The right token is let in from any address, however many wrong ones came from there
+# (services/gateway/throttle.py), so the throttle does not stop guessing: the token's
+# length does. 32 characters of hex are 128 bits; `up` generates 43 of base64 (256).
+MIN_TOKEN = 32
 
 
 def _guarded(handler: Handler) -> Handler:
-    """429 for an address that presented too many wrong tokens lately."""
+    """429 for a wrong token from an address that presented too many lately."""
     async def run(request: web.Request) -> web.Response:
         try:
             return await handler(request)
@@ -72,6 +77,7 @@ class _Dashboard:
         self.max_days = max_days
         self.session_ttl = session_ttl
         self.clock = clock
+        self.refusals = LogBudget(log)
         base = html.escape(prefix + "/", quote=True)
         self.page_html = (STATIC_DIR / "index.html").read_text("utf-8").replace(
             "{{BASE}}", base)
@@ -80,21 +86,22 @@ class _Dashboard:
         self.static = {name: (STATIC_DIR / name).read_bytes() for name in _STATIC_TYPES}
 
     def _token_ok(self, request: web.Request, given: str) -> bool:
-        """Is a presented token the dashboard's? A wrong one counts against the caller's
-        address; ThrottledError, unchecked, once it has failed too often."""
-        client = request.remote or ""
-        self.throttle.check(client)
+        """Is a presented token the dashboard's (always checked: the right one is let in
+        from any address)? A wrong one counts against the caller's address;
+        ThrottledError once it has presented too many."""
         if token_matches(self.token, given):
             return True
-        self.throttle.failed(client)
+        self.throttle.failed(request.remote or "")
         return False
 
     def authorized(self, request: web.Request) -> bool:
-        given = bearer_value(request.headers.get("Authorization", "").strip())
-        if given and self._token_ok(request, given):
-            return True
+        """A valid session cookie or the right bearer token (a valid session is never
+        refused for a wrong bearer token beside it)."""
         cookie = request.cookies.get(COOKIE, "")
-        return bool(cookie) and session_valid(self.token, cookie, now=self.clock())
+        if cookie and session_valid(self.token, cookie, now=self.clock()):
+            return True
+        given = bearer_value(request.headers.get("Authorization", "").strip())
+        return bool(given) and self._token_ok(request, given)
 
     def _login_form(self, message: str, status: int) -> web.Response:
         body = self.login_template.replace("{{MESSAGE}}", html.escape(message))
@@ -110,7 +117,8 @@ class _Dashboard:
         form = await request.post()
         given = form.get("token")
         if not isinstance(given, str) or not self._token_ok(request, given):
-            log.warning("dashboard: refused a login from %s", request.remote)
+            self.refusals.warning(request.remote or "", "dashboard: refused a login from %s",
+                                  request.remote)
             return self._login_form("Wrong token.", 401)
         response = web.Response(status=303, headers={**_NO_STORE, "Location": self.prefix})
         response.set_cookie(
@@ -175,9 +183,14 @@ def add_dashboard_routes(
     throttle: AuthThrottle | None = None,
 ) -> bool:
     """Add the dashboard under `prefix`; with an empty `token` add nothing (the dashboard
-    is off and its URLs answer 404). True when added."""
+    is off and its URLs answer 404), nor with one shorter than MIN_TOKEN. True when
+    added."""
     if not token:
         log.info("dashboard off: GATEWAY_DASHBOARD_TOKEN is not set")
+        return False
+    if len(token) < MIN_TOKEN:
+        log.error("dashboard off: GATEWAY_DASHBOARD_TOKEN has %d characters, it needs %d "
+                  "or more of random (e.g. `openssl rand -hex 32`)", len(token), MIN_TOKEN)
         return False
     prefix = "/" + prefix.strip("/")
     dash = _Dashboard(pool, token=token, prefix=prefix, default_days=default_days,

@@ -1,0 +1,253 @@
+"""Fairness benchmark: one agent floods, two others keep asking; what do they wait?
+
+Loopback, authentication on (as `intentroute up`): embedded nats-server and Postgres,
+two gateway replicas and one of every other worker (extractive answers, BM25 over the
+demo knowledge base). Agents B and C each ask one RETRIEVAL question a second, first
+for `quiet` seconds alone, then while agent A publishes `flood` RETRIEVAL questions
+as fast as it can, until A's flood is all answered (or `deadline` passes).
+
+Keys: victim_p50_ms / victim_p95_ms (B's and C's answers during the flood, publish to
+final chunk), victim_quiet_p95_ms (the same before it), victims_sent, flood_answered,
+flood_refused (A's error finals by code), lost (requests without a final chunk at the
+end), duplicate_finals (requests with two different finals), flood_s (A's first
+publish to its last answer), budget_overshoot (`budget_overshoot`: null unless budgets
+are configured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.msg import Msg
+
+from intentroute.stack import NatsServer, PostgresServer
+from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
+from intentroute.supervisor import Supervisor
+from intentroute.workers import WORKERS, wait_for_consumers
+from shared.client.caller import publish_until_stored
+from shared.contracts.codec import decode_chunk
+from shared.contracts.request import AgentRequest
+from shared.runtime.streams import ensure_streams
+from shared.store import migrate
+from shared.store.agents import AgentStore
+
+FLOOD, VICTIMS = "flood-a", ("victim-b", "victim-c")
+QUESTIONS = ("What does addParam do?", "How do I loop from 1 to 10 in AVAP?",
+             "what is addResult for", "how do I read a request header")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
+
+
+def budget_overshoot(state: Path) -> float | None:
+    """Hook for the budgets (issue 19, item 1): cost units spent past the flooding
+    agent's budget, when one is configured for the run. None: no budget configured."""
+    return None
+
+
+class Finals:
+    """Final chunks as seen live: first arrival per request, distinct finals."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[float, str]] = {}
+        self.distinct: dict[str, set[bytes]] = defaultdict(set)
+        self.arrived = asyncio.Event()
+
+    async def on_chunk(self, msg: Msg) -> None:
+        chunk = decode_chunk(msg.data)
+        if not chunk.is_final:
+            return
+        self.distinct[chunk.request_id].add(msg.data)
+        if chunk.request_id not in self.first:
+            self.first[chunk.request_id] = (time.monotonic(),
+                                            chunk.error.code if chunk.error else "")
+            self.arrived.set()
+
+
+class Fairness:
+    def __init__(self, state: Path, *, flood: int, quiet: float, deadline: float,
+                 env: dict[str, str]) -> None:
+        self.state = state
+        self.flood = flood
+        self.quiet = quiet
+        self.deadline = deadline
+        self.extra_env = env
+        self.nats = NatsServer(state / "nats", creds_dir=auth_files(state).creds_dir)
+        self.pg = PostgresServer(state / "postgres")
+        self.supervisor = Supervisor()
+        self.finals = Finals()
+        # request id -> (agent, publish time); victims' by phase.
+        self.sent: dict[str, tuple[str, float]] = {}
+        self.phase: dict[str, str] = {}
+
+    async def prepare(self) -> dict[str, Any]:
+        store = await AgentStore.connect(self.pg.url)
+        try:  # trusted: their declared RETRIEVAL is honoured
+            creds = {a: await store.add(a, trusted=True) for a in (FLOOD, *VICTIMS)}
+        finally:
+            await store.close()
+        await sync_agents(self.state, self.pg.url)
+        async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
+            await ensure_streams(admin.jetstream(), 3600)
+        return creds
+
+    def start_workers(self) -> None:
+        env = dict(os.environ, NATS_URL=self.nats.url, DATABASE_URL=self.pg.url,
+                   INTENTROUTE_HOME=str(self.state), INDEX_DIR=str(self.state / "index"),
+                   RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="", AVAP_PARSER_TIMEOUT="0",
+                   LOG_LEVEL="ERROR", REQUEST_DEADLINE=str(self.deadline), **self.extra_env)
+        for name in WORKERS:
+            for _ in range(2 if name == "gateway" else 1):
+                self.supervisor.add(name, [sys.executable, "-m", "intentroute.cli", "worker",
+                                           name], {**env, **service_env(self.state, name)})
+
+    def request(self, agent: str, i: int) -> AgentRequest:
+        return AgentRequest(request_id=uuid.uuid4().hex, session_id=f"{agent}-{i % 20}",
+                            agent_id=agent, query=QUESTIONS[i % len(QUESTIONS)],
+                            query_type="RETRIEVAL")
+
+    async def publish(self, nc: Any, agent: str, i: int, phase: str) -> None:
+        req = self.request(agent, i)
+        self.sent[req.request_id] = (agent, time.monotonic())
+        self.phase[req.request_id] = phase
+        with contextlib.suppress(Exception):  # never stored: counted as lost
+            await publish_until_stored(nc, req, give_up_at=time.monotonic() + 30)
+
+    async def victim(self, nc: Any, agent: str, phase: dict[str, str],
+                     stop: asyncio.Event) -> None:
+        i, sending = 0, set()
+        while not stop.is_set():
+            task = asyncio.create_task(self.publish(nc, agent, i, phase["now"]))
+            sending.add(task)
+            task.add_done_callback(sending.discard)
+            i += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+    async def flood_all(self, nc: Any) -> None:
+        step = 250  # publishes in flight at once: as fast as one connection goes
+        for start in range(0, self.flood, step):
+            await asyncio.gather(*(self.publish(nc, FLOOD, i, "flood")
+                                   for i in range(start, min(self.flood, start + step))))
+
+    def flood_done(self) -> bool:
+        return all(rid in self.finals.first for rid, (agent, _) in self.sent.items()
+                   if agent == FLOOD)
+
+    async def run(self) -> dict[str, Any]:
+        creds = await self.prepare()
+        self.start_workers()
+        stop_supervising = asyncio.Event()
+
+        async def supervise() -> None:
+            while not stop_supervising.is_set():
+                self.supervisor.poll()
+                await asyncio.sleep(0.1)
+
+        supervising = asyncio.create_task(supervise())
+        conns: list[Any] = []
+        try:
+            async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
+                await wait_for_consumers(admin, list(WORKERS))
+                await admin.subscribe("agent.response.*.*", cb=self.finals.on_chunk)
+                for agent in (FLOOD, *VICTIMS):
+                    conns.append(await nats.connect(self.nats.url, **creds[agent].nats))
+                flood_nc, victim_ncs = conns[0], conns[1:]
+                phase = {"now": "quiet"}
+                stop = asyncio.Event()
+                victims = [asyncio.create_task(self.victim(nc, agent, phase, stop))
+                           for nc, agent in zip(victim_ncs, VICTIMS, strict=True)]
+                await asyncio.sleep(self.quiet)
+                phase["now"] = "during"
+                started = time.monotonic()
+                await self.flood_all(flood_nc)
+                give_up = started + self.deadline
+                while not self.flood_done() and time.monotonic() < give_up:
+                    self.finals.arrived.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.finals.arrived.wait(), 1.0)
+                flood_s = time.monotonic() - started
+                stop.set()
+                await asyncio.gather(*victims)
+                # The last victims' answers, and any late duplicate.
+                await asyncio.sleep(3.0)
+        finally:
+            for nc in conns:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+            stop_supervising.set()
+            await supervising
+            self.supervisor.stop(timeout=15)
+        return self.report(flood_s)
+
+    def report(self, flood_s: float) -> dict[str, Any]:
+        latency: dict[str, list[float]] = defaultdict(list)
+        refused: Counter[str] = Counter()
+        answered = 0
+        for rid, (agent, sent_at) in self.sent.items():
+            first = self.finals.first.get(rid)
+            if first is None:
+                continue
+            if agent == FLOOD:
+                if first[1]:
+                    refused[first[1]] += 1
+                else:
+                    answered += 1
+            else:
+                latency[self.phase[rid]].append(first[0] - sent_at)
+        return {
+            "victim_p50_ms": _pct(latency["during"], 0.5),
+            "victim_p95_ms": _pct(latency["during"], 0.95),
+            "victim_quiet_p95_ms": _pct(latency["quiet"], 0.95),
+            "victims_sent": {phase: len(v) for phase, v in latency.items()},
+            "flood_sent": self.flood,
+            "flood_answered": answered,
+            "flood_refused": dict(refused),
+            "flood_s": round(flood_s, 1),
+            "lost": sum(1 for rid in self.sent if rid not in self.finals.first),
+            "duplicate_finals": sum(1 for rid in self.sent
+                                    if len(self.finals.distinct.get(rid, ())) > 1),
+            "budget_overshoot": budget_overshoot(self.state),
+            "settings": {k: v for k, v in self.extra_env.items()},
+        }
+
+
+def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
+        env: dict[str, str] | None = None) -> dict[str, Any]:
+    """See the module doc; `env` adds worker settings (GATEWAY_PIPELINE_BACKLOG, ...)."""
+    from services.retriever.indexing.embedded_ingest import ingest
+    from shared.encoders.embeddings import SentenceTransformerEncoder
+
+    with tempfile.TemporaryDirectory(prefix="ir-fairness-") as tmp:
+        state = Path(tmp)
+        ingest(Path(__file__).resolve().parent.parent / "kb" / "avap", state / "index",
+               SentenceTransformerEncoder(), progress=False)
+        bench = Fairness(state, flood=flood, quiet=quiet, deadline=deadline, env=env or {})
+        bench.nats.start()
+        bench.pg.start()
+        try:
+            migrate(bench.pg.url)
+            return asyncio.run(bench.run())
+        finally:
+            bench.nats.stop()
+            bench.pg.stop()
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(run()))

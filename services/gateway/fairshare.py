@@ -1,0 +1,169 @@
+"""Which agent's requests the gateway takes next: weighted deficit round robin.
+
+Pure logic on a clock it is given (the JetStream side is `fair_consumer.py`). Agents
+with requests waiting are *active*; each visit of an active agent adds `quantum x
+weight` to its deficit, and the gateway may take as many of its requests as the deficit
+holds (whole requests). An agent whose pull came back short has nothing more waiting:
+it leaves the active set and its deficit is reset (classic DRR, Shreedhar & Varghese
+1995), so idle time earns no credit.
+
+Newly active agents are served before the ones that were already busy (DRR++, as in
+fq_codel's "new flows"): an agent asking once in a while gets its request through at
+the next turn instead of after a whole round of floods, and a flooding agent never
+benefits, because it is never idle. A new agent's first quantum is served from the new
+list; once spent it joins the tail of the old list like everyone else.
+
+A doorbell (the request's publication, seen on core NATS) can arrive before the stream
+has stored the message; an agent found empty shortly after its doorbell is looked at
+again after `RECHECK` delays rather than forgotten until the next scan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+
+# Seconds after an agent's doorbell during which an empty pull is looked at again, and
+# the delays of those looks (the stream stores a message within a millisecond or two
+# of its publication on loopback; the last look covers a busy server).
+RING_GRACE = 0.5
+RECHECK = (0.005, 0.025, 0.1)
+
+
+class FairScheduler:
+    """Weighted DRR over active agents, new arrivals first (module doc)."""
+
+    def __init__(self, *, quantum: int, weight: Callable[[str], float]) -> None:
+        if quantum < 1:
+            raise ValueError("quantum must be at least one request")
+        self.quantum = quantum
+        self._weight = weight
+        self._new: deque[str] = deque()
+        self._old: deque[str] = deque()
+        self._deficit: dict[str, float] = {}
+        # Agent -> time of its last doorbell; looks found empty since; next look due.
+        self._rang: dict[str, float] = {}
+        self._looks: dict[str, int] = {}
+        self._recheck: dict[str, float] = {}
+
+    def weight(self, agent: str) -> float:
+        try:
+            weight = float(self._weight(agent))
+        except Exception:  # a policy that cannot be read is the default share
+            return 1.0
+        return weight if weight > 0 else 1.0
+
+    @property
+    def active(self) -> list[str]:
+        return [*self._new, *self._old]
+
+    def __bool__(self) -> bool:
+        return bool(self._new or self._old)
+
+    def wake(self, agent: str, now: float, *, rang: bool = False) -> None:
+        """`agent` may have requests waiting (a doorbell when `rang`, else a scan)."""
+        if rang:
+            self._rang[agent] = now
+            self._looks.pop(agent, None)
+        self._recheck.pop(agent, None)
+        if agent in self._deficit:
+            return
+        self._deficit[agent] = self.quantum * self.weight(agent)
+        self._new.append(agent)
+
+    def pick(self, room: int) -> tuple[str, int] | None:
+        """The agent to take requests from and how many (1..room), or None when no
+        agent is active. The agent stays at the head until `served` is called."""
+        if room < 1:
+            return None
+        while self._new or self._old:
+            fresh = bool(self._new)
+            agent = self._new[0] if fresh else self._old[0]
+            deficit = self._deficit[agent]
+            if deficit >= 1:
+                return agent, min(int(deficit), room)
+            # Its turn is spent: a fresh quantum, at the back of the busy agents.
+            (self._new if fresh else self._old).popleft()
+            self._deficit[agent] = deficit + self.quantum * self.weight(agent)
+            self._old.append(agent)
+        return None
+
+    def served(self, agent: str, asked: int, got: int, now: float) -> None:
+        """The pull `pick` chose returned `got` of the `asked` requests."""
+        if agent not in self._deficit:
+            return
+        self._deficit[agent] -= got
+        if got:
+            self._looks.pop(agent, None)
+        if got >= asked:
+            return
+        # Nothing more waiting: out of the round, its credit with it.
+        self._drop(agent)
+        rang = self._rang.get(agent)
+        if rang is None:
+            return
+        looks = self._looks.get(agent, 0)
+        if got == 0 and now - rang <= RING_GRACE and looks < len(RECHECK):
+            # Perhaps rung before the stream stored it: look again shortly.
+            self._recheck[agent] = now + RECHECK[looks]
+            self._looks[agent] = looks + 1
+        elif now - rang > RING_GRACE:
+            self._rang.pop(agent, None)
+            self._looks.pop(agent, None)
+
+    def next_recheck(self) -> float | None:
+        """When the earliest look again is due (None: none is)."""
+        return min(self._recheck.values(), default=None)
+
+    def due(self, now: float) -> list[str]:
+        """Agents whose look again is due, made active again."""
+        woken = [agent for agent, at in self._recheck.items() if at <= now]
+        for agent in woken:
+            self.wake(agent, now)
+        return woken
+
+    def _drop(self, agent: str) -> None:
+        self._deficit.pop(agent, None)
+        for queue in (self._new, self._old):
+            if agent in queue:
+                queue.remove(agent)
+
+    def forget(self, agent: str) -> None:
+        """Drop everything known of `agent` (its consumer cannot be read)."""
+        self._drop(agent)
+        self._rang.pop(agent, None)
+        self._looks.pop(agent, None)
+        self._recheck.pop(agent, None)
+
+
+# Seconds over which the pipeline's drain rate is averaged (exponentially weighted).
+DRAIN_WINDOW = 1.0
+
+
+class DrainRate:
+    """Messages a work-queue stream loses per second (acknowledged by its consumers),
+    from successive readings of its counters: messages ever stored (`last_seq`) less
+    those still there is what was removed; its change over time is the rate, averaged
+    over about DRAIN_WINDOW seconds whatever the reading interval."""
+
+    def __init__(self, window: float = DRAIN_WINDOW) -> None:
+        self.window = window
+        self.rate = 0.0
+        self._last: tuple[float, int] | None = None
+
+    def observe(self, now: float, stored: int, present: int) -> None:
+        removed = stored - present
+        if self._last is not None:
+            then, before = self._last
+            elapsed = now - then
+            if elapsed > 0 and removed >= before:  # a purged or recreated stream: skip
+                weight = 1.0 - math.exp(-elapsed / self.window)
+                self.rate += weight * ((removed - before) / elapsed - self.rate)
+        self._last = (now, removed)
+
+
+def pipeline_bound(floor: int, delay: float, rate: float) -> int:
+    """Pipeline messages admission may keep outstanding: `delay` seconds of the drain
+    `rate`, never fewer than `floor`."""
+    return max(floor, int(rate * delay))

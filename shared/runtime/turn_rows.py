@@ -1,0 +1,206 @@
+"""A finished turn's rows never hold its answer back, and are never lost.
+
+The stages write a turn's rows (its messages, classify_history entry, request-log row)
+before its final chunk, so the next turn of the session reads this one. When Postgres
+does not take them within `ROWS_WAIT` (paused, down, unreachable), they are queued on
+the bus instead (`intentroute.rows.<agent>.<session>`, stream TURN_ROWS: stored once
+acknowledged) and the final chunk goes out; the `row-writer` consumer, which every worker
+runs, writes them when Postgres is back. Until then:
+
+* a session's reads wait for its queued rows (a retryable error: the stage tries again
+  with backoff), so no turn reads a session without its previous turn;
+* a session's new rows queue behind its queued ones, and the row writer takes one
+  message at a time (the consumer's `max_ack_pending` 1), so they land in order;
+* after a write timed out, the next ones go to the queue at once for `PROBE_AFTER`
+  seconds, then one is tried directly again: a paused Postgres costs one answer in
+  `PROBE_AFTER` a `ROWS_WAIT` wait, the others nothing.
+
+Every row is keyed by its request (ON CONFLICT in shared.store.writer), so a row written
+twice (a direct write that timed out but committed later, then its queued copy) is
+stored once. Rows the database refuses are dead-lettered by the row writer (`intentroute
+dlq list`): the answer is out, the rows kept for an operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+
+import msgspec
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig
+from nats.js.errors import NotFoundError
+
+from shared.contracts import turn_rows as contract
+from shared.contracts.ids import is_valid_id
+from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry
+from shared.runtime.consumer import StageConsumer, StageSpec
+from shared.runtime.ports import Delivery
+from shared.runtime.signals import Outcome
+from shared.store.ports import TurnStore
+from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
+from shared.store.writer import StoreRejectedError, StoreUnavailableError
+
+log = logging.getLogger("intentroute.rows")
+
+# Seconds an answer waits for Postgres to take its rows before they are queued. A
+# group commit takes 0.2-15 ms here (p99 of `bench pipeline` at 700 req/s), so only a
+# database that is away waits this long.
+ROWS_WAIT = 0.25
+# Seconds after a write timed out during which rows are queued without trying Postgres.
+PROBE_AFTER = 1.0
+# Messages the row writer may hold before one is written (1: in the order queued).
+_IN_ORDER = 1
+# A row writer retrying an unreachable database: deliveries are effectively unbounded
+# (the backoff tops out at 2 s: this is weeks), so a long outage loses nothing.
+_MAX_DELIVER = 1_000_000
+
+
+class QueuedRows(msgspec.Struct, frozen=True):
+    """The rows of one write, queued for the row writer."""
+
+    history: list[HistoryRow] = []
+    turns: list[TurnRow] = []
+    logs: list[RequestLogRow] = []
+
+    @classmethod
+    def of(cls, rows: tuple[Row, ...]) -> QueuedRows:
+        return cls(history=[r for r in rows if isinstance(r, HistoryRow)],
+                   turns=[r for r in rows if isinstance(r, TurnRow)],
+                   logs=[r for r in rows if isinstance(r, RequestLogRow)])
+
+    def rows(self) -> list[Row]:
+        return [*self.history, *self.turns, *self.logs]
+
+
+class SessionRowsPendingError(Exception):
+    """The session has queued rows not written yet: read it again shortly (retryable)."""
+
+
+def subject_for(agent_id: str, session_id: str) -> str:
+    """The queue subject of a session's rows (ids that cannot be a token: `_`)."""
+    return contract.rows_subject(agent_id if is_valid_id(agent_id) else contract.NO_ID,
+                                 session_id if is_valid_id(session_id) else contract.NO_ID)
+
+
+class AnsweringStore:
+    """The stages' TurnStore: writes that never wait on Postgres for longer than
+    `ROWS_WAIT`, reads that see every queued turn of their session (module doc)."""
+
+    def __init__(self, store: TurnStore, js: JetStreamContext, *,
+                 wait: float = ROWS_WAIT, probe_after: float = PROBE_AFTER) -> None:
+        self._store = store
+        self._js = js
+        self._wait = wait
+        self._probe_after = probe_after
+        # Until when (monotonic) rows go to the queue without trying Postgres.
+        self._queue_until = 0.0
+
+    def database_back(self) -> None:
+        """Postgres took a write: rows go to it directly again."""
+        self._queue_until = 0.0
+
+    async def _pending(self, agent_id: str, session_id: str) -> bool:
+        try:
+            await self._js.get_last_msg(contract.STREAM, subject_for(agent_id, session_id))
+        except NotFoundError:
+            return False
+        return True
+
+    async def _settled(self, agent_id: str, session_id: str) -> None:
+        if await self._pending(agent_id, session_id):
+            raise SessionRowsPendingError(
+                f"session {session_id!r} has rows waiting for the database")
+
+    async def last_history(self, agent_id: str, session_id: str,
+                           n: int = HISTORY_WINDOW) -> list[HistoryEntry]:
+        await self._settled(agent_id, session_id)
+        return await self._store.last_history(agent_id, session_id, n)
+
+    async def previous_answer(self, agent_id: str, session_id: str) -> str | None:
+        await self._settled(agent_id, session_id)
+        return await self._store.previous_answer(agent_id, session_id)
+
+    async def last_turns(self, agent_id: str, session_id: str,
+                         n: int = 4) -> list[tuple[str, str]]:
+        await self._settled(agent_id, session_id)
+        return await self._store.last_turns(agent_id, session_id, n)
+
+    async def write(self, *rows: Row, deadline: float | None = None) -> None:
+        """Rows committed, or queued durably (a session's rows stay in one place: behind
+        its queued ones if it has any); StoreRejectedError as the store raises it."""
+        sessions: dict[tuple[str, str], list[Row]] = {}
+        for row in rows:
+            sessions.setdefault((row.agent_id, row.session_id), []).append(row)
+        for (agent_id, session_id), group in sessions.items():
+            await self._write_session(agent_id, session_id, tuple(group), deadline)
+
+    async def _write_session(self, agent_id: str, session_id: str, rows: tuple[Row, ...],
+                             deadline: float | None) -> None:
+        if time.monotonic() >= self._queue_until and not await self._pending(
+                agent_id, session_id):
+            try:
+                await asyncio.wait_for(self._store.write(*rows, deadline=deadline),
+                                       self._wait)
+                return
+            except (TimeoutError, StoreUnavailableError) as exc:
+                # The write may still commit later; its queued copy is then a no-op.
+                self._queue_until = time.monotonic() + self._probe_after
+                log.warning("postgres did not take a turn's rows within %.2fs (%r): "
+                            "queued on %s", self._wait, exc, contract.STREAM)
+        payload = msgspec.json.encode(QueuedRows.of(rows))
+        ack = await self._js.publish(
+            subject_for(agent_id, session_id), payload, stream=contract.STREAM,
+            headers={"Nats-Msg-Id": "rows:" + hashlib.blake2b(payload, digest_size=16)
+                     .hexdigest()})
+        if ack.duplicate:
+            log.info("rows of %s queued already", rows[0].request_id)
+
+
+class _InOrderSpec(StageSpec, frozen=True, kw_only=True):
+    def consumer_config(self) -> ConsumerConfig:
+        config = super().consumer_config()
+        config.max_ack_pending = _IN_ORDER
+        return config
+
+
+def row_writer_spec(ack_wait: float) -> StageSpec:
+    return _InOrderSpec(stream=contract.STREAM, subject=contract.SUBJECTS,
+                        durable=contract.DURABLE, max_inflight=_IN_ORDER, ack_wait=ack_wait,
+                        max_deliver=_MAX_DELIVER)
+
+
+def backoff(attempt: int) -> float:
+    return float(min(0.2 * 2 ** (attempt - 1), 2.0))
+
+
+def row_writer(nc: Client, store: TurnStore, answering: AnsweringStore, *,
+               ack_wait: float) -> StageConsumer:
+    """The consumer that writes queued rows to Postgres: retried with backoff while it
+    is unreachable (held meanwhile: a paused server keeps the write waiting), refused
+    rows dead-lettered."""
+
+    async def write(delivery: Delivery) -> Outcome:
+        try:
+            queued = msgspec.json.decode(delivery.data, type=QueuedRows)
+        except msgspec.DecodeError as exc:  # only workers publish there: a bug, kept
+            await delivery.dead_letter(contract.DURABLE, f"rows do not decode: {exc}")
+            return Outcome.DEAD_LETTER
+        try:
+            await store.write(*queued.rows(), deadline=time.time() + ack_wait)
+        except StoreUnavailableError as exc:
+            log.warning("queued rows not written yet (delivery %d): %s",
+                        delivery.deliveries, exc)
+            await delivery.nack(delay=backoff(delivery.deliveries))
+            return Outcome.RETRY
+        except StoreRejectedError as exc:
+            log.error("queued rows refused by the database, dead-lettered: %s", exc)
+            await delivery.dead_letter(contract.DURABLE, f"rows refused: {exc}")
+            return Outcome.DEAD_LETTER
+        answering.database_back()
+        return Outcome.OK
+
+    return StageConsumer(nc, row_writer_spec(ack_wait), write)

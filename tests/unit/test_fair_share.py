@@ -1,0 +1,227 @@
+"""The gateway's fair scheduling as pure logic (a fake clock), and the grants it needs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from services.gateway.fairshare import (
+    RECHECK,
+    RING_GRACE,
+    DrainRate,
+    FairScheduler,
+    pipeline_bound,
+)
+from shared.auth.permissions import WORKER_GRANTS, ops_permissions, service_permissions
+
+
+class Backlogs:
+    """Agents' waiting requests; `turn` plays one pull the scheduler chose."""
+
+    def __init__(self, sched: FairScheduler, **waiting: int) -> None:
+        self.sched = sched
+        self.waiting = dict(waiting)
+        self.taken: list[str] = []
+        for agent in waiting:
+            sched.wake(agent, 0.0)
+
+    def turn(self, room: int = 100, now: float = 0.0) -> tuple[str, int] | None:
+        choice = self.sched.pick(room)
+        if choice is None:
+            return None
+        agent, asked = choice
+        got = min(asked, self.waiting.get(agent, 0))
+        self.waiting[agent] = self.waiting.get(agent, 0) - got
+        self.taken += [agent] * got
+        self.sched.served(agent, asked, got, now)
+        return agent, got
+
+
+def _sched(quantum: int = 4, **weights: float) -> FairScheduler:
+    return FairScheduler(quantum=quantum, weight=lambda agent: weights.get(agent, 1.0))
+
+
+def test_agents_take_turns_of_one_quantum_whatever_their_backlogs() -> None:
+    q = Backlogs(_sched(), flood=1000, b=8, c=8)
+    for _ in range(6):
+        q.turn()
+    # Round robin by quantum: the flood's 1000 never hold b and c back.
+    assert q.taken == ["flood"] * 4 + ["b"] * 4 + ["c"] * 4 + ["flood"] * 4 + ["b"] * 4 + \
+        ["c"] * 4
+
+
+def test_weights_share_the_admissions_in_proportion() -> None:
+    q = Backlogs(_sched(quantum=2, heavy=2.0, light=1.0, tenth=0.1),
+                 heavy=10_000, light=10_000, tenth=10_000)
+    while len(q.taken) < 6_300:
+        q.turn()
+    counts = Counter(q.taken)
+    assert counts["heavy"] / counts["light"] == pytest.approx(2.0, rel=0.02)
+    assert counts["light"] / counts["tenth"] == pytest.approx(10.0, rel=0.05)
+
+
+def test_a_pull_never_takes_more_than_the_room_left() -> None:
+    q = Backlogs(_sched(quantum=8), a=100)
+    assert q.turn(room=3) == ("a", 3)
+    assert q.sched.pick(0) is None
+    assert q.turn(room=100) == ("a", 5)  # the rest of its quantum, then a fresh one
+
+
+def test_a_newly_active_agent_goes_before_the_busy_ones() -> None:
+    q = Backlogs(_sched(), a=1000, b=1000)
+    q.turn()
+    q.turn()
+    q.taken.clear()
+    q.waiting["victim"] = 1
+    q.sched.wake("victim", 1.0, rang=True)
+    q.turn()
+    assert q.taken == ["victim"]  # next turn, not after a whole round of a and b
+    q.turn()
+    assert q.taken == ["victim", "a", "a", "a", "a"]
+    assert "victim" not in q.sched.active  # found empty: out of the round
+
+
+def test_an_idle_agent_earns_no_credit() -> None:
+    q = Backlogs(_sched(), a=1000, b=2)
+    for _ in range(4):
+        q.turn()
+    assert q.taken.count("b") == 2
+    assert "b" not in q.sched.active
+    # Later b floods too: it gets one quantum a turn like a (plus the one quantum a newly
+    # active agent gets first), not the credit of the rounds it sat out.
+    q.waiting["b"] = 1000
+    q.sched.wake("b", 5.0)
+    q.taken.clear()
+    for _ in range(100):
+        q.turn()
+    counts = Counter(q.taken)
+    assert counts["a"] + counts["b"] == 400
+    assert abs(counts["a"] - counts["b"]) <= 2 * q.sched.quantum
+
+
+def test_an_agent_rung_before_its_request_was_stored_is_looked_at_again() -> None:
+    sched = _sched()
+    q = Backlogs(sched)
+    sched.wake("b", 10.0, rang=True)
+    assert q.turn(now=10.0) == ("b", 0)  # the doorbell beat the stream
+    assert not sched
+    assert sched.next_recheck() == pytest.approx(10.0 + RECHECK[0])
+    assert sched.due(10.0) == []  # not yet
+    assert sched.due(10.0 + RECHECK[0]) == ["b"]
+    q.waiting["b"] = 1  # stored now
+    assert q.turn(now=10.01) == ("b", 1)
+    assert sched.next_recheck() is None
+
+
+def test_looks_again_stop_after_the_last_delay_or_the_grace() -> None:
+    sched = _sched()
+    q = Backlogs(sched)
+    sched.wake("b", 0.0, rang=True)
+    now = 0.0
+    for delay in RECHECK:
+        q.turn(now=now)
+        now += delay
+        assert sched.due(now) == ["b"]
+    q.turn(now=now)
+    assert sched.next_recheck() is None  # every look found nothing: left to the scan
+    sched.wake("c", 0.0, rang=True)
+    q.turn(now=RING_GRACE + 1)  # empty long after its doorbell: nothing to wait for
+    assert sched.next_recheck() is None
+
+
+def test_a_weight_that_cannot_be_read_is_the_default_share() -> None:
+    def broken(agent: str) -> float:
+        raise RuntimeError("policy store away")
+
+    sched = FairScheduler(quantum=3, weight=broken)
+    sched.wake("a", 0.0)
+    assert sched.pick(10) == ("a", 3)
+    assert _sched(zero=0.0).weight("zero") == 1.0
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` one token, `>` the rest."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or token not in ("*", have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def test_the_gateway_may_run_one_consumer_per_agent_and_nothing_else_there() -> None:
+    from services.gateway.handlers import build_stage
+    from services.gateway.settings import GatewaySettings
+    from shared.contracts.request import request_subject
+    from shared.runtime.consumer import agent_consumer_name
+
+    spec = build_stage(GatewaySettings.from_env({})).spec
+    assert spec.per_agent
+    assert WORKER_GRANTS["gateway"].per_agent
+    publish = service_permissions("gateway").publish
+    name = agent_consumer_name(spec.durable, "alice")
+    config = dataclasses.replace(spec.consumer_config(), name=name,
+                                 filter_subject=request_subject("alice"))
+    # What the fair consumer sends: create (the form nats-py uses), pull, ack; delete
+    # the catch-all; list for the lag.
+    allowed = [
+        f"$JS.API.CONSUMER.CREATE.{spec.stream}.{config.name}.{config.filter_subject}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{name}",
+        f"$JS.ACK.{spec.stream}.{name}.1.1.1.1700000000.0",
+        f"$JS.API.CONSUMER.DELETE.{spec.stream}.gateway",
+        f"$JS.API.CONSUMER.LIST.{spec.stream}",
+        "$JS.API.STREAM.INFO.INTENTROUTE_PIPELINE",  # the pipeline's backlog
+    ]
+    for subject in allowed:
+        assert any(_matches(p, subject) for p in publish), subject
+    refused = [
+        f"$JS.API.CONSUMER.DELETE.{spec.stream}.{name}",  # only the catch-all goes
+        f"$JS.API.CONSUMER.CREATE.{spec.stream}.x.agent.request.alice.more",
+        "$JS.API.CONSUMER.CREATE.INTENTROUTE_PIPELINE.x.intentroute.stage.classify",
+        "$JS.API.CONSUMER.MSG.NEXT.INTENTROUTE_PIPELINE.classifier",
+        f"$JS.API.STREAM.PURGE.{spec.stream}",
+    ]
+    for subject in refused:
+        assert not any(_matches(p, subject) for p in publish), subject
+    # The doorbell: every publication on agent.request.*.
+    assert "agent.request.*" in service_permissions("gateway").subscribe
+    # The ops reader sums the gateway's lag from the consumer list, and only reads.
+    assert f"$JS.API.CONSUMER.LIST.{spec.stream}" in ops_permissions().publish
+
+
+
+def test_the_pipeline_bound_follows_the_drain_rate_and_never_falls_below_the_floor() -> None:
+    drain = DrainRate()
+    assert pipeline_bound(8, 0.1, drain.rate) == 8  # nothing measured yet: the floor
+    # 2,000 pipeline messages acknowledged a second, read every 10 ms for 5 s.
+    stored = 0
+    for step in range(500):
+        stored += 20
+        drain.observe(step * 0.01, stored, 50)
+    assert 1900 <= drain.rate <= 2000
+    assert 190 <= pipeline_bound(8, 0.1, drain.rate) <= 200  # 0.1 s of work
+    # The pipeline stalls: the rate decays, the bound returns to the floor.
+    for step in range(500, 1100):
+        drain.observe(step * 0.01, stored, 50)
+    assert drain.rate < 10
+    assert pipeline_bound(8, 0.1, drain.rate) == 8
+
+
+def test_the_rate_does_not_depend_on_how_often_the_stream_is_read() -> None:
+    rates = []
+    for interval in (0.01, 0.5):
+        drain, stored, now = DrainRate(), 0, 0.0
+        while now < 5.0:
+            now += interval
+            stored += round(300 * interval)  # 300 a second
+            drain.observe(now, stored, 7)
+        rates.append(drain.rate)
+    assert rates[0] == pytest.approx(300, rel=0.02)
+    assert rates[1] == pytest.approx(300, rel=0.02)
+
+
+def test_without_a_delay_the_bound_is_the_fixed_backlog() -> None:
+    assert pipeline_bound(8, 0.0, 5000.0) == 8
