@@ -17,15 +17,67 @@ if TYPE_CHECKING:
 
 @app.command()
 def ingest(
-    path: Annotated[Path, typer.Argument(help="Markdown/text file or folder, or corpus.jsonl")],
+    path: Annotated[Path | None, typer.Argument(
+        help="Markdown/text file or folder, or corpus.jsonl")] = None,
     index_dir: Annotated[Path | None, typer.Option(help="Index directory")] = None,
+    replace: Annotated[bool, typer.Option(
+        "--replace", help="Make the index hold PATH's documents only: every other "
+                          "source is removed")] = False,
+    list_sources: Annotated[bool, typer.Option(
+        "--list", help="Show what is indexed (source file, chunks, when it last changed, "
+                       "where from) and change nothing")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="--list as JSON")] = False,
 ) -> None:
-    """Ingest documents into the embedded index, or into Elasticsearch when ES_URL is set
-    (idempotent)."""
-    ingest_into(path, index_dir or settings().index_dir)
+    """Add documents to the embedded index, or to Elasticsearch when ES_URL is set.
+
+    Each file read replaces its own earlier chunks and every other indexed source stays;
+    reading the same files again embeds nothing. A file is known by its path relative
+    to PATH (its name when PATH is a file), so a same-named file replaces it. --replace
+    makes the index hold PATH's documents only. Prints a JSON summary on stderr: chunks
+    added, updated, unchanged, and removed (0 unless --replace).
+    """
+    if list_sources:
+        _list(index_dir or settings().index_dir, json_out)
+        return
+    if path is None:
+        typer.echo("ingest needs PATH (a file or folder to add), or --list", err=True)
+        raise typer.Exit(2)
+    if not path.exists():
+        typer.echo(f"no such file or folder: {path}", err=True)
+        raise typer.Exit(2)
+    try:
+        ingest_into(path, index_dir or settings().index_dir, replace=replace)
+    except ValueError as e:  # nothing to index under PATH
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
 
 
-def ingest_into(path: Path, index_dir: Path) -> None:
+def _list(index_dir: Path, json_out: bool) -> None:
+    """The live index's sources, one line each (or one JSON object)."""
+    import time
+
+    from services.retriever.settings import RetrieverSettings
+
+    if RetrieverSettings.from_env().es_url:
+        typer.echo("ingest --list reads the embedded index; with ES_URL set, count "
+                   "Elasticsearch's documents with its own API (_count)", err=True)
+        raise typer.Exit(1)
+    from services.retriever.indexing.embedded_ingest import list_sources
+
+    sources = list_sources(index_dir)
+    if json_out:
+        typer.echo(json.dumps({"index_dir": str(index_dir), "sources": sources}))
+        return
+    if not sources:
+        typer.echo(f"nothing indexed in {index_dir} (intentroute ingest PATH adds)", err=True)
+        return
+    width = max(len(k) for k in sources)
+    for key, s in sources.items():
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.get("ingested_at") or 0))
+        typer.echo(f"{key:<{width}}  {s.get('chunks', 0):>5} chunks  {when}  {s.get('from')}")
+
+
+def ingest_into(path: Path, index_dir: Path, *, replace: bool = False) -> None:
     import msgspec
 
     from services.retriever.settings import RetrieverSettings
@@ -40,17 +92,19 @@ def ingest_into(path: Path, index_dir: Path) -> None:
                                  onnx_cache_dir=retriever.common.onnx_cache_dir)
     if retriever.es_url:
         # The retriever reads Elasticsearch when ES_URL is set: fill that index instead.
-        asyncio.run(_ingest_es(path, retriever.es_url, retriever.es_index, encoder))
+        asyncio.run(_ingest_es(path, retriever.es_url, retriever.es_index, encoder, replace))
         return
     from services.retriever.indexing.embedded_ingest import ingest as run_ingest
 
     # Length-sorted batches; the encoder runs them in chunks of <= 8 (fastest here).
-    report = run_ingest(path, index_dir, encoder, progress=True, batch_size=16)
+    report = run_ingest(path, index_dir, encoder, replace=replace, progress=True,
+                        batch_size=16)
     typer.echo(json.dumps({"index_dir": str(index_dir), **msgspec.to_builtins(report)}),
                err=True)
 
 
-async def _ingest_es(path: Path, es_url: str, es_index: str, encoder: Encoder) -> None:
+async def _ingest_es(path: Path, es_url: str, es_index: str, encoder: Encoder,
+                     replace: bool) -> None:
     import msgspec
     from elasticsearch import AsyncElasticsearch
 
@@ -58,8 +112,8 @@ async def _ingest_es(path: Path, es_url: str, es_index: str, encoder: Encoder) -
 
     client = AsyncElasticsearch(es_url)
     try:
-        report = await ingest_es(client, path, encoder, index=es_index, progress=True,
-                                 batch_size=16)
+        report = await ingest_es(client, path, encoder, index=es_index, replace=replace,
+                                 progress=True, batch_size=16)
         typer.echo(json.dumps({"es_url": es_url, **msgspec.to_builtins(report)}), err=True)
     finally:
         await client.close()

@@ -37,6 +37,9 @@ def worker(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(WORKERS
             os.environ.update(service_env(cli.state_dir, name))
     import uvloop
 
+    from shared.runtime.logs import quiet_libraries
+
+    quiet_libraries()  # before the models' libraries are imported (they read it then)
     from intentroute.workers import create_worker
 
     worker_app = create_worker(name)

@@ -57,6 +57,7 @@ from intentroute.workers import WORKERS
 from shared.auth.natsconn import connect_kwargs, tls_kwargs
 from shared.common.limits import StreamLimits
 from shared.common.settings import nats_servers
+from shared.runtime.logs import configure_logging
 
 DEMO_KB = Path(__file__).resolve().parent.parent.parent / "kb" / "avap"
 
@@ -116,6 +117,7 @@ def up(
     on the same port; the next `up` in the same state dir takes the same ports."""
     counts = parse_replicas(replicas or [])
     cli = settings()
+    configure_logging(level=cli.common.log_level, fmt=cli.common.log_format, worker="up")
     state_dir = cli.state_dir
     embedded_nats = not cli.nats_url
     _check_cluster_size(nats_cluster, embedded_nats)
@@ -243,6 +245,9 @@ def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port:
     state dir, unless GATEWAY_DASHBOARD_TOKEN brings one."""
     env = dict(os.environ, NATS_URL=nats_url, INDEX_DIR=str(cli.index_dir),
                NATS_STREAM_REPLICAS=str(stream_replicas))
+    # Six workers' progress bars would interleave into one log, even on a terminal.
+    env.setdefault("TQDM_DISABLE", "1")
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for secret in ("DATABASE_URL", "DATABASE_PASSWORD_FILE", "GATEWAY_DASHBOARD_TOKEN",
                    "LEARN_DATABASE_URL"):
         env.pop(secret, None)

@@ -73,6 +73,8 @@ def serve(port: int, *, api_key: str, threads: int = 2, ctx: int = 4096,
 
 
 def server_env(port: int, api_key: str) -> dict[str, str]:
-    """What the generators need to use it."""
-    return {"OPENAI_BASE_URL": f"http://127.0.0.1:{port}", "OPENAI_API_KEY": api_key,
+    """What the generators need to use it (the base URL as the OpenAI SDK takes it,
+    `/v1` included: llama.cpp serves `/v1/chat/completions` and `/v1/models`)."""
+    return {"OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": api_key,
+            "OPENAI_MODEL": LOCAL_MODEL,
             "GENERATOR_BACKEND": "openai"}

@@ -188,7 +188,7 @@ class Cascade:
                                     confirm=self.config.confirm_threshold if confirm is None
                                     else confirm)
         if request.query_type and not trusted:
-            log.info("[classify] ignoring query_type declared by untrusted agent %s",
+            log.debug("[classify] ignoring query_type declared by untrusted agent %s",
                      request.agent_id)
             return msgspec.structs.replace(chosen, declared_ignored=True)
         return chosen

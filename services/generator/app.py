@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
-from services.generator.backends import EchoBackend, OllamaBackend, OpenAIBackend
+from services.generator.backends import (
+    EchoBackend,
+    OllamaBackend,
+    OpenAIBackend,
+    ProbeFailure,
+)
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.ports import ChatBackend
 from services.generator.settings import GeneratorSettings
 from shared.runtime.worker import Wiring, build_app
 from shared.store.policy_cache import open_policy_cache
 
+log = logging.getLogger("intentroute.generator")
+
 
 def choose_backend(settings: GeneratorSettings) -> ChatBackend | None:
     """None means the extractive answerer answers on its own."""
-    kind = settings.backend
-    if kind == "auto":
-        kind = ("ollama" if settings.ollama_host
-                else "openai" if settings.openai_base_url else "extractive")
+    kind = settings.backend_kind
     if kind == "echo":
         return EchoBackend(settings.echo_delay)
     if kind == "ollama" and settings.ollama_host:
@@ -27,6 +34,24 @@ def choose_backend(settings: GeneratorSettings) -> ChatBackend | None:
         return OpenAIBackend(settings.openai_base_url, api_key=settings.openai_api_key,
                              timeout=settings.ollama_timeout)
     return None
+
+
+async def report_probe(backend: OpenAIBackend, *, tries: int = 30,
+                       pause: float = 1.0) -> ProbeFailure | None:
+    """A wrong URL or key fails every call, each answer falling back to the extractive
+    answerer: say why once, at start, in one warning line (not fatal). A server not
+    listening yet (`up --llm` starts it beside the workers) is asked again meanwhile."""
+    problem = await backend.probe()
+    for _ in range(tries - 1):
+        if problem is None or problem.status is not None:
+            break
+        await asyncio.sleep(pause)
+        problem = await backend.probe()
+    if problem:
+        log.warning("openai backend: %s; answers fall back to the extractive answerer "
+                    "(check OPENAI_BASE_URL, /v1 included, and OPENAI_API_KEY)",
+                    problem.reason)
+    return problem
 
 
 def create_app(
@@ -40,6 +65,8 @@ def create_app(
         backend = choose_backend(settings)
         if isinstance(backend, OpenAIBackend):
             wiring.base.exits.push_async_callback(backend.aclose)
+            probe = asyncio.create_task(report_probe(backend))
+            wiring.base.exits.callback(probe.cancel)
         model = settings.model or ("echo" if isinstance(backend, EchoBackend) else "")
         policies = await open_policy_cache(wiring.store.pool,
                                            refresh=settings.common.policy_refresh,

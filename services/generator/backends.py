@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import NamedTuple
 
 import msgspec
 
@@ -52,9 +53,19 @@ class OllamaBackend:
             raise BackendUnavailableError(f"ollama: {exc}") from exc
 
 
+class ProbeFailure(NamedTuple):
+    """Why a model server would fail: its HTTP status (None: no answer at all)."""
+
+    status: int | None
+    reason: str
+
+
 class OpenAIBackend:
-    """An OpenAI-compatible `/v1/chat/completions` server (llama.cpp's, vLLM, ...),
-    streamed as server-sent events; the counts come from the final `usage` event."""
+    """An OpenAI-compatible chat server (OpenAI, llama.cpp's, vLLM, ...), streamed as
+    server-sent events; the counts come from the final `usage` event.
+
+    `base_url` follows the OpenAI SDK's `OPENAI_BASE_URL`: it is used as given, `/v1`
+    included (`https://api.openai.com/v1`), and `/chat/completions` is appended."""
 
     name = "openai"
 
@@ -62,8 +73,26 @@ class OpenAIBackend:
         import httpx
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers,
-                                         timeout=timeout)
+        # httpx joins a relative path onto the base's path ("http://h/v1" + "models" =
+        # "http://h/v1/models").
+        self._client = httpx.AsyncClient(base_url=base_url.rstrip("/") + "/",
+                                         headers=headers, timeout=timeout)
+
+    async def probe(self, timeout: float = 5.0) -> ProbeFailure | None:
+        """Why calls would fail (`GET {base}/models`: a wrong URL or key shows there
+        without spending a token), or None when the server answers."""
+        import httpx
+
+        url = f"{self._client.base_url}models"
+        try:
+            response = await self._client.get("models", timeout=timeout)
+        except httpx.HTTPError as exc:
+            return ProbeFailure(None, f"GET {url} failed: {exc!r}")
+        if response.status_code == 200:
+            return None
+        detail = response.text[:200].replace("\n", " ")
+        return ProbeFailure(response.status_code,
+                            f"GET {url} -> HTTP {response.status_code}: {detail}")
 
     async def stream(
         self, model: str, messages: list[ChatMessage]
@@ -73,7 +102,7 @@ class OpenAIBackend:
         body = {"model": model, "stream": True, "stream_options": {"include_usage": True},
                 "messages": [{"role": m.role, "content": m.content} for m in messages]}
         try:
-            async with self._client.stream("POST", "/v1/chat/completions",
+            async with self._client.stream("POST", "chat/completions",
                                            json=body) as response:
                 if response.status_code != 200:
                     detail = (await response.aread())[:200].decode(errors="replace")

@@ -62,7 +62,7 @@ async def retrieve(
     if relevant:
         return Retrieved(result.passages, query, signal=signal)
     retry_query = reformulate_with_hint(query, result.passages, strategy=policy.strategy)
-    log.info("[retrieve] context insufficient (signal=%s): retrying once with %r",
+    log.debug("[retrieve] context insufficient (signal=%s): retrying once with %r",
              signal, retry_query)
     second = await retrieval.search(retry_query, k)
     return Retrieved(second.passages or result.passages, retry_query, retried=True,

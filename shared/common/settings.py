@@ -210,6 +210,14 @@ def _converter(declared: Env, kind: Any) -> tuple[Callable[[str], Any], str, boo
     raise TypeError(f"{declared.name}: no conversion to {kind!r} (declare a parse)")
 
 
+class LogFormat(enum.Enum):
+    """How a worker writes its log lines (shared.runtime.logs): text, or one JSON object
+    per line."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
 # Retention's defaults, which the learning job's settings (given the common ones by
 # `LearnSettings.from_env`) keep when built directly.
 LOG_HOT_DAYS = 30
@@ -251,6 +259,7 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Seconds between two readings of the stages' consumer lag (with metrics on).
     metrics_interval: Annotated[float, env("METRICS_INTERVAL")] = 5.0
     log_level: Annotated[str, env("LOG_LEVEL")] = "INFO"
+    log_format: Annotated[LogFormat, env("LOG_FORMAT")] = LogFormat.TEXT
     # Where the embedded stack keeps its state: servers' data, credentials, index, heads.
     state_dir: Annotated[Path, env("INTENTROUTE_HOME")] = Path(".intentroute")
     # Sentence encoder: precision of per-query encoders ("fp32", "int8", "int8-block"),

@@ -45,6 +45,7 @@ from shared.runtime.answer_stream import ANSWER_LEASE, ANSWER_RUN, AnswerStream,
 from shared.runtime.answers import answer_error, finish_turn, history_row, report_invalid
 from shared.runtime.bus import publish_stage
 from shared.runtime.consumer import Handler, StageSpec
+from shared.runtime.logs import log_context
 from shared.runtime.ports import Delivery, Publisher
 from shared.runtime.signals import Outcome
 from shared.store.ports import TurnStore
@@ -204,6 +205,13 @@ async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> Outcome:
     except Exception as exc:  # decoding is pure: whatever it raises, the input is bad
         await stage.on_undecodable(deps, msg, exc)
         return Outcome.ERROR
+    req = env.request
+    # Every line logged while this message is handled names it (shared.runtime.logs).
+    with log_context(request_id=str(req.request_id)[:128], agent_id=str(req.agent_id)[:128]):
+        return await _run_decoded(stage, msg, deps, env)
+
+
+async def _run_decoded(stage: Stage[E, D], msg: Delivery, deps: D, env: E) -> Outcome:
     req = env.request
     if stage.admitted_only:
         problem = id_problem("agent_id", req.agent_id) or id_problem(

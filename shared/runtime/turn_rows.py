@@ -157,7 +157,7 @@ class AnsweringStore:
             headers={"Nats-Msg-Id": "rows:" + hashlib.blake2b(payload, digest_size=16)
                      .hexdigest()})
         if ack.duplicate:
-            log.info("rows of %s queued already", rows[0].request_id)
+            log.debug("rows of %s queued already", rows[0].request_id)
 
 
 class _InOrderSpec(StageSpec, frozen=True, kw_only=True):

@@ -33,6 +33,7 @@ from shared.auth.admission import Admission
 from shared.common.settings import CommonSettings
 from shared.runtime.bus import Bus
 from shared.runtime.consumer import Handler, OnHandled, StageConsumer, StageSpec
+from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import Metrics
 from shared.runtime.micro import StageService, service_name
 from shared.runtime.signals import StageStats, WorkerSignals
@@ -41,6 +42,8 @@ from shared.runtime.streams import make_broker, prepare_streams
 from shared.runtime.telemetry import build_tracer_provider, tracer_for
 from shared.runtime.turn_rows import AnsweringStore, row_writer
 from shared.store.stores import Store
+
+log = logging.getLogger("intentroute.app")
 
 D = TypeVar("D", bound=StageDeps)
 D_contra = TypeVar("D_contra", bound=StageDeps, contravariant=True)
@@ -79,6 +82,16 @@ class MakeConsumer(Protocol[D_contra]):
     def __call__(self, nc: Client, spec: StageSpec, handler: Handler, deps: D_contra, *,
                  tracer: Tracer | None, stats: StageStats,
                  on_handled: OnHandled | None) -> StageConsumer: ...
+
+
+def start_line(service: str, specs: Sequence[StageSpec]) -> str:
+    """The worker's one start line: its name, and each stream with its consumers."""
+    streams: dict[str, list[str]] = {}
+    for spec in specs:
+        streams.setdefault(spec.stream, []).append(spec.durable)
+    reading = "; ".join(f"stream {stream} consumer {', '.join(durables)}"
+                        for stream, durables in streams.items())
+    return f"worker {service} started: {reading or 'no stage'}"
 
 
 class Worker(Generic[D]):
@@ -170,15 +183,17 @@ class Worker(Generic[D]):
         # and collect young objects less often (each message allocates many).
         gc.freeze()
         gc.set_threshold(20_000, 50, 100)
+        log.info("%s", start_line(self.service, specs))
 
     async def stop(self) -> None:
         """Leave the services API, stop pulling; in-flight handlers finish while the
         connection is still up."""
+        log.info("worker %s stopping", self.service)
         if self.service_api is not None:
             try:  # bounded: with the server away, draining its subscriptions would wait
                 await asyncio.wait_for(self.service_api.stop(), 2.0)
             except Exception as exc:  # the connection already gone: nothing to leave
-                logging.getLogger("intentroute.app").warning("services API: %r", exc)
+                log.warning("services API: %r", exc)
         for consumer in self.consumers:
             await consumer.stop()
         if self.row_writer is not None:
@@ -205,9 +220,7 @@ def build_app(
     """The worker's FastStream application; `make_deps` turns what the runtime built
     (bus, store, tracer, exit stack, connection) into what its stages need; `consumers`
     (by durable) replaces a stage's plain consumer."""
-    logging.basicConfig(
-        level=common.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(level=common.log_level, fmt=common.log_format, worker=service)
     provider = tracer_provider or build_tracer_provider(
         f"intentroute-{service}", common.otlp_endpoint
     )
@@ -216,7 +229,8 @@ def build_app(
                     make_deps=make_deps, tracer_provider=provider, consumers=consumers)
     return FastStream(
         broker,
-        logger=logging.getLogger("intentroute.app"),
+        # Its own "app started" lines name no worker: `Worker.start` logs one that does.
+        logger=None,
         after_startup=[worker.start],
         on_shutdown=[worker.stop],
         after_shutdown=[worker.close],

@@ -9,7 +9,7 @@ import pytest
 
 from services.retriever.embedded import EmbeddedRetrieval
 from services.retriever.index import EmbeddedIndex, read_current
-from services.retriever.indexing.embedded_ingest import ingest
+from services.retriever.indexing.embedded_ingest import ingest, list_sources
 from services.retriever.ports import Retrieval
 from shared.encoders.embeddings import Vectors
 
@@ -140,10 +140,10 @@ def test_ingest_search_and_incremental_updates(minilm: object, kb: Path, tmp_pat
     assert other_replica.version == 2
     assert "GET call" in other_replica.search("RequestGet", k=1, method="bm25").passages[0].text
 
-    # Delete a file: its chunks go, nothing is embedded.
+    # Delete a file and replace: its chunks go, nothing is embedded.
     enc.texts.clear()
     (kb / "loops.md").unlink()
-    r4 = ingest(kb, index_dir, enc, progress=False)
+    r4 = ingest(kb, index_dir, enc, replace=True, progress=False)
     assert (r4.docs, r4.chunks, r4.removed, r4.added, r4.updated) == (3, 3, 2, 0, 0)
     assert enc.texts == []
     assert other_replica.maybe_reload()
@@ -200,7 +200,8 @@ async def test_waits_for_a_first_ingest_and_checks_for_a_new_one_once_per_interv
     assert not await backend.maybe_reload()  # opens the first version: nothing to reload
     assert (await backend.search("ormDirect SQL", k=2)).passages[0].doc_id == "database.md"
     (kb / "database.md").unlink()
-    ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
+    ingest(kb, index_dir, minilm, replace=True, progress=False)  # type: ignore[arg-type]
+    assert read_current(index_dir) == "v000002"
     assert not await backend.maybe_reload()  # checked less than an interval ago
     assert (await backend.search("ormDirect SQL", k=2)).version == 1
 
@@ -208,3 +209,88 @@ async def test_waits_for_a_first_ingest_and_checks_for_a_new_one_once_per_interv
 def test_missing_index_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no index"):
         EmbeddedIndex.open(tmp_path / "nothing", None)
+
+
+def test_ingest_adds_updates_by_source_and_replaces_only_when_asked(
+        minilm: object, kb: Path, tmp_path: Path) -> None:
+    enc = CountingEncoder(minilm)
+    index_dir = tmp_path / "index"
+    ingest(kb, index_dir, enc, progress=False)
+    mine = tmp_path / "mydocs"
+    mine.mkdir()
+    (mine / "notes.md").write_text("# Notes\n\n## Deploy\n\nDeploy with `make ship` on Fridays.\n")
+
+    # Another folder adds: the first folder's documents stay, only the new one is embedded.
+    enc.texts.clear()
+    r = ingest(mine, index_dir, enc, progress=False)
+    assert (r.docs, r.added, r.updated, r.unchanged, r.removed) == (1, 1, 0, 0, 0)
+    assert len(enc.texts) == 1
+    index = EmbeddedIndex.open(index_dir, enc)
+    assert len(index) == 6
+    assert _top_title(index, "encodeSHA256 digest", "bm25") == "Hashing > encodeSHA256"
+    assert _top_title(index, "make ship deploy", "bm25") == "Notes > Deploy"
+    listed = list_sources(index_dir)
+    assert sorted(listed) == sorted([*DOCS, "notes.md"])
+    assert listed["loops.md"]["chunks"] == 2
+    assert listed["notes.md"]["from"] == str(mine.resolve())
+    first_time = listed["http.md"]["ingested_at"]
+
+    # Both folders again: idempotent, nothing embedded, no new version, times kept.
+    enc.texts.clear()
+    for folder in (kb, mine):
+        again = ingest(folder, index_dir, enc, progress=False)
+        assert (again.added, again.updated, again.removed, again.changed) == (0, 0, 0, False)
+    assert enc.texts == []
+    assert read_current(index_dir) == "v000002"
+
+    # A file edited, shrunk and re-read alone: its chunks are replaced, the others stay.
+    (kb / "loops.md").write_text("# Loops\n\n## startLoop\n\n`startLoop` counts upward.\n")
+    (kb / "http.md").unlink()
+    r = ingest(kb / "loops.md", index_dir, enc, progress=False)
+    assert (r.added, r.updated, r.unchanged, r.removed, r.dropped) == (0, 1, 0, 0, 1)
+    listed = list_sources(index_dir)
+    assert listed["loops.md"]["chunks"] == 1
+    assert listed["loops.md"]["ingested_at"] > first_time
+    assert listed["http.md"]["ingested_at"] == first_time  # gone from the folder, kept
+    assert listed["http.md"]["chunks"] == 1
+
+    # --replace: the index becomes the folder read, nothing else.
+    enc.texts.clear()
+    r = ingest(mine, index_dir, enc, replace=True, progress=False)
+    assert (r.added, r.updated, r.unchanged, r.removed) == (0, 0, 1, 4)
+    assert enc.texts == []
+    assert list(list_sources(index_dir)) == ["notes.md"]
+    assert len(EmbeddedIndex.open(index_dir, enc)) == 1
+
+
+def test_ingest_list_and_bad_usage_on_the_command_line(minilm: object, kb: Path,
+                                                       tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from intentroute.cli import app
+
+    index_dir = tmp_path / "index"
+    runner = CliRunner()
+    empty = runner.invoke(app, ["ingest", "--list", "--index-dir", str(index_dir)],
+                          env={"ES_URL": ""})
+    assert empty.exit_code == 0
+    assert "nothing indexed" in empty.stderr
+    ingest(kb, index_dir, minilm, progress=False)  # type: ignore[arg-type]
+    listed = runner.invoke(app, ["ingest", "--list", "--index-dir", str(index_dir)],
+                           env={"ES_URL": ""})
+    assert listed.exit_code == 0
+    rows = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()}
+    assert rows == {"crypto.md": "1", "database.md": "1", "http.md": "1", "loops.md": "2"}
+    as_json = runner.invoke(app, ["ingest", "--list", "--json", "--index-dir", str(index_dir)],
+                            env={"ES_URL": ""})
+    assert json.loads(as_json.stdout)["sources"]["loops.md"]["chunks"] == 2
+
+    no_path = runner.invoke(app, ["ingest", "--index-dir", str(index_dir)])
+    assert (no_path.exit_code, no_path.stderr.strip()) == (
+        2, "ingest needs PATH (a file or folder to add), or --list")
+    missing = runner.invoke(app, ["ingest", str(tmp_path / "nope"), "--index-dir",
+                                  str(index_dir)])
+    assert missing.exit_code == 2
+    assert missing.stderr.strip() == f"no such file or folder: {tmp_path / 'nope'}"

@@ -91,9 +91,9 @@ async def test_ingest_search_update_delete(backend: ElasticsearchRetrieval,
     (kb / "crypto.md").write_text("# Hashing\n\n## encodeSHA256\n\nencodeSHA256 hashes a value.\n")
     (kb / "db.md").write_text("# Database\n\n## ormDirect\n\normDirect runs SQL on a database.\n")
 
-    async def ingest() -> IngestReport:
+    async def ingest(replace: bool = False) -> IngestReport:
         return await ingest_es(backend.client, kb, HashingEncoder(), index=backend.index,
-                               progress=False)
+                               replace=replace, progress=False)
 
     async def count() -> int:
         return int((await backend.client.count(index=backend.index))["count"])
@@ -117,8 +117,11 @@ async def test_ingest_search_update_delete(backend: ElasticsearchRetrieval,
 
     (kb / "db.md").write_text("# Database\n\n## ormDirect\n\normDirect runs SQL queries.\n")
     (kb / "loops.md").unlink()
-    r3 = await ingest()
-    assert (r3.updated, r3.removed, r3.unchanged) == (1, 1, 1)
+    r3 = await ingest()  # adds: the file gone from the folder stays indexed
+    assert (r3.updated, r3.removed, r3.dropped, r3.unchanged) == (1, 0, 0, 1)
+    assert await count() == 3
+    r4 = await ingest(replace=True)
+    assert (r4.updated, r4.removed, r4.unchanged) == (0, 1, 2)
     assert await count() == 2
     res = await searcher("bm25").search("startLoop loop", k=3)
     assert all(p.doc_id != "loops.md" for p in res.passages)

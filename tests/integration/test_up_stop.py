@@ -16,6 +16,7 @@ import pytest
 
 from bench.sigint import Finals, Up, _request, sigint_under_load, up_env
 from intentroute.stack.auth import DEMO_AGENT, auth_files
+from intentroute.workers import WORKERS
 from shared.auth.natsconn import read_credential
 from shared.client.caller import publish_until_stored
 from shared.common.settings import nats_servers
@@ -54,7 +55,7 @@ async def test_a_second_up_in_the_same_state_dir_is_refused_and_touches_nothing(
         tmp_path: Path, kb_index: Path) -> None:
     home = tmp_path / "home"
     env = up_env(home, kb_index)
-    first = Up(env, tmp_path / "up1.log").start()
+    first = Up({**env, "LOG_LEVEL": "INFO"}, tmp_path / "up1.log").start()
     try:
         state = await asyncio.to_thread(first.state)
         cred = read_credential(auth_files(home).credential(DEMO_AGENT))
@@ -73,6 +74,14 @@ async def test_a_second_up_in_the_same_state_dir_is_refused_and_touches_nothing(
             return True
 
         assert await answered(), first.output()[-2000:]
+        # Quiet, useful logs: a start line naming each worker that answered, no
+        # FastStream start line, no progress bar (shared/runtime/logs.py).
+        log = first.output()
+        for worker in WORKERS:
+            assert f"worker {worker} started: stream " in log, log[-3000:]
+        assert "FastStream app started" not in log, log[-3000:]
+        assert "it/s]" not in log, log[-3000:]
+        assert "Loading weights" not in log, log[-3000:]
         before = _snapshot(home)
         assert str(auth_files(home).config) in before
         assert str(home / "stack.json") in before

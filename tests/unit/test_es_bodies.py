@@ -171,7 +171,8 @@ def fake_es(monkeypatch: pytest.MonkeyPatch) -> _FakeES:
 
     async def fake_scan(client, index, query):  # type: ignore[no-untyped-def]
         for i, d in list(es.docs.items()):
-            yield {"_id": i, "_source": {"content_hash": d["content_hash"]}}
+            yield {"_id": i, "_source": {"content_hash": d["content_hash"],
+                                         "source": d["source"]}}
 
     async def fake_bulk(client, actions, chunk_size=500):  # type: ignore[no-untyped-def]
         n = 0
@@ -192,8 +193,9 @@ def _retrieval(es: _FakeES, method: str) -> ElasticsearchRetrieval:
     return ElasticsearchRetrieval(es, _UnitEncoder(), method=method, index="t")
 
 
-async def _ingest(es: _FakeES, path: Path) -> IngestReport:
-    return await ingest_es(es, path, _UnitEncoder(), index="t", progress=False)
+async def _ingest(es: _FakeES, path: Path, replace: bool = False) -> IngestReport:
+    return await ingest_es(es, path, _UnitEncoder(), index="t", replace=replace,
+                           progress=False)
 
 
 async def test_ingest_is_incremental(fake_es, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -210,9 +212,25 @@ async def test_ingest_is_incremental(fake_es, tmp_path) -> None:  # type: ignore
     (tmp_path / "hash.txt").write_text("hash a password with sha256")
     (tmp_path / "loops.txt").unlink()
     (tmp_path / "db.txt").write_text("run sql")
-    r3 = await _ingest(es, tmp_path)
-    assert (r3.added, r3.updated, r3.removed, r3.unchanged) == (1, 1, 1, 0)
+    r3 = await _ingest(es, tmp_path)  # adds: the file gone from the folder stays
+    assert (r3.added, r3.updated, r3.removed, r3.unchanged) == (1, 1, 0, 0)
+    assert sorted(d["doc_id"] for d in es.docs.values()) == ["db.txt", "hash.txt", "loops.txt"]
+    r4 = await _ingest(es, tmp_path, replace=True)
+    assert (r4.added, r4.updated, r4.removed, r4.unchanged) == (0, 0, 1, 2)
     assert sorted(d["doc_id"] for d in es.docs.values()) == ["db.txt", "hash.txt"]
+
+
+async def test_ingest_replaces_a_reread_files_chunks_only(  # type: ignore[no-untyped-def]
+        fake_es, tmp_path) -> None:
+    es = fake_es
+    (tmp_path / "a.txt").write_text("a loop repeats " * 30 + "\n\n" + "hash a password " * 30)
+    (tmp_path / "b.txt").write_text("run sql")
+    await _ingest(es, tmp_path)
+    assert len(es.docs) == 3  # a.txt is two chunks
+    (tmp_path / "a.txt").write_text("a loop")
+    r = await _ingest(es, tmp_path / "a.txt")
+    assert (r.updated, r.removed, r.dropped) == (1, 0, 1)
+    assert sorted(d["doc_id"] for d in es.docs.values()) == ["a.txt", "b.txt"]
 
 
 async def test_search_fuses_client_side(fake_es, tmp_path) -> None:  # type: ignore[no-untyped-def]

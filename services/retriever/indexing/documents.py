@@ -24,6 +24,12 @@ class Document(msgspec.Struct, frozen=True):
     kind: str = "text"
 
 
+def source_file(source: str) -> str:
+    """The file a chunk's `source` came from (a BEIR row's source is `file#id`): the unit
+    an ingest adds, updates or lists."""
+    return source.partition("#")[0]
+
+
 def _load_beir(path: Path, source_prefix: str) -> Iterator[Document]:
     with path.open(encoding="utf-8") as f:
         for line in f:

@@ -1,6 +1,10 @@
 """Ingest into the embedded index: versioned directories, the CURRENT pointer, one
 writer at a time, old versions collected (layout in `services.retriever.index`).
 
+An ingest adds: each source file it reads replaces that file's chunks, every other
+source stays (`replace=True`: the index becomes what was read). The manifest's
+`sources` says which files are indexed, with their chunks and when they last changed.
+
 A writer builds a complete version in a temp directory, renames it into place and
 then replaces CURRENT with os.replace (atomic on POSIX); readers never lock.
 """
@@ -36,6 +40,7 @@ from services.retriever.index import (
     read_current,
 )
 from services.retriever.indexing.chunking import Chunk, collect_chunks
+from services.retriever.indexing.documents import source_file
 from services.retriever.indexing.report import IngestReport
 from shared.encoders.embeddings import Encoder
 
@@ -82,6 +87,7 @@ def ingest(
     index_dir: Path,
     encoder: Encoder,
     *,
+    replace: bool = False,
     progress: bool = True,
     batch_size: int = 64,
     max_tokens: int = 128,
@@ -89,17 +95,20 @@ def ingest(
 ) -> IngestReport:
     """Load, chunk, embed what changed, and publish a new index version atomically.
 
-    Idempotent: a chunk whose id and content hash match the live version keeps its
-    stored vector; chunks not produced any more are dropped. When nothing changed no
-    version is written (replicas are not made to reload for nothing).
+    The files read replace their own chunks and the other sources stay (`replace`: the
+    index holds only what was read). Idempotent: a chunk whose id and content hash match
+    the live version keeps its stored vector. When nothing changed no version is
+    written (replicas are not made to reload for nothing). Counts are of the chunks
+    read; `removed` (chunks of the previous version gone) is 0 unless `replace`,
+    `dropped` counts the chunks a re-read file no longer has.
     """
     t0 = time.perf_counter()
     index_dir = Path(index_dir)
     index_dir.mkdir(parents=True, exist_ok=True)
     bm25 = Bm25Config()
 
-    docs, chunks = collect_chunks(Path(path), max_tokens, overlap_tokens)
-    if not chunks:
+    docs, read = collect_chunks(Path(path), max_tokens, overlap_tokens)
+    if not read:
         raise ValueError(f"no documents to index under {path} (.md, .txt, BEIR .jsonl)")
 
     with _ingest_lock(index_dir):
@@ -108,12 +117,14 @@ def ingest(
             prev = load_current(index_dir)
         dim = int(encoder.dim)
         enc_id: dict[str, Any] = {"name": encoder_name(encoder), "dim": dim}
-        plan = _plan(chunks, prev, enc_id, dim)
+        chunks = read if replace or prev is None else _merge(read, prev.chunks)
+        plan = _plan(chunks, prev, enc_id, dim, {c.chunk_id for c in read})
+        removed, dropped = (plan.removed, 0) if replace else (0, plan.removed)
         if prev is not None and _nothing_changed(plan, prev, chunks, bm25):
             secs = time.perf_counter() - t0
             return IngestReport(
-                docs=docs, chunks=len(chunks), added=0, updated=0, unchanged=plan.unchanged,
-                removed=0, seconds=secs, chunks_per_s=len(chunks) / secs,
+                docs=docs, chunks=len(read), added=0, updated=0, unchanged=plan.unchanged,
+                removed=0, seconds=secs, chunks_per_s=len(read) / secs,
                 docs_per_s=docs / secs, version=prev.version, changed=False,
             )
 
@@ -126,15 +137,15 @@ def ingest(
         secs = time.perf_counter() - t0
         embedded = len(plan.to_embed)
         report = IngestReport(
-            docs=docs, chunks=len(chunks), added=plan.added, updated=plan.updated,
-            unchanged=plan.unchanged, removed=plan.removed, seconds=secs,
-            chunks_per_s=len(chunks) / secs if secs else 0.0,
+            docs=docs, chunks=len(read), added=plan.added, updated=plan.updated,
+            unchanged=plan.unchanged, removed=removed, dropped=dropped, seconds=secs,
+            chunks_per_s=len(read) / secs if secs else 0.0,
             docs_per_s=docs / secs if secs else 0.0, embedded=embedded,
             embed_seconds=embed_secs,
             embed_chunks_per_s=embedded / embed_secs if embedded and embed_secs else 0.0,
             version=version, changed=True,
         )
-        full_embed = msgspec.to_builtins(report) if embedded == len(chunks) else (
+        full_embed = msgspec.to_builtins(report) if embedded == len(read) == len(chunks) else (
             prev.manifest.get("full_embed") if prev else None
         )
         manifest = {
@@ -145,7 +156,8 @@ def ingest(
             "encoder": enc_id,
             "bm25": msgspec.to_builtins(bm25),
             "chunking": {"max_tokens": max_tokens, "overlap_tokens": overlap_tokens},
-            "counts": {"docs": docs, "chunks": len(chunks)},
+            "counts": {"docs": len({c.doc_id for c in chunks}), "chunks": len(chunks)},
+            "sources": _sources(chunks, read, prev, str(Path(path).resolve())),
             "last_ingest": msgspec.to_builtins(report),
             # Stats of the latest ingest that embedded every chunk (benchmarks read it
             # when the current run reused cached vectors).
@@ -168,11 +180,78 @@ class _Plan:
     removed: int = 0
 
 
-def _plan(chunks: list[Chunk], prev: Snapshot | None, enc_id: dict[str, Any], dim: int
-          ) -> _Plan:
+def _merge(read: list[Chunk], live: list[Chunk]) -> list[Chunk]:
+    """The live chunks with each source file read in place of its old chunks (where its
+    first one was, so re-reading the same files keeps the order); new files last."""
+    by_file: dict[str, list[Chunk]] = {}
+    for c in read:
+        by_file.setdefault(source_file(c.source), []).append(c)
+    out: list[Chunk] = []
+    placed: set[str] = set()
+    for c in live:
+        key = source_file(c.source)
+        if key not in by_file:
+            out.append(c)
+        elif key not in placed:
+            out.extend(by_file[key])
+            placed.add(key)
+    for key, cs in by_file.items():
+        if key not in placed:
+            out.extend(cs)
+    return out
+
+
+def _sources(chunks: list[Chunk], read: list[Chunk], prev: Snapshot | None, root: str
+             ) -> dict[str, dict[str, Any]]:
+    """Source file -> its chunks, when its chunks last changed and the path it was
+    ingested from (a file read again unchanged keeps its time)."""
+    def signature(cs: list[Chunk]) -> dict[str, set[tuple[str, str]]]:
+        out: dict[str, set[tuple[str, str]]] = {}
+        for c in cs:
+            out.setdefault(source_file(c.source), set()).add((c.chunk_id, c.content_hash))
+        return out
+
+    old = list_sources_of(prev) if prev is not None else {}
+    old_sig = signature(prev.chunks) if prev is not None else {}
+    read_sig = signature(read)
+    now = time.time()
+    out: dict[str, dict[str, Any]] = {}
+    for key, sig in signature(chunks).items():
+        entry = {"chunks": len(sig), "ingested_at": now, "from": root}
+        if key in old and (key not in read_sig or old_sig.get(key) == sig):
+            entry = {**old[key], "chunks": len(sig)}
+        out[key] = entry
+    return out
+
+
+def list_sources_of(snap: Snapshot) -> dict[str, dict[str, Any]]:
+    """The snapshot's source files (`chunks`, `ingested_at`, `from`); a version written
+    before sources were recorded gets its own time and path for each."""
+    recorded = snap.manifest.get("sources")
+    if isinstance(recorded, dict):
+        return recorded
+    out: dict[str, dict[str, Any]] = {}
+    for c in snap.chunks:
+        entry = out.setdefault(source_file(c.source), {
+            "chunks": 0, "ingested_at": snap.manifest.get("created_at"),
+            "from": snap.manifest.get("source")})
+        entry["chunks"] += 1
+    return out
+
+
+def list_sources(index_dir: Path) -> dict[str, dict[str, Any]]:
+    """What the live version of `index_dir` holds, by source file (empty: no index)."""
+    if read_current(Path(index_dir)) is None:
+        return {}
+    return list_sources_of(load_current(Path(index_dir)))
+
+
+def _plan(chunks: list[Chunk], prev: Snapshot | None, enc_id: dict[str, Any], dim: int,
+          counted: set[str]) -> _Plan:
     """Against the live version: a chunk whose id and content hash match it (same encoder)
     keeps its stored vector; the others are to embed (new id: added, new content:
-    updated); ids it has that are not produced any more are removed."""
+    updated; counted only for the ids in `counted`, those read); ids it has that are
+    not in `chunks` any more are removed."""
     same_encoder = prev is not None and prev.manifest.get("encoder") == enc_id
     prev_rows: dict[str, tuple[str, int]] = {}
     if prev is not None:
@@ -181,16 +260,17 @@ def _plan(chunks: list[Chunk], prev: Snapshot | None, enc_id: dict[str, Any], di
     plan = _Plan(np.zeros((len(chunks), dim), dtype=np.float32))
     for i, c in enumerate(chunks):
         old = prev_rows.get(c.chunk_id)
+        count = c.chunk_id in counted
         if old is not None and old[0] == c.content_hash and same_encoder:
             assert prev is not None
             plan.vectors[i] = prev.vectors[old[1]]
-            plan.unchanged += 1
+            plan.unchanged += count
         else:
             plan.to_embed.append(i)
             if old is None:
-                plan.added += 1
+                plan.added += count
             else:
-                plan.updated += 1
+                plan.updated += count
     plan.removed = len(set(prev_rows) - {c.chunk_id for c in chunks})
     return plan
 

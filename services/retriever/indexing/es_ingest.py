@@ -1,6 +1,7 @@
 """Ingest into Elasticsearch: bulk upserts of new or changed chunks, deletes of chunks
-whose documents are gone, then one refresh (applied in place, unlike the embedded
-index's versions)."""
+gone from the files read (with `replace`: of every chunk not read), then one refresh
+(applied in place, unlike the embedded index's versions). Like the embedded index, an
+ingest adds: sources not read stay."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from services.retriever.es_bodies import DEFAULT_INDEX, build_mapping, call, chunk_source
 from services.retriever.indexing.chunking import collect_chunks
+from services.retriever.indexing.documents import source_file
 from services.retriever.indexing.report import IngestReport
 from shared.encoders.embeddings import Encoder
 
@@ -24,15 +26,17 @@ async def _ensure_index(client: Any, index: str, dims: int) -> None:
                                      mappings=body["mappings"]))
 
 
-async def _existing(client: Any, index: str) -> dict[str, str]:
-    """chunk id -> content hash of what the index holds."""
+async def _existing(client: Any, index: str) -> dict[str, tuple[str, str]]:
+    """chunk id -> (content hash, source file) of what the index holds."""
     from elasticsearch import helpers
 
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, str]] = {}
     async for hit in helpers.async_scan(
-        client, index=index, query={"query": {"match_all": {}}, "_source": ["content_hash"]},
+        client, index=index,
+        query={"query": {"match_all": {}}, "_source": ["content_hash", "source"]},
     ):
-        out[hit["_id"]] = hit["_source"].get("content_hash", "")
+        src = hit["_source"]
+        out[hit["_id"]] = (src.get("content_hash", ""), source_file(src.get("source", "")))
     return out
 
 
@@ -42,12 +46,16 @@ async def ingest_es(
     encoder: Encoder,
     *,
     index: str = DEFAULT_INDEX,
+    replace: bool = False,
     progress: bool = True,
     batch_size: int = 64,
     max_tokens: int = 128,
     overlap_tokens: int = 16,
 ) -> IngestReport:
-    """Idempotent by chunk_id + content_hash; creates the index on first use."""
+    """Idempotent by chunk_id + content_hash; creates the index on first use. The files
+    read replace their own chunks, other sources stay (`replace`: only what was read
+    stays); `removed` is 0 unless `replace`, `dropped` counts chunks a re-read file no
+    longer has."""
     from elasticsearch import helpers
     from tqdm.auto import tqdm
 
@@ -57,10 +65,12 @@ async def ingest_es(
     await _ensure_index(client, index, encoder.dim)
     existing = await _existing(client, index)
 
-    todo = [c for cid, c in chunks.items() if existing.get(cid) != c.content_hash]
+    todo = [c for cid, c in chunks.items() if existing.get(cid, ("", ""))[0] != c.content_hash]
     added = sum(1 for c in todo if c.chunk_id not in existing)
     updated = len(todo) - added
-    gone = [cid for cid in existing if cid not in chunks]
+    read_files = {source_file(c.source) for c in chunk_list}
+    gone = [cid for cid, (_, src) in existing.items()
+            if cid not in chunks and (replace or src in read_files)]
     todo.sort(key=lambda c: len(c.indexed_text))  # less padding per batch
 
     embed_secs = 0.0
@@ -88,7 +98,8 @@ async def ingest_es(
     secs = time.perf_counter() - t0
     return IngestReport(
         docs=docs, chunks=len(chunks), added=added, updated=updated,
-        unchanged=len(chunks) - len(todo), removed=len(gone), seconds=secs,
+        unchanged=len(chunks) - len(todo), removed=len(gone) if replace else 0,
+        dropped=0 if replace else len(gone), seconds=secs,
         chunks_per_s=len(chunks) / secs if secs else 0.0,
         docs_per_s=docs / secs if secs else 0.0, embedded=len(todo),
         embed_seconds=embed_secs,

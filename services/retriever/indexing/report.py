@@ -11,7 +11,7 @@ class IngestReport(msgspec.Struct):
     added: int  # chunk ids not in the previous version (embedded)
     updated: int  # same chunk id, new content (embedded)
     unchanged: int  # vector reused
-    removed: int  # chunk ids gone (their documents disappeared or shrank)
+    removed: int  # chunk ids gone with --replace (their documents disappeared or shrank)
     seconds: float
     chunks_per_s: float  # all chunks processed / wall time
     docs_per_s: float
@@ -20,3 +20,4 @@ class IngestReport(msgspec.Struct):
     embed_chunks_per_s: float = 0.0
     version: int = 0  # embedded index only
     changed: bool = True  # False: nothing differed, no new version was written
+    dropped: int = 0  # without --replace: chunk ids gone from re-ingested documents

@@ -51,7 +51,8 @@ def open_index(corpus: Path, index_dir: Path | None, encoder: Encoder, progress:
     with `encoder`; with the ingest's speed, or that of the run that embedded the
     cached vectors."""
     index_dir = index_dir or CACHE_ROOT / f"{Path(corpus).resolve().parent.name}-index"
-    report = ingest(corpus, index_dir, ingest_with or encoder, progress=progress)
+    report = ingest(corpus, index_dir, ingest_with or encoder, replace=True,
+                    progress=progress)
     index = EmbeddedIndex.open(index_dir, encoder)
     full = index.manifest.get("full_embed") or {}
     if report.changed and report.embedded == report.chunks:

@@ -1,0 +1,135 @@
+"""A worker's logs: one handler on stderr, as text or one JSON object per line, with the
+worker's name and, while a message is handled, its request and agent; libraries quiet.
+
+* `configure_logging` (called by `shared.runtime.worker.build_app`, and by `up`) installs
+  the handler on the root logger, at `LOG_LEVEL`, formatted as `LOG_FORMAT` says;
+* `log_context` (set by the stage template, `shared.runtime.stage.run_stage`, around each
+  message) puts `request_id` and `agent_id` on every record logged inside it;
+* `quiet_libraries` silences what third-party code prints on a start: onnxruntime's
+  quantization INFO lines (logged on the root logger), platformdirs' runtime-directory
+  warning, and progress bars (tqdm, Hugging Face) when stderr is not a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import IO
+
+from shared.common.settings import LogFormat
+
+# Fields of the message being handled (request_id, agent_id), for every record logged.
+LOG_CONTEXT: ContextVar[Mapping[str, str]] = ContextVar(
+    "intentroute_log_context", default=MappingProxyType({}))
+# The per-message fields a record may carry, in the order JSON lines show them.
+CONTEXT_FIELDS = ("request_id", "agent_id")
+# Libraries whose INFO lines say nothing a person running the stack can act on.
+_NOISY = ("onnxruntime", "faststream", "transformers", "sentence_transformers",
+          "huggingface_hub", "httpx", "urllib3", "filelock")
+_TEXT = "%(asctime)s %(levelname)s %(worker)s %(name)s %(message)s"
+
+
+@contextmanager
+def log_context(**fields: str) -> Iterator[None]:
+    """Records logged inside carry `fields` (those that are empty are left out)."""
+    token = LOG_CONTEXT.set({**LOG_CONTEXT.get(), **{k: v for k, v in fields.items() if v}})
+    try:
+        yield
+    finally:
+        LOG_CONTEXT.reset(token)
+
+
+class ContextFilter(logging.Filter):
+    """Puts the worker's name and the handled message's fields on each record."""
+
+    def __init__(self, worker: str) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "worker"):
+            record.worker = self.worker
+        for key, value in LOG_CONTEXT.get().items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        return True
+
+
+class LibraryNoiseFilter(logging.Filter):
+    """Drops INFO and DEBUG records a library logged on the root logger (onnxruntime's
+    quantizer logs a line per tensor there)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and record.levelno < logging.WARNING
+                    and "site-packages" in record.pathname)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, worker,
+    and request_id / agent_id when known; `exc` holds a traceback when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(
+                timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "worker": getattr(record, "worker", ""),
+        }
+        for key in CONTEXT_FIELDS:
+            value = getattr(record, key, None)
+            if value:
+                line[key] = value
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def quiet_libraries(stream: IO[str] | None = None) -> None:
+    """Silence third-party start-up noise (module doc). Progress bars go only when
+    `stream` (default stderr) is not a terminal; a variable already set is kept."""
+    for name in _NOISY:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+    stream = sys.stderr if stream is None else stream
+    if stream.isatty():
+        return
+    # Read by tqdm and huggingface_hub when imported: children inherit them too.
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def configure_logging(*, level: str, fmt: LogFormat = LogFormat.TEXT, worker: str = "",
+                      stream: IO[str] | None = None) -> logging.Handler:
+    """The root logger's one handler (replacing one this function installed before),
+    at `level`, formatted as `fmt`, its records naming `worker`."""
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_intentroute", False)]:
+        root.removeHandler(old)
+    handler = logging.StreamHandler(sys.stderr if stream is None else stream)
+    handler._intentroute = True  # type: ignore[attr-defined]
+    handler.addFilter(ContextFilter(worker or "-"))
+    handler.addFilter(LibraryNoiseFilter())
+    handler.setFormatter(JsonFormatter() if fmt is LogFormat.JSON else logging.Formatter(_TEXT))
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    quiet_libraries(stream)
+    return handler
