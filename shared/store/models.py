@@ -255,7 +255,6 @@ agent_limit_state = sa.Table(
     sa.Column("spent_month", sa.Float, nullable=False, server_default="0"),
     sa.Column("cost_estimate", sa.Float, nullable=True),
     sa.Column("reserved", sa.Float, nullable=False, server_default="0"),
-    sa.Column("settled_at", sa.Float, nullable=False, server_default="0"),
 )
 # Requests admitted and not settled yet, keyed as their request-log rows.
 agent_inflight = sa.Table(

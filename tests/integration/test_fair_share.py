@@ -65,7 +65,10 @@ async def test_a_flood_does_not_queue_another_agents_request_behind_it(
     admin_nc: Client, nats_url: str, database_url: str, kb_index: Path,
 ) -> None:
     creds = await add_agents(nats_url, database_url, {"flood-a": False, "victim-b": False})
-    # The catch-all consumer of before, as an old gateway left it.
+    # The catch-all consumer of before, as an old gateway left it (the session's server
+    # may hold per-agent consumers of earlier tests' gateways: an old stack had none).
+    for name in await _consumers(admin_nc):
+        await admin_nc.jetstream().delete_consumer(STREAM, name)
     await admin_nc.jetstream().add_consumer(STREAM, ConsumerConfig(
         name="gateway", durable_name="gateway", filter_subject=SUBJECTS,
         ack_policy=AckPolicy.EXPLICIT))

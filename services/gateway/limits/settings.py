@@ -1,8 +1,8 @@
 """The global defaults of the per-agent limits (LIMIT_*), read here only; an agent's
 policy overrides each one (`intentroute agent set NAME rate=20/s ...`). "off" (or unset)
 turns a limit off. Every limit is off by default: an agent with a limit costs its
-admission one statement in Postgres (the shared count), measured at 295 req/s through
-`bench pipeline` against ~400 without (p50 11.1 vs 7.7 ms), while fair share and the
+admission one statement in Postgres (the shared count), measured at 158 req/s through
+`bench pipeline --limits` against ~400 without (p50 11.6 vs 7.7 ms), while fair share and the
 per-agent stream caps (STREAM_MAX_PER_AGENT) already keep one agent from starving the
 others at no cost. Set LIMIT_* for a global default or `agent set` per agent; budgets
 have no global default (cost units mean something only with an agent's own prices)."""
