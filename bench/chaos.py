@@ -25,6 +25,11 @@ until every stream and consumer has a new leader, until answers resume, and, onc
 is restarted, until it is a current replica of all of them again), then the worker
 kills, the restart of the whole cluster (`stall_s.nats`) and of Postgres as without.
 
+`sigstop_replicas`: after the kills, one classifier and one main generator replica are
+stopped with SIGSTOP for three ack waits (their buffered deliveries redelivered to the
+other replica meanwhile) and resumed: which, how long, requests sent from 2 s before the
+stop to the resume, and of those the duplicate finals and lost (both must be 0).
+
 `nats_restart_by_up` (single server): nats-server killed with SIGKILL and started again
 by the keeper `intentroute up` runs (intentroute.stack.keeper: same port, data and
 configuration): seconds from the kill to the server listening again, from listening to
@@ -47,7 +52,6 @@ from typing import Any
 
 import nats
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from intentroute.stack import DEFAULT_SYNC_INTERVAL, NatsCluster, NatsServer, PostgresServer
 from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
@@ -79,6 +83,11 @@ STREAMS = [Replicated(name) for name in (request.STREAM, pipeline.STREAM, respon
 # The gateway reads the chaos agent's requests through that agent's own consumer.
 CONSUMERS = [Replicated(request.STREAM, agent_consumer_name(name, AGENT)) if name == "gateway"
              else Replicated(pipeline.STREAM, name) for name in WORKERS]
+
+
+# STAGE_ACK_WAIT's default, which the workers here run with; a replica is stopped for
+# three of them.
+ACK_WAIT = 2.0
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -137,6 +146,8 @@ class Chaos:
         self.stalls: dict[str, float] = {}
         self.node_failover: dict[str, Any] = {}
         self.restart_by_up: dict[str, float] = {}
+        # SIGSTOPped replicas: (names, stopped at, resumed at).
+        self.stops: tuple[list[str], float, float] | None = None
         self.caller_reconnects: list[float] = []
         self.publishes: set[asyncio.Task[None]] = set()
         self.t0 = 0.0
@@ -296,6 +307,30 @@ class Chaos:
                  if t > moment]
         return min(times) if times else None
 
+    async def stop_replicas(self, names: tuple[str, ...], seconds: float) -> None:
+        """SIGSTOP one replica of each of `names` (its buffered deliveries wait in it),
+        SIGCONT it after `seconds` (longer than the ack wait: they were redelivered)."""
+        pids = {name: self.supervisor.pids(name)[:1] for name in names}
+        stopped = [name for name, found in pids.items() if found]
+        for name in stopped:
+            os.kill(pids[name][0], signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            for name in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pids[name][0], signal.SIGCONT)
+        self.stops = (stopped, start, time.monotonic())
+
+    def stop_report(self, duplicates: list[str], answered: set[str]) -> dict[str, Any]:
+        names, start, end = self.stops or ([], 0.0, 0.0)
+        during = [rid for rid, at in self.sent.items() if start - 2.0 <= at <= end]
+        return {"stopped": names, "seconds": round(end - start, 2),
+                "sent_around": len(during),
+                "duplicate_finals": sum(1 for rid in during if rid in duplicates),
+                "lost": sum(1 for rid in during if rid not in answered)}
+
     async def faults(self) -> None:
         await asyncio.sleep(2.0)
         if isinstance(self.nats, NatsCluster):
@@ -303,6 +338,8 @@ class Chaos:
         for name in WORKERS:
             self.kill_one(name)
             await asyncio.sleep(1.5)
+        # Hung replicas (issue 20): stopped for three ack waits with deliveries in hand.
+        await self.stop_replicas(("classifier", "generator-main"), 3 * ACK_WAIT)
         await self.restart_server("nats", self.nats.stop, self.nats.start, 1.0)
         await asyncio.sleep(2.0)
         await self.restart_server("postgres", self.pg.stop, self.pg.start, 2.0)
@@ -312,24 +349,10 @@ class Chaos:
 
     async def stored_finals(self) -> dict[str, int]:
         """Final chunks per request as the response stream stored them."""
-        counts: Counter[str] = Counter()
+        from bench.sigint import count_stored_finals
+
         async with await self.admin() as admin:
-            js = admin.jetstream()
-            inbox = admin.new_inbox()
-            sub = await admin.subscribe(inbox)
-            await js.add_consumer(response.STREAM, ConsumerConfig(
-                name=f"chaos-count-{uuid.uuid4().hex[:6]}", filter_subject=agent_responses(AGENT),
-                deliver_subject=inbox, deliver_policy=DeliverPolicy.ALL,
-                ack_policy=AckPolicy.NONE, inactive_threshold=10.0, mem_storage=True))
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=1.0)
-                except nats.errors.TimeoutError:
-                    break
-                chunk = decode_chunk(msg.data)
-                if chunk.is_final:
-                    counts[chunk.request_id] += 1
-        return dict(counts)
+            return dict(await count_stored_finals(admin, AGENT, "chaos-count"))
 
     async def rows(self) -> tuple[Counter[str], set[str]]:
         import asyncpg
@@ -384,10 +407,13 @@ class Chaos:
             code for rid in self.sent for _, code in live.get(rid, [])[:1] if code)
         ok = {rid for rid in answered if not any(code for _, code in live.get(rid, []))}
         failovers = []
+        # A request answered after the replicas were stopped waited for the stop too:
+        # it measures `sigstop_replicas`, not the kill's failover.
+        stopped_at = self.stops[1] if self.stops else float("inf")
         for kill in self.kills:
             for rid, sent_at in self.sent.items():
                 finals = live.get(rid, [])
-                if sent_at < kill and finals and finals[0][0] > kill:
+                if sent_at < kill and finals and kill < finals[0][0] < stopped_at:
                     failovers.append(finals[0][0] - kill)
         return {
             "sent": len(self.sent),
@@ -414,6 +440,8 @@ class Chaos:
             "faults_at": [round(t - self.t0, 2) for t in self.kills],
             **({"nats_node_failover": self.node_failover} if self.node_failover else {}),
             **({"nats_restart_by_up": self.restart_by_up} if self.restart_by_up else {}),
+            **({"sigstop_replicas": self.stop_report(duplicates, answered)}
+               if self.stops else {}),
         }
 
 

@@ -191,29 +191,34 @@ class Finals:
             self.first.setdefault(chunk.request_id, time.monotonic())
 
 
+async def count_stored_finals(nc: nats.NATS, agent: str, name: str) -> Counter[str]:
+    """Final chunks per request of `agent` as AGENT_RESPONSES stored them, read through
+    an ephemeral push consumer named `name-<random>` (the chaos bench reads the same)."""
+    counts: Counter[str] = Counter()
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.jetstream().add_consumer(response.STREAM, ConsumerConfig(
+        name=f"{name}-{uuid.uuid4().hex[:6]}", filter_subject=agent_responses(agent),
+        deliver_subject=inbox, deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE,
+        inactive_threshold=10.0, mem_storage=True))
+    while True:
+        try:
+            msg = await sub.next_msg(timeout=1.0)
+        except nats.errors.TimeoutError:
+            break
+        chunk = decode_chunk(msg.data)
+        if chunk.is_final:
+            counts[chunk.request_id] += 1
+    return counts
+
+
 async def stored_finals(servers: list[str], admin: dict[str, Any]) -> Counter[str]:
     """Final chunks per request as AGENT_RESPONSES stored them (the demo agent's)."""
-    counts: Counter[str] = Counter()
     nc = await nats.connect(servers, **admin)
     try:
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox)
-        await nc.jetstream().add_consumer(response.STREAM, ConsumerConfig(
-            name=f"sigint-count-{uuid.uuid4().hex[:6]}",
-            filter_subject=agent_responses(DEMO_AGENT), deliver_subject=inbox,
-            deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE,
-            inactive_threshold=10.0, mem_storage=True))
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=1.0)
-            except nats.errors.TimeoutError:
-                break
-            chunk = decode_chunk(msg.data)
-            if chunk.is_final:
-                counts[chunk.request_id] += 1
+        return await count_stored_finals(nc, DEMO_AGENT, "sigint-count")
     finally:
         await nc.close()
-    return counts
 
 
 async def _quiet(_: Exception) -> None:
