@@ -12,7 +12,8 @@ from services.gateway.feedback import FeedbackRecorder, build_feedback_consumer
 from services.gateway.grpc_server import start_grpc
 from services.gateway.handlers import GatewayDeps, build_stage
 from services.gateway.http import build_http_app, start_http
-from services.gateway.limits.gate import open_limit_gate
+from services.gateway.limits.gate import LimitGate
+from services.gateway.limits.store import PgLimits
 from services.gateway.replay import ReplayService
 from services.gateway.scoring import ScoreRefresher
 from services.gateway.settings import GatewaySettings
@@ -82,11 +83,13 @@ def create_app(
                                 settings.learn)
             learner.start()
             exits.push_async_callback(learner.stop)
-        weights.policies = await open_policy_cache(
+        # One policy cache for both readers: fair share's weights and the limits gate
+        # (which asks without a request id, so A/B candidates never change a limit).
+        policies = await open_policy_cache(
             wiring.store.pool, refresh=settings.common.policy_refresh, exits=exits)
+        weights.policies = policies
         # Per-agent limits at admission, their state shared by the replicas in Postgres.
-        limits = await open_limit_gate(wiring.store.pool, settings.limits,
-                                       refresh=settings.common.policy_refresh, exits=exits)
+        limits = LimitGate(PgLimits(wiring.store.pool), policies, settings.limits)
         return GatewayDeps(**wiring.base.parts(), agents=agents, feedback=feedback,
                            limits=limits)
 

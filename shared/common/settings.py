@@ -271,11 +271,11 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # The retriever's index (the CLI's `ingest` and `up` default to `<state dir>/index`
     # instead when INDEX_DIR is unset: intentroute/settings.py).
     index_dir: Annotated[Path, env("INDEX_DIR")] = Path(".intentroute/index")
-    # NATS credentials (one kind at a time): user + password, a token, or a .creds file
-    # (decentralized JWT auth on an external server). Unset = anonymous (open servers only).
     # HMAC key of the gateway's admission stamp (shared.auth.admission); every worker of a
     # deployment holds the same one. Required when NATS authentication is on.
     admission_key: Annotated[str, env("INTENTROUTE_ADMISSION_KEY")] = ""
+    # NATS credentials (one kind at a time): user + password, a token, or a .creds file
+    # (decentralized JWT auth on an external server). Unset = anonymous (open servers only).
     nats_user: Annotated[str, env("NATS_USER")] = ""
     nats_password: Annotated[str, env("NATS_PASSWORD")] = ""
     nats_token: Annotated[str, env("NATS_TOKEN")] = ""

@@ -98,13 +98,18 @@ class FakeOllama:
     async def start(self) -> FakeOllama:
         app = web.Application()
         app.router.add_post("/api/chat", self._chat)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_on_loopback(app)
         return self
 
     async def stop(self) -> None:
         if self._runner:
             await self._runner.cleanup()
+
+
+async def serve_on_loopback(app: web.Application) -> tuple[web.AppRunner, int]:
+    """`app` served on 127.0.0.1 on a free port: its runner (to clean up) and the port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

@@ -12,6 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.helpers.fake_ollama import serve_on_loopback
+
 _BAD_KEY = {"error": {"message": "Incorrect API key provided: no-such-key.",
                       "type": "invalid_request_error", "param": None,
                       "code": "invalid_api_key"}}
@@ -83,11 +85,7 @@ class FakeOpenAI:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_on_loopback(app)
         return self
 
     async def stop(self) -> None:

@@ -8,9 +8,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AsyncExitStack
-
-import asyncpg
 
 from services.gateway.limits.logic import (
     ADMITTED,
@@ -21,17 +18,13 @@ from services.gateway.limits.logic import (
     resolve,
 )
 from services.gateway.limits.settings import LimitSettings
-from services.gateway.limits.store import PgLimits
 from services.gateway.ports import LimitStore
 from shared.contracts.pipeline import Admitted
 from shared.contracts.response import ErrorInfo
-from shared.policy.agent import AgentPolicy
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.answers import request_log_row, write_after_answer
 from shared.runtime.ports import Publisher
-from shared.store.policies import load_policies
-from shared.store.policy_cache import PolicyCache
 from shared.store.ports import TurnStore
 from shared.store.writer import UNREACHABLE
 
@@ -97,17 +90,3 @@ async def answer_refusal(bus: Publisher, store: TurnStore, env: Admitted, refuse
         decision=None, error=ErrorInfo(refused.code, refused.message, refused.retry_after_ms))
     await write_after_answer(store, [request_log_row(env, f"error:{refused.code}")],
                              req.request_id)
-
-
-async def open_limit_gate(pool: asyncpg.Pool, defaults: LimitSettings, *, refresh: float,
-                          exits: AsyncExitStack) -> LimitGate:
-    """The gate on Postgres, with the agents' own policies (A/B candidates are about
-    routing, not limits) re-read every `refresh` seconds, closed with the worker."""
-
-    async def load() -> dict[str, AgentPolicy]:
-        return await load_policies(pool)
-
-    policies = PolicyCache(load, refresh=refresh)
-    await policies.start()
-    exits.push_async_callback(policies.close)
-    return LimitGate(PgLimits(pool), policies, defaults)
