@@ -1,16 +1,20 @@
-# One image for every worker; compose picks the worker with the command.
+# One image for every worker; compose and Kubernetes pick the worker with the command.
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 WORKDIR /app
-COPY pyproject.toml README.md ./
+# torch from PyTorch's CPU wheel index: PyPI's torch wheel pulls the CUDA libraries
+# (several GB) that a CPU host never uses. TORCH_INDEX_URL="" builds with PyPI's.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir torch==2.13.0 \
+      ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+COPY pyproject.toml README.md LICENSE NOTICE ./
 COPY intentroute intentroute
 COPY services services
 COPY shared shared
 COPY bench bench
 COPY testkit testkit
+# The demo knowledge base the ingest job indexes (compose's `ingest`, the k8s Job).
 COPY kb kb
-# TORCH_PIP_ARGS: e.g. "--index-url <your CPU wheel index>" to avoid the CUDA build.
-ARG TORCH_PIP_ARGS=""
-RUN pip install --no-cache-dir torch==2.13.0 ${TORCH_PIP_ARGS} \
- && pip install --no-cache-dir .
+# torch is installed: pip keeps it (the same pin) and takes the rest from PyPI.
+RUN pip install --no-cache-dir .
 ENTRYPOINT ["intentroute"]

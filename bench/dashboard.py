@@ -3,8 +3,10 @@ data for 50 agents.
 
 An embedded Postgres gets a year of daily rollups (what the 1-year rollup retention
 keeps: 50 agents x 2 models x 4 query types x 3 layers per day; and a year of exact
-daily percentiles per agent where the schema has `daily_agent_latency`) and 90 days of
-feedback (every verdict is kept), the gateway's dashboard routes serve it on
+daily percentiles per agent where the schema has `daily_agent_latency`), 90 days of
+feedback (every verdict is kept) and today's request log (`today_rows`, 33,000 by
+default: a day of 1,000,000 requests a month, which every load reads live since today
+is never final in the rollups), the gateway's dashboard routes serve it on
 127.0.0.1, and:
 
 The dashboard is served by a process of its own (as the gateway would), the clients
@@ -16,7 +18,8 @@ run here.
   `performance.now()` when it marks itself ready), median of `loads` loads. Without
   a Chromium it is the HTTP figure below and `dashboard_load_measure` says "http".
 - `dashboard_http_ms`: GET of the page + GET of its JSON, median;
-  `dashboard_api_ms`: the JSON alone (two indexed queries, the figures of 50 agents).
+  `dashboard_api_ms`: the JSON alone (the rollups' indexed statements and today's log
+  read live, the figures of 50 agents).
 """
 
 from __future__ import annotations
@@ -54,8 +57,10 @@ OUTCOMES = ("success", "success", "success", "fallback", "timeout", "error", "us
 
 
 async def seed(pool: asyncpg.Pool, *, agents: int, history_days: int, feedback_days: int,
-               feedback_per_day: int, until: dt.date) -> dict[str, int]:
-    """Rollups and feedback for agents `bench-dash-NN`, ending on `until`; row counts."""
+               feedback_per_day: int, until: dt.date, today_rows: int = 0
+               ) -> dict[str, int]:
+    """Rollups and feedback for agents `bench-dash-NN`, ending on `until`, and
+    `today_rows` of today's request log; row counts."""
     rng = random.Random(14)
     ids = [f"bench-dash-{i:02d}" for i in range(agents)]
     rollups = []
@@ -95,6 +100,20 @@ async def seed(pool: asyncpg.Pool, *, agents: int, history_days: int, feedback_d
     for i, agent in enumerate(ids):
         await save_policy(pool, agent, AgentPolicy(slo_p95_ms=250.0 + 10 * i))
     counts = {"rollup_rows": len(rollups), "feedback_rows": len(feedback)}
+    if today_rows:
+        start = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+        log = [(ids[n % agents], f"today-{n}", "s", start + dt.timedelta(seconds=n / 10),
+                MODELS[n % 2], TYPES[n % 4], LAYERS[n % 3],
+                "ok" if n % 50 else "error:RATE_LIMITED", 300, 120, rng.uniform(20, 600),
+                n % 10 == 0)
+               for n in range(today_rows)]
+        await pool.copy_records_to_table(
+            "request_log", records=log,
+            columns=["agent_id", "request_id", "session_id", "created_at", "model",
+                     "query_type", "layer", "outcome", "tokens_in", "tokens_out",
+                     "total_ms", "fallback"])
+        await pool.execute("ANALYZE request_log")
+        counts["today_log_rows"] = today_rows
     if await pool.fetchval("SELECT to_regclass('daily_agent_latency') IS NOT NULL"):
         latency = [(until - dt.timedelta(days=back), agent, 2400, p50, p50 * 2.2, p50 * 3.1)
                    for back in range(history_days) for agent in ids
@@ -206,7 +225,8 @@ def _server(database_url: str, token: str, days: int) -> Iterator[str]:
 
 
 async def _run(database_url: str, *, agents: int, days: int, history_days: int,
-               feedback_days: int, feedback_per_day: int, loads: int) -> dict[str, Any]:
+               feedback_days: int, feedback_per_day: int, loads: int,
+               today_rows: int) -> dict[str, Any]:
     until = dt.datetime.now(dt.UTC).date()
     pool = await asyncpg.create_pool(asyncpg_dsn(database_url), min_size=1, max_size=2)
     assert pool is not None
@@ -214,7 +234,7 @@ async def _run(database_url: str, *, agents: int, days: int, history_days: int,
         t = time.perf_counter()
         counts = await seed(pool, agents=agents, history_days=history_days,
                             feedback_days=feedback_days, feedback_per_day=feedback_per_day,
-                            until=until)
+                            until=until, today_rows=today_rows)
         seed_s = time.perf_counter() - t
         token = secrets.token_urlsafe(32)
         load_before = os.getloadavg()[0]
@@ -242,12 +262,13 @@ async def _run(database_url: str, *, agents: int, days: int, history_days: int,
 
 def run(*, agents: int = 50, days: int = 30, history_days: int = 365,
         feedback_days: int = 90, feedback_per_day: int = 100, loads: int = 7,
-        database_url: str = "") -> dict[str, Any]:
+        today_rows: int = 33_000, database_url: str = "") -> dict[str, Any]:
     """Seed a fresh embedded Postgres (or `database_url`, which must be empty of these
     agents) and measure; the figures as one JSON-able dict."""
     kwargs: dict[str, Any] = dict(agents=agents, days=days, history_days=history_days,
                                   feedback_days=feedback_days,
-                                  feedback_per_day=feedback_per_day, loads=loads)
+                                  feedback_per_day=feedback_per_day, loads=loads,
+                                  today_rows=today_rows)
     if database_url:
         migrate(database_url)
         return asyncio.run(_run(database_url, **kwargs))

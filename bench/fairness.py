@@ -10,8 +10,15 @@ Keys: victim_p50_ms / victim_p95_ms (B's and C's answers during the flood, publi
 final chunk), victim_quiet_p95_ms (the same before it), victims_sent, flood_answered,
 flood_refused (A's error finals by code), lost (requests without a final chunk at the
 end), duplicate_finals (requests with two different finals), flood_s (A's first
-publish to its last answer), budget_overshoot (`budget_overshoot`: null unless budgets
-are configured).
+publish to its last answer), budget_overshoot: A's spend past its daily budget, read
+back from the request log (`services.gateway.limits.store.budget_overshoot`:
+`overshoot`, `bound`, `spent`, `budget`, `requests`; null with `budget_day=None`).
+
+Agent A has a daily budget (`budget_day`, default BUDGET_DAY cost units) priced at
+FLOOD_PRICE: its answers are extractive (no model tokens), so its cost is the time
+their generation took, one cost unit a millisecond. The flood reaches the budget part of the
+way through (where depends on the machine's speed) and the rest of it is refused
+BUDGET_EXCEEDED at admission, counted in flood_refused.
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import nats
 from nats.aio.msg import Msg
 
@@ -34,14 +43,24 @@ from intentroute.stack import NatsServer, PostgresServer
 from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS, wait_for_consumers
+from services.gateway.limits.logic import price_table
+from services.gateway.limits.store import budget_overshoot
 from shared.client.caller import publish_until_stored
 from shared.contracts.codec import decode_chunk
 from shared.contracts.request import AgentRequest
+from shared.policy.agent import AgentPolicy, Price
 from shared.runtime.streams import ensure_streams
-from shared.store import migrate
+from shared.store import asyncpg_dsn, migrate
 from shared.store.agents import AgentStore
+from shared.store.policies import save_policy
 
 FLOOD, VICTIMS = "flood-a", ("victim-b", "victim-c")
+# A's price: one cost unit per millisecond of generation of its extractive answers.
+FLOOD_PRICE = {"extractive": Price(per_compute_s=1000.0)}
+# A's daily budget in those units. An extractive answer took ~0.2 ms of generation
+# (1,000 answered: 199 units, a 2-core machine shared with other jobs), so a flood of
+# 5,000 passes it part of the way through (later on a faster machine).
+BUDGET_DAY = 600.0
 QUESTIONS = ("What does addParam do?", "How do I loop from 1 to 10 in AVAP?",
              "what is addResult for", "how do I read a request header")
 
@@ -51,12 +70,6 @@ def _pct(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
-
-
-def budget_overshoot(state: Path) -> float | None:
-    """Hook for the budgets (issue 19, item 1): cost units spent past the flooding
-    agent's budget, when one is configured for the run. None: no budget configured."""
-    return None
 
 
 class Finals:
@@ -80,9 +93,11 @@ class Finals:
 
 class Fairness:
     def __init__(self, state: Path, *, flood: int, quiet: float, deadline: float,
-                 env: dict[str, str]) -> None:
+                 env: dict[str, str], budget_day: float | None = BUDGET_DAY) -> None:
         self.state = state
         self.flood = flood
+        self.policy = None if budget_day is None else AgentPolicy(
+            budget_day=budget_day, prices=FLOOD_PRICE)
         self.quiet = quiet
         self.deadline = deadline
         self.extra_env = env
@@ -100,6 +115,12 @@ class Fairness:
             creds = {a: await store.add(a, trusted=True) for a in (FLOOD, *VICTIMS)}
         finally:
             await store.close()
+        if self.policy is not None:  # read by the gateways when they start
+            conn = await asyncpg.connect(asyncpg_dsn(self.pg.url))
+            try:
+                await save_policy(conn, FLOOD, self.policy)
+            finally:
+                await conn.close()
         await sync_agents(self.state, self.pg.url)
         async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
             await ensure_streams(admin.jetstream(), 3600)
@@ -192,9 +213,25 @@ class Fairness:
             stop_supervising.set()
             await supervising
             self.supervisor.stop(timeout=15)
-        return self.report(flood_s)
+        return self.report(flood_s, await self.overshoot())
 
-    def report(self, flood_s: float) -> dict[str, Any]:
+    async def overshoot(self) -> dict[str, Any] | None:
+        """A's spend past its daily budget, from the request log, once every answer's
+        row is written (the workers have stopped)."""
+        if self.policy is None or self.policy.budget_day is None:
+            return None
+        day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        conn = await asyncpg.connect(asyncpg_dsn(self.pg.url))
+        try:
+            read = await budget_overshoot(
+                conn, FLOOD, budget=self.policy.budget_day, prices=price_table(self.policy),
+                since=day, until=day + timedelta(days=1))
+        finally:
+            await conn.close()
+        return {key: round(value, 6) if isinstance(value, float) else value
+                for key, value in read.items()}
+
+    def report(self, flood_s: float, overshoot: dict[str, Any] | None) -> dict[str, Any]:
         latency: dict[str, list[float]] = defaultdict(list)
         refused: Counter[str] = Counter()
         answered = 0
@@ -221,14 +258,16 @@ class Fairness:
             "lost": sum(1 for rid in self.sent if rid not in self.finals.first),
             "duplicate_finals": sum(1 for rid in self.sent
                                     if len(self.finals.distinct.get(rid, ())) > 1),
-            "budget_overshoot": budget_overshoot(self.state),
+            "budget_overshoot": overshoot,
             "settings": {k: v for k, v in self.extra_env.items()},
         }
 
 
 def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
-        env: dict[str, str] | None = None) -> dict[str, Any]:
-    """See the module doc; `env` adds worker settings (GATEWAY_PIPELINE_BACKLOG, ...)."""
+        env: dict[str, str] | None = None, budget_day: float | None = BUDGET_DAY
+        ) -> dict[str, Any]:
+    """See the module doc; `env` adds worker settings (GATEWAY_PIPELINE_BACKLOG, ...),
+    `budget_day` is A's daily budget (None: none)."""
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.encoders.embeddings import SentenceTransformerEncoder
 
@@ -236,7 +275,8 @@ def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
         state = Path(tmp)
         ingest(Path(__file__).resolve().parent.parent / "kb" / "avap", state / "index",
                SentenceTransformerEncoder(), progress=False)
-        bench = Fairness(state, flood=flood, quiet=quiet, deadline=deadline, env=env or {})
+        bench = Fairness(state, flood=flood, quiet=quiet, deadline=deadline, env=env or {},
+                         budget_day=budget_day)
         bench.nats.start()
         bench.pg.start()
         try:

@@ -109,7 +109,7 @@ def _request(i: int, agent: str = "bench-load") -> AgentRequest:
 
 
 async def _measure(nats_url: str, db_url: str, requests: int, load: int, window: int,
-                   creds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+                   creds: dict[str, dict[str, Any]], http_url: str = "") -> dict[str, Any]:
     servers = nats_servers(nats_url)
     admin = await nats.connect(servers, **creds["admin"])
     await wait_for_consumers(admin, list(WORKERS))
@@ -140,10 +140,18 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
     t = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(load)))
     elapsed = time.perf_counter() - t
+    doors: dict[str, Any] = {}
+    if http_url:  # --door openai: that door against this one, on the same workers
+        from bench.openai_door import measure_doors
+
+        doors = await measure_doors(servers, creds, db_url, http_url, requests=requests,
+                                    load=load, window=window)
+        doors["doors"]["nats"]["throughput_rps"] = round(load / elapsed, 1)
     for nc in (*callers.values(), admin):
         await nc.drain()
     stages = await _stage_breakdown(db_url)
     return {
+        **doors,
         "floor_rtt_ms_p50": floor,
         "e2e_ms_p50": _pct(latencies, 0.5),
         "e2e_ms_p99": _pct(latencies, 0.99),
@@ -213,13 +221,14 @@ async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool, repli
 
 def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: bool = False,
         auth: bool = True, accounting: bool = True, limits: bool = False, nats_cluster: int = 1,
-        sync_interval: str = DEFAULT_SYNC_INTERVAL) -> dict[str, Any]:
+        sync_interval: str = DEFAULT_SYNC_INTERVAL, door: str = "nats") -> dict[str, Any]:
     """models=False measures the transport: rules-only classifier, BM25 retriever.
     models=True runs the production cascade (Layer 2) and hybrid retrieval.
     accounting=False runs the workers with ACCOUNTING=off (what accounting costs).
     limits=True configures every per-agent limit far above this load (rate, in flight,
     tokens a minute, daily and monthly budgets, so every admission runs the whole
-    check); limits=False turns them all off, as shipped."""
+    check); limits=False turns them all off, as shipped. door="openai" also measures
+    the OpenAI-compatible door against the NATS door (bench/openai_door.py)."""
     from intentroute.stack.auth import service_env
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.encoders.embeddings import SentenceTransformerEncoder
@@ -241,6 +250,13 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
                        **(LIMITS_NOT_REACHED if limits else LIMITS_OFF))
             if not models:
                 env.update(RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="")
+            http_url = ""
+            if door == "openai":
+                from intentroute.stack import free_port
+
+                port = free_port()
+                env["GATEWAY_HTTP_LISTEN"] = f"127.0.0.1:{port}"
+                http_url = f"http://127.0.0.1:{port}"
             procs = [
                 subprocess.Popen([sys.executable, "-m", "intentroute.cli", "worker", name],
                                  env={**env, **(service_env(state, name) if auth else {})})
@@ -248,11 +264,12 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
             ]
             try:
                 result = uvloop.run(
-                    _measure(nats_url, db_url, requests, load, window, creds))
+                    _measure(nats_url, db_url, requests, load, window, creds, http_url))
                 result["models"] = models
                 result["auth"] = auth
                 result["accounting"] = accounting
                 result["limits"] = limits
+                result["door"] = door
                 result["nats_nodes"] = nats_cluster
                 result["stream_replicas"] = replicas
                 result["nats_sync_interval"] = sync_interval

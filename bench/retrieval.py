@@ -4,13 +4,16 @@
     python -m bench.retrieval relevance --beir /work/shared/data/scifact
     python -m bench.retrieval ingest-speed --beir /work/shared/data/scifact --kb kb
     python -m bench.retrieval short-ingest [--kb kb/avap]
+    python -m bench.retrieval fusion-cv --beir /work/shared/data/scifact [--test-qrels T]
 
 `eval`, `relevance` and `short-ingest` run the retriever's offline evaluation
 (`services.retriever.offline`; `intentroute eval retrieval` is `eval` with the
 ingest encoder of `intentroute ingest`); `ingest-speed` is the embedding throughput
 benchmark kept here. `short-ingest` is a full ingest, with the encoder `intentroute
 ingest` uses, of knowledge-base chunks of at most 128 WordPiece tokens derived from
-kb/avap into a throwaway index (`ingest_chunks_per_s` of the eval JSON).
+kb/avap into a throwaway index (`ingest_chunks_per_s` of the eval JSON). `fusion-cv`
+chooses the hybrid's fusion by 5-fold cross-validation on the train qrels and scores
+the choice on --test-qrels (`services.retriever.offline.fusion_cv`).
 """
 
 from __future__ import annotations
@@ -121,11 +124,14 @@ def _paths(args: argparse.Namespace) -> tuple[Path, Path, Path]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.retrieval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["eval", "relevance", "ingest-speed", "short-ingest"])
+    ap.add_argument("command",
+                    choices=["eval", "relevance", "ingest-speed", "short-ingest", "fusion-cv"])
     ap.add_argument("--beir", help="BEIR dir (corpus.jsonl, queries.jsonl, qrels/train.tsv)")
     ap.add_argument("--corpus")
     ap.add_argument("--queries")
     ap.add_argument("--qrels")
+    ap.add_argument("--test-qrels", type=Path, default=None,
+                    help="fusion-cv: qrels scored with each choice, never used to choose")
     ap.add_argument("--methods", default="bm25,dense,hybrid")
     ap.add_argument("--index-dir", type=Path, default=None)
     ap.add_argument("--kb", type=Path, default=None, help="Markdown dir for ingest-speed")
@@ -152,6 +158,11 @@ def main(argv: list[str] | None = None) -> None:
         res = evaluate(corpus, queries, qrels, args.methods.split(","), args.index_dir,
                        ingest_encoder=enc, encoder=enc, progress=not args.no_progress)
         res["encoder"] = args.encoder
+    elif args.command == "fusion-cv":
+        from services.retriever.offline.fusion_cv import fusion_cv
+
+        res = fusion_cv(corpus, queries, qrels, args.test_qrels, args.index_dir, encoder=enc,
+                        progress=not args.no_progress)
     elif args.command == "relevance":
         res = relevance_report(corpus, queries, qrels, args.index_dir, encoder=enc,
                                progress=not args.no_progress)

@@ -9,7 +9,7 @@ from typing import Annotated
 import msgspec
 
 from intentroute.stack.natsconf import DEFAULT_SYNC_INTERVAL, sync_interval_problem
-from shared.common.settings import CommonSettings, env, is_set, read_env
+from shared.common.settings import CommonSettings, SettingError, env, is_set, read_env
 
 
 class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,7 +38,7 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
     database_password_file: Annotated[str, env("DATABASE_PASSWORD_FILE")] = ""
     # `up`'s Ctrl-C / SIGTERM: seconds the workers get to finish the requests in flight
     # before they are stopped (`--drain-timeout`; intentroute.drain).
-    up_drain_timeout: Annotated[float, env("UP_DRAIN_TIMEOUT")] = 30.0
+    up_drain_timeout: Annotated[float, env("UP_DRAIN_TIMEOUT", unit="seconds")] = 30.0
     # The embedded servers' ports under `up` (`--nats-port` / `--postgres-port` win);
     # unset: the ones the last `up` in the state dir used (ports.json), else free ones;
     # 0: a free one. With a cluster NATS_PORT is node 1's, the others the next ones.
@@ -67,7 +67,7 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         problem = sync_interval_problem(self.nats_sync_interval)
         if problem:
-            raise ValueError(f"NATS_SYNC_INTERVAL {problem}")
+            raise SettingError(f"NATS_SYNC_INTERVAL: {problem}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CliSettings:

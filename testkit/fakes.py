@@ -16,13 +16,13 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from services.classifier.ports import Prediction
 from services.gateway.feedback import FeedbackRecorder
-from services.gateway.limits.logic import ADMITTED, Admission
+from services.gateway.limits.logic import ADMITTED, Admission, Ask, Grant, Limits
 from services.generator.prompts import ChatMessage
 from services.parser.avap import validate
 from services.retriever.ports import SearchResult
@@ -270,15 +270,22 @@ class FakePolicies:
 
 class FakeLimits:
     """The per-agent limits' shared state (`services.gateway.ports.LimitStore`): answers
-    each admission with the next scripted verdict (then admits), recording the calls."""
+    each request asked about with the next scripted verdict (then admits), granting no
+    allowance (so every request is asked about), and records one call per request."""
 
     def __init__(self, *verdicts: Admission) -> None:
         self.verdicts = list(verdicts)
         self.calls: list[dict[str, Any]] = []
 
-    async def admit(self, agent_id: str, request_id: str, **kw: Any) -> Admission:
-        self.calls.append({"agent_id": agent_id, "request_id": request_id, **kw})
-        return self.verdicts.pop(0) if self.verdicts else ADMITTED
+    async def lease(self, agent_id: str, *, asks: Sequence[Ask], limits: Limits,
+                    prices: Mapping[str, list[float]], now: float, **_: Any) -> Grant:
+        admissions = []
+        for ask in asks:
+            self.calls.append({"agent_id": agent_id, "request_id": ask.request_id,
+                               "accepted_at": ask.accepted_at, "deadline": ask.deadline,
+                               "limits": limits, "prices": prices, "now": now})
+            admissions.append(self.verdicts.pop(0) if self.verdicts else ADMITTED)
+        return Grant(admissions=admissions)
 
 
 class FakeFeedbackTable:

@@ -8,7 +8,9 @@ from intentroute.cli import (
     ask_cmd,
     bench_cmds,
     data_cmds,
+    deploy_cmds,
     dlq_cmds,
+    docs_cmds,
     learn_cmds,
     report_cmds,
     serve_cmds,
@@ -17,6 +19,8 @@ from intentroute.cli import (
 )
 from intentroute.cli.apps import app
 
-__all__ = ["agent_cmds", "app", "ask_cmd", "bench_cmds", "data_cmds", "dlq_cmds", "learn_cmds",
+__all__ = ["agent_cmds", "app", "ask_cmd", "bench_cmds", "data_cmds", "deploy_cmds", "dlq_cmds",
+           "docs_cmds",
+           "learn_cmds",
            "report_cmds", "serve_cmds",
            "stack_cmds", "status_cmd"]

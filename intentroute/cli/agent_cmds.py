@@ -20,17 +20,20 @@ from typing import Annotated, TypeVar
 import asyncpg
 import typer
 
-from intentroute.cli.apps import app, require_db, settings
+from intentroute.cli.apps import app, require_db, settings, urls
 from intentroute.stack.auth import ReloadRefusedError
+from shared.auth.exports import CredentialFormat
 from shared.policy.agent import AgentPolicy, PolicyError, encode_policy
 from shared.store import asyncpg_dsn
-from shared.store.agents import AgentError, AgentRecord, AgentStore
-from shared.store.policies import show_policy, update_policy
+from shared.store.agents import AgentError, AgentRecord, AgentStore, UnknownAgentError
+from shared.store.policies import UnknownPolicyAgentError, show_policy, update_policy
 
 agent_app = typer.Typer(no_args_is_help=True, help="Agents: credentials to call the bus.")
 app.add_typer(agent_app, name="agent")
 
 T = TypeVar("T")
+# The way out of an unknown agent id.
+_UNKNOWN = ": `intentroute agent list` shows the agents"
 
 
 def _with_store(db_url: str, action: Callable[[AgentStore], Awaitable[T]]) -> T:
@@ -44,7 +47,7 @@ def _with_store(db_url: str, action: Callable[[AgentStore], Awaitable[T]]) -> T:
     try:
         return asyncio.run(run())
     except AgentError as exc:
-        typer.echo(str(exc), err=True)
+        typer.echo(f"{exc}{_UNKNOWN if isinstance(exc, UnknownAgentError) else ''}", err=True)
         raise typer.Exit(1) from None
 
 
@@ -91,17 +94,27 @@ def add(
     out: Annotated[
         Path | None, typer.Option(help="Write the credential to this file (mode 0600)")
     ] = None,
+    form: Annotated[CredentialFormat, typer.Option(
+        "--format", help="json: the credential file; nats-context: the NATS CLI's context "
+                         "(save it as ~/.config/nats/context/NAME.json); env: NATS_URL, "
+                         "NATS_USER, NATS_PASSWORD, NATS_INBOX_PREFIX lines")
+    ] = CredentialFormat.JSON,
 ) -> None:
-    """Create an agent and print its credential (JSON); the secret is not shown again."""
+    """Create an agent and print its credential (JSON, or --format's); the secret is not
+    shown again. It names the NATS server(s) (NATS_URL, else the running `up`'s) and with
+    TLS the CA (NATS_TLS_CA). Exit 1 if the agent exists already."""
     import msgspec
 
-    from shared.auth.natsconn import write_credential
+    from shared.auth.exports import render
+    from shared.auth.natsconn import with_server, write_secret
 
     db_url = require_db()
+    nats_url, ca = urls()[0], settings().common.nats_tls_ca
     cred = _with_store(db_url, lambda store: store.add(name, trusted=trusted))
     try:
+        cred = with_server(cred, nats_url, ca) if nats_url else cred
         if out is not None:  # first: an agent never lacks its credential file
-            write_credential(out, cred)
+            write_secret(out, render(cred, form).encode())
         _reload_running_stack(db_url)
     except (ReloadRefusedError, OSError) as exc:  # OSError: ProcessLookupError too
         _undo_add(db_url, name, out)
@@ -109,13 +122,49 @@ def add(
         raise typer.Exit(1) from None
     if out is not None:
         typer.echo(f"agent {name} added; credential written to {out}", err=True)
-    else:
+    elif form is CredentialFormat.JSON:
         typer.echo(msgspec.json.encode(cred).decode())
+    else:
+        typer.echo(render(cred, form), nl=False)
+
+
+@agent_app.command("export")
+def export(
+    credential: Annotated[Path, typer.Argument(
+        help="An agent's credential file (`agent add --out`; `up`'s demo agent: "
+             ".intentroute/creds/demo.json)")],
+    form: Annotated[CredentialFormat, typer.Option(
+        "--format", help="nats-context, env or json (as `agent add --format`)")
+    ] = CredentialFormat.NATS_CONTEXT,
+    out: Annotated[
+        Path | None, typer.Option(help="Write it to this file (mode 0600)")
+    ] = None,
+) -> None:
+    """Print an agent's credential file in another client's form; changes nothing. A file
+    that names no server gets NATS_URL's (else the running `up`'s)."""
+    import msgspec
+
+    from intentroute.cli.errors import UsageError
+    from shared.auth.exports import render
+    from shared.auth.natsconn import read_credential, with_server, write_secret
+
+    try:
+        cred = read_credential(credential)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise UsageError(f"{credential}: not an agent credential ({exc}): `intentroute "
+                         "agent add NAME --out FILE` writes one") from None
+    nats_url = "" if cred.url else urls()[0]
+    if nats_url:
+        cred = with_server(cred, nats_url, settings().common.nats_tls_ca)
+    if out is None:
+        typer.echo(render(cred, form), nl=False)
+    else:
+        write_secret(out, render(cred, form).encode())
 
 
 @agent_app.command("list")
 def list_agents(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """The agents: id, trusted, created, revoked."""
+    """The agents: id, trusted, created, revoked; changes nothing."""
     records = _with_store(require_db(), lambda store: store.list())
     if json_out:
         typer.echo(json.dumps([_row(r) for r in records]))
@@ -130,7 +179,8 @@ def list_agents(json_out: Annotated[bool, typer.Option("--json")] = False) -> No
 
 @agent_app.command("revoke")
 def revoke(name: Annotated[str, typer.Argument(help="Agent id")]) -> None:
-    """Revoke an agent: its connections are closed and its credential refused."""
+    """Revoke an agent: its connections are closed and its credential refused (kept in
+    the database as revoked). Exit 1 for an unknown agent."""
     db_url = require_db()
     record = _with_store(db_url, lambda store: store.revoke(name))
     try:
@@ -159,8 +209,10 @@ def _when(value: datetime | None) -> str:
 def _policy_action(
     action: Callable[[asyncpg.Pool], Awaitable[AgentPolicy]],
 ) -> AgentPolicy:
+    db_url = require_db()
+
     async def run() -> AgentPolicy:
-        pool = await asyncpg.create_pool(asyncpg_dsn(require_db()), min_size=1, max_size=1)
+        pool = await asyncpg.create_pool(asyncpg_dsn(db_url), min_size=1, max_size=1)
         try:
             return await action(pool)
         finally:
@@ -169,7 +221,8 @@ def _policy_action(
     try:
         return asyncio.run(run())
     except PolicyError as exc:
-        typer.echo(str(exc), err=True)
+        unknown = isinstance(exc, UnknownPolicyAgentError)
+        typer.echo(f"{exc}{_UNKNOWN if unknown else ''}", err=True)
         raise typer.Exit(1) from None
 
 
@@ -190,5 +243,5 @@ def set_policy(
 
 @agent_app.command("show")
 def show(name: Annotated[str, typer.Argument(help="Agent id")]) -> None:
-    """An agent's policy as JSON (`{}`: the global defaults)."""
+    """An agent's policy as JSON (`{}`: the global defaults); changes nothing."""
     typer.echo(encode_policy(_policy_action(lambda pool: show_policy(pool, name))))

@@ -1,20 +1,106 @@
-"""The Typer apps the command modules register on, and what several commands share."""
+"""The Typer apps the command modules register on, and what several commands share.
+
+`app` is invoked as a `Cli`: an exception that ends a command becomes one line on stderr
+and an exit code (intentroute.cli.errors), a traceback only with `--debug`; a bad flag or
+argument is one line too (`OneLineUsage`), exit 2."""
 
 from __future__ import annotations
 
-import typer
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
+import typer
+from typer.core import TyperGroup
+
+from intentroute.cli.errors import USAGE, describe
+from intentroute.cli.reach import check_db
 from intentroute.settings import CliSettings
 from intentroute.stack import read_state
 
-app = typer.Typer(
-    no_args_is_help=True, add_completion=False,
-    help="intentroute: run the stack, one worker, ask, ingest, evaluations and benchmarks.",
+# `intentroute --timeout`'s default: seconds to reach NATS / Postgres (a local server
+# answers in milliseconds, a remote one with TLS in well under a second).
+REACH_TIMEOUT = 5.0
+
+
+@dataclass
+class Invocation:
+    """The root options of this run of the CLI (one per process)."""
+
+    debug: bool = False
+    timeout: float = REACH_TIMEOUT
+
+
+OPTIONS = Invocation()
+
+
+class Cli(typer.Typer):
+    """The root app: a command's failure is one line and an exit code, not a traceback
+    (unless --debug or INTENTROUTE_DEBUG=1)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            if OPTIONS.debug:
+                raise
+            code, line = describe(exc)
+            print(" ".join(line.splitlines()), file=sys.stderr)
+            raise SystemExit(code) from None
+
+
+class OneLineUsage(TyperGroup):
+    """The root command group: a bad flag, a missing argument, a bad value or an unknown
+    command is one line on stderr naming where the usage is shown, exit 2 (Typer prints
+    the usage and a boxed message, 7 lines). `--help` and a bare group's help (no
+    arguments) are unchanged. Typer bundles its own click (`typer._click`): its usage
+    errors are caught here, where the root command parses its options (`make_context`)
+    and where every subcommand parses its own (`invoke`)."""
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: Any = None, **extra: Any) -> Any:
+        with _one_line_usage():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line_usage():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def _one_line_usage() -> Iterator[None]:
+    from typer._click.exceptions import NoSuchOption, UsageError
+
+    try:
+        yield
+    except UsageError as exc:
+        # No arguments to a group: its help is what Typer shows, as it should.
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            raise
+        where = exc.ctx.command_path if exc.ctx is not None else "intentroute"
+        shows = "the options" if isinstance(exc, NoSuchOption) else "the usage"
+        message = " ".join(exc.format_message().split()).rstrip(".")
+        typer.echo(f"{message} ({where} --help shows {shows})", err=True)
+        raise typer.Exit(USAGE) from None
+
+
+app = Cli(
+    cls=OneLineUsage, no_args_is_help=True, add_completion=False,
+    help="intentroute: run the stack, one worker, ask, ingest, evaluations and benchmarks. "
+         "Exit codes: 0 done, 1 refused or failed (a server away or refusing, an unknown "
+         "id), 2 usage (a bad flag, file or setting).",
 )
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON with --json).")
 app.add_typer(bench_app, name="bench")
 eval_app = typer.Typer(no_args_is_help=True, help="Evaluations (JSON with --json).")
 app.add_typer(eval_app, name="eval")
+docs_app = typer.Typer(no_args_is_help=True, help="Documents generated from the code.")
+app.add_typer(docs_app, name="docs")
+deploy_app = typer.Typer(no_args_is_help=True,
+                         help="Deployments beyond `up`: secrets, streams, Kubernetes manifests.")
+app.add_typer(deploy_app, name="deploy")
 
 
 def _print_version(value: bool) -> None:
@@ -30,8 +116,16 @@ def _main(
     show_version: bool = typer.Option(
         False, "--version", callback=_print_version, is_eager=True,
         help="Print the version and exit."),
+    debug: bool = typer.Option(
+        False, "--debug", envvar="INTENTROUTE_DEBUG",
+        help="Show the traceback of a failure instead of its one line."),
+    timeout: float = typer.Option(
+        REACH_TIMEOUT, "--timeout", min=0.1,
+        help="Seconds to reach NATS / Postgres before giving up (ask, status, agent, dlq, "
+             "report, learn)."),
 ) -> None:
     """intentroute: run the stack, one worker, ask, ingest, evaluations and benchmarks."""
+    OPTIONS.debug, OPTIONS.timeout = debug, timeout
 
 
 def settings() -> CliSettings:
@@ -74,11 +168,15 @@ def operator_kwargs(cli: CliSettings | None = None) -> dict[str, object]:
     return dict(connect_kwargs(cli.common))
 
 
-def require_db() -> str:
+def require_db(*, check: bool = True) -> str:
+    """The database URL, once Postgres there took a login within `--timeout` (unless not
+    `check`: the caller checks what it connects to itself)."""
     _, db_url = urls()
     if not db_url:
         typer.echo("DATABASE_URL is not set and no `intentroute up` is running", err=True)
         raise typer.Exit(2)
+    if check:
+        check_db(db_url, OPTIONS.timeout)
     return db_url
 
 

@@ -10,9 +10,10 @@ from typing import Annotated, Any
 import typer
 from nats.aio.client import Client
 
-from intentroute.cli.apps import app, settings, urls
+from intentroute.cli.apps import OPTIONS, app, settings, urls
+from intentroute.cli.errors import CliError, UsageError
+from intentroute.cli.reach import connect_nats
 from shared.auth.natsconn import RECONNECT
-from shared.common.settings import nats_servers
 
 
 @app.command()
@@ -28,52 +29,68 @@ def ask(
     ] = None,
     extra_context: Annotated[str, typer.Option(help="Platform data for PLATFORM")] = "",
     editor: Annotated[Path | None, typer.Option(help="File whose text is editor_context")] = None,
-    query_type: Annotated[str, typer.Option(help="Caller-declared type")] = "",
+    query_type: Annotated[str, typer.Option(
+        help="Caller-declared type: RETRIEVAL, CODE_GENERATION, CONVERSATIONAL or PLATFORM "
+             "(a trusted agent's is honoured, others' ignored)")] = "",
     json_lines: Annotated[bool, typer.Option("--json", help="One JSON line per chunk")] = False,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the answer")] = 120.0,
+    timeout: Annotated[float, typer.Option(
+        help="Seconds to wait for the answer once asked (reaching NATS: `intentroute "
+             "--timeout`)")] = 120.0,
 ) -> None:
-    """Publish a question on NATS and print the answer as it streams."""
-    nats_url, _ = urls()
+    """Publish a question on NATS as an agent and print the answer as it streams
+    (adds a turn to the session's history and a row to the request log). Exit 1 if it
+    ends in an error."""
+    editor_context = editor.read_text(encoding="utf-8") if editor else ""  # before NATS
+    # NATS_URL, else the server(s) the credential names, else the running `up`'s.
+    nats_url = settings().nats_url or credential_url(creds) or urls()[0]
     if not nats_url:
         typer.echo("no NATS_URL and no running `intentroute up`", err=True)
         raise typer.Exit(2)
     kwargs, creds_agent = caller_kwargs(creds)
 
     async def run() -> int:
-        import nats
+        from shared.client.caller import AnswerTimeoutError, RequestRefusedError
 
-        connecting = True
-
-        async def on_error(exc: Exception) -> None:
-            # nats-py awaits this inside connect(): raising ends its retries (two minutes
-            # by default) at once when the server refuses the credential.
-            if connecting and "authorization" in str(exc).lower():
-                raise exc
-            typer.secho(f"nats: {exc!r}", dim=True, err=True)
-
-        try:
-            nc = await nats.connect(nats_servers(nats_url), error_cb=on_error,
-                                    **{**RECONNECT, **kwargs})
-        except nats.errors.Error as exc:
-            typer.echo(f"NATS at {nats_url} refused the connection: {exc}", err=True)
-            return 2
-        connecting = False
+        nc = await connect_nats(nats_url, {**RECONNECT, **kwargs}, timeout=OPTIONS.timeout,
+                                report_reconnects=True)
         try:
             return await ask_and_print(
                 nc, agent=agent or creds_agent or "cli", session=session, query=query,
-                json_lines=json_lines,
-                extra_context=extra_context, query_type=query_type or None, timeout=timeout,
-                editor_context=editor.read_text(encoding="utf-8") if editor else "",
+                json_lines=json_lines, extra_context=extra_context,
+                query_type=query_type or None, timeout=timeout, editor_context=editor_context,
             )
+        except AnswerTimeoutError:
+            raise CliError(f"no answer within {timeout:g} s: are the workers running? "
+                           "(`intentroute status` shows each stage; `ask --timeout N` waits "
+                           "longer)") from None
+        except RequestRefusedError as exc:
+            raise CliError(f"refused: {exc}") from exc
         finally:
             await nc.drain()
 
     raise typer.Exit(asyncio.run(run()))
 
 
+def credential_url(creds: Path | None) -> str:
+    """The server(s) a credential file names ("" for none, or a file that is not one:
+    `caller_kwargs` says what is wrong with it)."""
+    import msgspec
+
+    from shared.auth.natsconn import read_credential
+
+    if creds is None:
+        return ""
+    try:
+        return read_credential(creds).url
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return ""
+
+
 def caller_kwargs(creds: Path | None) -> tuple[dict[str, Any], str]:
     """`nats.connect` kwargs and agent id of a caller: the credential file given, else
     the running stack's demo agent (`<state>/creds/demo.json`), else the settings."""
+    import msgspec
+
     from intentroute.stack.auth import DEMO_AGENT, auth_files
     from shared.auth.natsconn import connect_kwargs, credential_kwargs, read_credential
 
@@ -83,7 +100,11 @@ def caller_kwargs(creds: Path | None) -> tuple[dict[str, Any], str]:
         creds = demo if demo.exists() and not cli.common.nats_authenticated else None
     if creds is None:
         return connect_kwargs(cli.common), ""
-    cred = read_credential(creds)
+    try:
+        cred = read_credential(creds)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise UsageError(f"{creds}: not an agent credential ({exc}): `intentroute agent add "
+                         "NAME --out FILE` writes one") from exc
     return credential_kwargs(cred, cli.common), cred.agent_id
 
 
@@ -145,7 +166,8 @@ def parse(
     strict: Annotated[bool, typer.Option(help="Spec mode instead of the lenient dialect")] = False,
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Validate one AVAP file with the reference parser (a linter for people too)."""
+    """Validate one AVAP file with the reference parser (a linter for people too); reads
+    FILE only. Exit 1 if it is invalid."""
     import msgspec
 
     from services.parser.avap import validate

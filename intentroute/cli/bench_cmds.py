@@ -41,6 +41,10 @@ def bench_pipeline(
                                 "default, as shipped")
     ] = False,
     nats_cluster: NatsClusterOption = 1,
+    door: Annotated[
+        str, typer.Option(help="`openai`: also the OpenAI-compatible door against the NATS "
+                               "door, same run (door_ms: a door's own time per request)")
+    ] = "nats",
 ) -> None:
     """End-to-end latency and throughput with the echo generator, all workers here, with
     authentication and per-subject permissions on and durable servers (as `intentroute
@@ -49,9 +53,11 @@ def bench_pipeline(
     reached)."""
     from bench.pipeline import run
 
+    if door not in ("nats", "openai"):
+        raise typer.BadParameter("`nats` or `openai`", param_hint="--door")
     emit(run(requests=requests, load=load, models=models, auth=not no_auth,
              accounting=not no_accounting, limits=limits, nats_cluster=nats_cluster,
-             sync_interval=settings().nats_sync_interval), json_out)
+             sync_interval=settings().nats_sync_interval, door=door), json_out)
 
 
 @bench_app.command("accounting")
@@ -96,14 +102,20 @@ def bench_fairness(
     deadline: Annotated[float, typer.Option(help="Seconds the flood may take")] = 300.0,
     backlog: Annotated[int | None, typer.Option(
         help="GATEWAY_PIPELINE_BACKLOG for the run (default: the setting's)")] = None,
+    budget_day: Annotated[float | None, typer.Option(
+        help="Agent A's daily budget in cost units, one per millisecond of generation "
+             "(default: bench.fairness.BUDGET_DAY); 0: none")] = None,
 ) -> None:
     """Two gateway replicas with authentication on: agent A floods RETRIEVAL requests
     while B and C ask one a second; their latency during the flood against before it,
-    A's answered / refused requests, lost and duplicated answers."""
-    from bench.fairness import run
+    A's answered / refused requests (by code: its budget refuses the end of the flood),
+    lost and duplicated answers, and A's spend past its budget with the bound."""
+    from bench.fairness import BUDGET_DAY, run
 
     env = {} if backlog is None else {"GATEWAY_PIPELINE_BACKLOG": str(backlog)}
-    emit(run(flood=flood, quiet=quiet, deadline=deadline, env=env), json_out)
+    budget = BUDGET_DAY if budget_day is None else (budget_day or None)
+    emit(run(flood=flood, quiet=quiet, deadline=deadline, env=env, budget_day=budget),
+         json_out)
 
 
 @bench_app.command("scaling")
@@ -200,12 +212,37 @@ def bench_dashboard(
     agents: Annotated[int, typer.Option(help="Agents with data")] = 50,
     days: Annotated[int, typer.Option(help="Days shown (the page's window)")] = 30,
     loads: Annotated[int, typer.Option(help="Page loads timed (median)")] = 7,
+    today_rows: Annotated[int, typer.Option(
+        help="Request-log rows of today, read live by every load (0: none)")] = 33_000,
 ) -> None:
     """Dashboard page load (headless Chromium when found, else HTTP) with a month of
-    rollups and feedback for 50 agents on an embedded Postgres."""
+    rollups and feedback for 50 agents, and today's request log, on an embedded
+    Postgres."""
     from bench.dashboard import run
 
-    emit(run(agents=agents, days=days, loads=loads), json_out)
+    emit(run(agents=agents, days=days, loads=loads, today_rows=today_rows), json_out)
+
+
+@bench_app.command("codegen")
+def bench_codegen(
+    json_out: JsonFlag = False,
+    requests: Annotated[int, typer.Option(help="CODE_GENERATION requests")] = 60,
+    model: Annotated[str, typer.Option(
+        help="Local model: smollm2-135m-instruct or gemma-3-270m")] = "smollm2-135m-instruct",
+    threads: Annotated[int, typer.Option(
+        help="CPU threads for the model (2 is faster on an idle machine only)")] = 1,
+    answers: Annotated[Path | None, typer.Option(
+        help="Write every attempt (answer, program, parser feedback) as JSON lines")] = None,
+) -> None:
+    """The trace-guided retry (RC-08) against a blind retry: N code requests through
+    generate -> validate with the local model and the real parser service."""
+    from bench.codegen import run
+
+    if requests < 1:
+        raise typer.BadParameter("at least 1", param_hint="--requests")
+    with _stack_errors():
+        report = run(requests=requests, model=model, threads=threads, answers_out=answers)
+    emit(report, json_out)
 
 
 @eval_app.command("routing")
@@ -215,15 +252,52 @@ def eval_routing(
     predictions: Annotated[Path | None, typer.Option(help="Write one line per input")] = None,
     threshold: Annotated[
         float, typer.Option(help="Layer 2 decision threshold")] = DECIDE_THRESHOLD,
+    llm: Annotated[str | None, typer.Option(
+        help="`local`: Layer 3 on the local model, served here for the run (default: "
+             "the model server the environment names, if any)")] = None,
+    llm_model: Annotated[str, typer.Option(
+        help="With --llm local: smollm2-135m-instruct or gemma-3-270m")] = "",
 ) -> None:
-    """Each line through the real cascade (rules, embedding head, LLM when configured)."""
+    """Each line through the real cascade (rules, embedding head, LLM when configured);
+    changes nothing (--predictions writes OUT)."""
+    import os
+
+    from intentroute.stack.llm import LOCAL_MODEL, local_server
     from services.classifier.offline.routing_eval import run_eval_routing
     from services.classifier.settings import ClassifierSettings
 
-    with _input_errors():
-        report = run_eval_routing(file, ClassifierSettings.from_env(), threshold=threshold,
-                                  predictions_out=predictions)
+    if llm not in (None, "local"):
+        raise typer.BadParameter("only `local` (the environment's model server: omit it)",
+                                 param_hint="--llm")
+    with _input_errors(), _stack_errors():
+        if llm is None:
+            report = run_eval_routing(file, ClassifierSettings.from_env(),
+                                      threshold=threshold, predictions_out=predictions)
+        else:
+            model = llm_model or LOCAL_MODEL
+            # One thread: on this 2-core machine under other load, a label took 0.6 s
+            # with one and 13-26 s with two (llama.cpp's threads wait by spinning).
+            with local_server(model, threads=1) as served:
+                # The local server and no other: Ollama off, its model for Layer 3.
+                environ = {**{k: v for k, v in os.environ.items() if k != "OLLAMA_HOST"},
+                           **served, "CLASSIFIER_LLM_MODEL": model}
+                report = run_eval_routing(file, ClassifierSettings.from_env(environ),
+                                          threshold=threshold, predictions_out=predictions)
+            report["layer3"]["model"] = model
     emit(report, json_out)
+
+
+@contextmanager
+def _stack_errors() -> Iterator[None]:
+    """A local model that is not installed (or does not start) is one line on stderr
+    and exit status 1."""
+    from intentroute.stack import StackError
+
+    try:
+        yield
+    except StackError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
 
 
 @eval_app.command("rules")
@@ -234,7 +308,8 @@ def eval_rules(
     ] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Each Layer 1 rule family's precision and coverage on paraphrase sets (no model)."""
+    """Each Layer 1 rule family's precision and coverage on paraphrase sets (no model);
+    changes nothing."""
     from services.classifier.offline.rules_eval import run_eval_rules
 
     with _input_errors():
@@ -259,12 +334,14 @@ def eval_rules(
 @contextmanager
 def _input_errors() -> Iterator[None]:
     """A malformed evaluation input is one line on stderr (file:line: field: problem)
-    and exit status 2."""
+    and exit status 2; so is a packaged model that cannot be assembled (which chunk
+    package is missing, and the pip command)."""
     from services.classifier.offline.inputs import InputError
+    from shared.encoders.packaged import ModelAssemblyError
 
     try:
         yield
-    except InputError as exc:
+    except (InputError, ModelAssemblyError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
 
@@ -274,18 +351,25 @@ def eval_intents(
     train: Annotated[Path, typer.Option(help="CSV text,category or JSONL text,label")],
     test: Annotated[Path, typer.Option(help="Same formats; `oos` lines count as out-of-scope")],
     json_out: JsonFlag = False,
-    threshold: Annotated[
-        float, typer.Option(help="Clarity threshold = OOS decision")] = DECIDE_THRESHOLD,
+    threshold: Annotated[float | None, typer.Option(
+        help="Out-of-scope threshold (default: chosen by cross-validation on the train "
+             "file's `oos` lines, else the clarity threshold 0.85)")] = None,
     finetune_epochs: Annotated[int, typer.Option(help="Fine-tune the encoder first")] = 0,
     embed_cache: Annotated[Path | None, typer.Option(
         help="Directory caching the frozen encoder's vectors between runs")] = None,
+    encoder: Annotated[list[str] | None, typer.Option(
+        help="Encoder (repeatable: side by side; default: all-MiniLM-L6-v2 and "
+             "all-mpnet-base-v2)")] = None,
 ) -> None:
-    """Train the Layer-2 classifier on any intent dataset and score it."""
+    """Train the Layer-2 classifier on any intent dataset and score it; the head it trains
+    is not kept (the running one is unchanged)."""
+    from services.classifier.offline.intents_eval import INTENT_ENCODERS
     from services.classifier.offline.intents_eval import eval_intents as run_eval
 
     with _input_errors():
         report = run_eval(train, test, threshold=threshold, finetune_epochs=finetune_epochs,
-                          embed_cache=embed_cache, onnx_cache_dir=settings().common.onnx_cache_dir)
+                          embed_cache=embed_cache, encoders=tuple(encoder or INTENT_ENCODERS),
+                          onnx_cache_dir=settings().common.onnx_cache_dir)
     emit(report, json_out)
 
 
@@ -294,20 +378,27 @@ def eval_retrieval(
     corpus: Annotated[Path, typer.Option(help="BEIR corpus.jsonl")],
     queries: Annotated[Path, typer.Option(help="BEIR queries.jsonl")],
     qrels: Annotated[Path, typer.Option(help="qrels TSV with header")],
-    method: Annotated[str, typer.Option(help="bm25 | dense | hybrid | all")] = "all",
+    method: Annotated[str, typer.Option(
+        help="bm25 | dense | hybrid | rrf (the hybrid with plain RRF) | all")] = "all",
     json_out: JsonFlag = False,
     index_dir: Annotated[Path | None, typer.Option(help="Reuse/keep the index here")] = None,
 ) -> None:
-    """nDCG@10, Recall@10, MRR@10 per method, ingest speed and hybrid query latency."""
+    """nDCG@10, Recall@10, MRR@10 per method, ingest speed and hybrid query latency; the
+    corpus is indexed apart (--index-dir, else a cache folder), the stack's index stays.
+    The hybrid fuses as the retriever's settings say (RETRIEVER_FUSION, ...)."""
     from intentroute.cli.apps import settings
     from services.retriever.offline.evaluation import evaluate
+    from services.retriever.settings import RetrieverSettings
     from shared.encoders.embeddings import pin_threads
     from shared.encoders.fast import batch_fast_encoder
 
     common = settings().common
-    methods = ["bm25", "dense", "hybrid"] if method == "all" else [method]
+    methods = ["bm25", "dense", "hybrid", "rrf"] if method == "all" else [method]
+    if not set(methods) <= {"bm25", "dense", "hybrid", "rrf"}:
+        raise typer.BadParameter("bm25, dense, hybrid, rrf or all", param_hint="--method")
+    fusion = RetrieverSettings.from_env().fusion
     pin_threads(1)  # queries are timed on one thread; pinned before any encoder is built
     ingest_encoder = batch_fast_encoder(precision=common.ingest_precision,
                                         onnx_cache_dir=common.onnx_cache_dir)
     emit(evaluate(corpus, queries, qrels, methods, index_dir=index_dir,
-                  ingest_encoder=ingest_encoder), json_out)
+                  ingest_encoder=ingest_encoder, fusion=fusion), json_out)

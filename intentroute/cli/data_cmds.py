@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -77,9 +77,10 @@ def _list(index_dir: Path, json_out: bool) -> None:
         typer.echo(f"{key:<{width}}  {s.get('chunks', 0):>5} chunks  {when}  {s.get('from')}")
 
 
-def ingest_into(path: Path, index_dir: Path, *, replace: bool = False) -> None:
-    import msgspec
-
+def ingest_into(path: Path, index_dir: Path, *, replace: bool = False,
+                echo: bool = True) -> dict[str, Any]:
+    """Ingest `path`; its JSON summary printed on stderr unless not `echo` (`up` logs it
+    in one line), and returned. A progress bar only on a terminal."""
     from services.retriever.settings import RetrieverSettings
     from shared.encoders.embeddings import pin_threads
     from shared.encoders.fast import batch_fast_encoder
@@ -92,19 +93,33 @@ def ingest_into(path: Path, index_dir: Path, *, replace: bool = False) -> None:
                                  onnx_cache_dir=retriever.common.onnx_cache_dir)
     if retriever.es_url:
         # The retriever reads Elasticsearch when ES_URL is set: fill that index instead.
-        asyncio.run(_ingest_es(path, retriever.es_url, retriever.es_index, encoder, replace))
-        return
+        summary = asyncio.run(_ingest_es(path, retriever.es_url, retriever.es_index, encoder,
+                                         replace))
+    else:
+        summary = _ingest_embedded(path, index_dir, encoder, replace)
+    if echo:
+        typer.echo(json.dumps(summary), err=True)
+    return summary
+
+
+def _ingest_embedded(path: Path, index_dir: Path, encoder: Encoder,
+                     replace: bool) -> dict[str, Any]:
+    import sys
+
+    import msgspec
+
     from services.retriever.indexing.embedded_ingest import ingest as run_ingest
 
     # Length-sorted batches; the encoder runs them in chunks of <= 8 (fastest here).
-    report = run_ingest(path, index_dir, encoder, replace=replace, progress=True,
-                        batch_size=16)
-    typer.echo(json.dumps({"index_dir": str(index_dir), **msgspec.to_builtins(report)}),
-               err=True)
+    report = run_ingest(path, index_dir, encoder, replace=replace,
+                        progress=sys.stderr.isatty(), batch_size=16)
+    return {"index_dir": str(index_dir), **msgspec.to_builtins(report)}
 
 
 async def _ingest_es(path: Path, es_url: str, es_index: str, encoder: Encoder,
-                     replace: bool) -> None:
+                     replace: bool) -> dict[str, Any]:
+    import sys
+
     import msgspec
     from elasticsearch import AsyncElasticsearch
 
@@ -113,8 +128,8 @@ async def _ingest_es(path: Path, es_url: str, es_index: str, encoder: Encoder,
     client = AsyncElasticsearch(es_url)
     try:
         report = await ingest_es(client, path, encoder, index=es_index, replace=replace,
-                                 progress=True, batch_size=16)
-        typer.echo(json.dumps({"es_url": es_url, **msgspec.to_builtins(report)}), err=True)
+                                 progress=sys.stderr.isatty(), batch_size=16)
+        return {"es_url": es_url, **msgspec.to_builtins(report)}
     finally:
         await client.close()
 
@@ -151,7 +166,8 @@ def train_classifier(
 ) -> None:
     """Train a new head, shadow-evaluate it against the current one, promote if not worse.
 
-    The candidate uses the current head's encoder precision and early exit unless told.
+    The candidate uses the current head's encoder precision and early exit unless told,
+    and the encoders CLASSIFIER_ENCODER and CLASSIFIER_EARLY_EXIT_ENCODER name.
     """
     import msgspec
 
@@ -174,10 +190,18 @@ def train_classifier(
     current = registry.current()
     if early_exit_layers is None and current is not None and current.early is not None:
         early_exit_layers = current.early.layers
-    encoder = shared_fast_encoder(
-        precision=(current.precision if current else None) or common.encoder_precision,
-        onnx_cache_dir=common.onnx_cache_dir)
-    result = train_and_promote(data, registry, encoder, holdout=holdout, seed=seed,
-                               early_exit_layers=None if early_exit_layers is None
-                               or early_exit_layers < 0 else early_exit_layers)
+    from shared.encoders.packaged import ModelAssemblyError
+
+    try:
+        encoder = shared_fast_encoder(
+            classifier.encoder,
+            precision=(current.precision if current else None) or common.encoder_precision,
+            onnx_cache_dir=common.onnx_cache_dir)
+        result = train_and_promote(data, registry, encoder, holdout=holdout, seed=seed,
+                                   early_exit_layers=None if early_exit_layers is None
+                                   or early_exit_layers < 0 else early_exit_layers,
+                                   early_exit_model=classifier.early_exit_encoder)
+    except ModelAssemblyError as exc:  # CLASSIFIER_ENCODER names a model not installed
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
     typer.echo(msgspec.json.encode(result).decode())

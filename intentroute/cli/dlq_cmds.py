@@ -9,21 +9,23 @@ from typing import Annotated, Any
 
 import typer
 
-from intentroute.cli.apps import app, emit, operator_kwargs, settings, urls
-from shared.common.settings import nats_servers
+from intentroute.cli.apps import OPTIONS, app, emit, operator_kwargs, settings, urls
+from intentroute.cli.errors import CliError
+from intentroute.cli.reach import connect_nats
+
+# JetStream's error code for "no message found" (a missing stream is 10059).
+NO_MESSAGE = 10037
 
 dlq_app = typer.Typer(no_args_is_help=True, help="Dead letters: look and retry.")
 app.add_typer(dlq_app, name="dlq")
 
 
 async def _connect() -> Any:
-    import nats
-
     nats_url, _ = urls()
     if not nats_url:
         typer.echo("no NATS_URL and no running `intentroute up`", err=True)
         raise typer.Exit(2)
-    return await nats.connect(nats_servers(nats_url), **operator_kwargs())
+    return await connect_nats(nats_url, operator_kwargs(), timeout=OPTIONS.timeout)
 
 
 async def dead_letters(nc: Any) -> list[dict[str, Any]]:
@@ -55,7 +57,8 @@ async def dead_letters(nc: Any) -> list[dict[str, Any]]:
 
 @dlq_app.command("list")
 def dlq_list(json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Every dead letter: id, stage, original subject, deliveries, reason."""
+    """Every dead letter: id, stage, original subject, deliveries, reason; changes
+    nothing."""
 
     async def run() -> list[dict[str, Any]]:
         nc = await _connect()
@@ -95,7 +98,9 @@ def dlq_replay(
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Publish a dead letter again on its original subject (with a fresh deadline) and
-    remove it from the dead-letter stream."""
+    remove it from the dead-letter stream. Exit 1 if there is no dead letter ID."""
+    from nats.js.errors import NotFoundError
+
     from shared.contracts import deadletter
 
     budget = settings().common.request_deadline
@@ -104,7 +109,13 @@ def dlq_replay(
         nc = await _connect()
         js = nc.jetstream()
         try:
-            msg = await js.get_msg(deadletter.STREAM, dlq_id)
+            try:
+                msg = await js.get_msg(deadletter.STREAM, dlq_id)
+            except NotFoundError as exc:
+                if exc.err_code != NO_MESSAGE:  # the stream itself
+                    raise
+                raise CliError(f"no dead letter {dlq_id}: `intentroute dlq list` shows the "
+                               "ids") from exc
             headers = msg.headers or {}
             subject = headers.get(deadletter.SUBJECT_HEADER, "")
             if not subject:

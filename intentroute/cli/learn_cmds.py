@@ -12,14 +12,21 @@ import typer
 from intentroute.cli.apps import app, emit, require_db
 
 learn_app = typer.Typer(
-    help="The learning job (ADR-0006): per-agent proposals, observe mode, A/B, promotion.")
+    help="The learning job (ADR-0006): per-agent proposals, observe mode, A/B, promotion. "
+         "`intentroute learn` alone runs it once and prints a JSON summary (a proposal it "
+         "promotes changes that agent's policy); exit 1 if a phase failed.")
 app.add_typer(learn_app, name="learn")
 
 
 @learn_app.callback(invoke_without_command=True)
-def learn(ctx: typer.Context) -> None:
+def learn(
+    ctx: typer.Context,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Accepted for symmetry: the summary is always JSON")] = False,
+) -> None:
     """Run the learning job once (unless another run holds its lock) and print a JSON
-    summary: what each phase did and how long it took. Exit 1 if a phase failed."""
+    summary: what each phase did and how long it took. It may change agents' policies
+    (proposals promoted after A/B). Exit 1 if a phase failed."""
     if ctx.invoked_subcommand is not None:
         return
     from shared.learning.job import learn_once
@@ -48,6 +55,7 @@ def propose(
     except PolicyError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
+    db_url = require_db()
 
     async def run() -> int:
         import asyncpg
@@ -55,7 +63,7 @@ def propose(
         from shared.store import asyncpg_dsn
         from shared.store.policies import load_policy
 
-        conn = await asyncpg.connect(asyncpg_dsn(require_db()))
+        conn = await asyncpg.connect(asyncpg_dsn(db_url))
         try:
             policy = await load_policy(conn, agent)
             baseline = (policy.clarity_threshold if key == "clarity_threshold"
@@ -76,17 +84,20 @@ def proposals(
     limit: Annotated[int, typer.Option(help="Most recent first")] = 50,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object on stdout")] = False,
 ) -> None:
-    """Proposals, newest first: status, evidence (fit, observe, A/B figures), reason."""
+    """Proposals, newest first: status, evidence (fit, observe, A/B figures), reason;
+    changes nothing."""
     import msgspec
 
     from shared.learning.proposals import listing
+
+    db_url = require_db()
 
     async def run() -> list[Any]:
         import asyncpg
 
         from shared.store import asyncpg_dsn
 
-        conn = await asyncpg.connect(asyncpg_dsn(require_db()))
+        conn = await asyncpg.connect(asyncpg_dsn(db_url))
         try:
             return await listing(conn, agent, limit)
         finally:

@@ -117,7 +117,9 @@ def report_costs(
     refresh: RefreshFlag = True,
 ) -> None:
     """Tokens * price + compute seconds per agent and model, the saving against sending
-    everything to the main slot's model, and days above the agent's mean + 2 sd."""
+    everything to the main slot's model, requests refused at admission by code (never
+    billed), and days above the agent's mean + 2 sd. Changes nothing but the window's
+    rollups, recomputed from the log (unless --no-refresh)."""
     from shared.accounting.costs import (
         CSV_COLUMNS,
         TRAILING_DAYS,
@@ -138,8 +140,9 @@ def report_costs(
     async def build(conn: asyncpg.Connection) -> CostReport:
         # The anomaly rule also reads the days before the window.
         policies = await _refreshed(conn, first - timedelta(days=TRAILING_DAYS), last, refresh)
+        currencies = {agent: p.currency for agent, p in policies.items() if p.currency}
         return await cost_report(conn, first, last, prices=prices_of(policies),
-                                 main_model=model, name=name)
+                                 main_model=model, name=name, currencies=currencies)
 
     report = _on_db(build)
     if json_out:
@@ -156,25 +159,36 @@ def report_costs(
 
 
 def _print_costs(report: CostReport) -> None:
-    from shared.accounting.costs import anomaly_line
+    from shared.accounting.costs import anomaly_line, refused_text
 
     typer.echo(f"costs {report.since} .. {report.until} (UTC days); main slot model: "
-               f"{report.main_model or '(not set)'}")
-    header = ("AGENT", "MODEL", "REQUESTS", "TOKENS_IN", "TOKENS_OUT", "COMPUTE_S", "COST",
-              "MAIN_SLOT_COST", "SAVING")
+               f"{report.main_model or '(not set)'}; REFUSED: refused at admission, by "
+               "code (among REQUESTS, never billed)")
+    header = ("AGENT", "MODEL", "REQUESTS", "REFUSED", "TOKENS_IN", "TOKENS_OUT",
+              "COMPUTE_S", "COST", "MAIN_SLOT_COST", "SAVING")
     rows = [header]
     for agent in report.agents:
-        rows.append((agent.agent_id, "*", str(agent.requests), str(agent.tokens_in),
-                     str(agent.tokens_out), f"{agent.compute_s:.1f}", f"{agent.cost:.4f}",
-                     _money(agent.main_slot_cost), _money(agent.saving)))
-        rows += [("", m.model or "-", str(m.requests), str(m.tokens_in), str(m.tokens_out),
-                  f"{m.compute_s:.1f}", f"{m.cost:.4f}" + _unpriced(m),
-                  "", "") for m in agent.models]
+        unit = f" {agent.currency}" if agent.currency else ""
+        rows.append((agent.agent_id, "*", str(agent.requests), refused_text(agent.refused),
+                     str(agent.tokens_in), str(agent.tokens_out), f"{agent.compute_s:.1f}",
+                     f"{agent.cost:.4f}{unit}", _money(agent.main_slot_cost, unit),
+                     _money(agent.saving, unit)))
+        rows += [("", m.model or "-", str(m.requests), "", str(m.tokens_in),
+                  str(m.tokens_out), f"{m.compute_s:.1f}",
+                  f"{m.cost:.4f}{unit}" + _unpriced(m), "", "") for m in agent.models]
     t = report.totals
-    rows.append(("TOTAL", "", str(t.requests), str(t.tokens_in), str(t.tokens_out),
-                 f"{t.compute_s:.1f}", f"{t.cost:.4f}", _money(t.main_slot_cost),
-                 _money(t.saving)))
+    currencies = list(t.cost_by_currency)
+    unit = f" {currencies[0]}" if len(currencies) == 1 and currencies[0] else ""
+    mixed = len(currencies) > 1
+    rows.append(("TOTAL", "", str(t.requests), refused_text(t.refused), str(t.tokens_in),
+                 str(t.tokens_out), f"{t.compute_s:.1f}",
+                 "mixed" if mixed else f"{t.cost:.4f}{unit}",
+                 "mixed" if mixed else _money(t.main_slot_cost, unit),
+                 "mixed" if mixed else _money(t.saving, unit)))
     _table(rows)
+    if mixed:
+        typer.echo("TOTAL by currency: " + ", ".join(
+            f"{cost:.4f} {currency or 'units'}" for currency, cost in t.cost_by_currency.items()))
     for anomaly in report.anomalies:
         typer.echo(anomaly_line(anomaly))
 
@@ -248,8 +262,8 @@ def _unpriced(model: ModelCost) -> str:
     return " (no price)" if used and not model.priced else ""
 
 
-def _money(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+def _money(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:.4f}{unit}"
 
 
 def _ms(value: float | None) -> str:

@@ -48,7 +48,8 @@ def worker(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(WORKERS
 
 @app.command()
 def migrate() -> None:
-    """Apply the Alembic migrations to DATABASE_URL."""
+    """Apply the Alembic migrations to DATABASE_URL: creates or alters the tables, keeps
+    their rows (idempotent)."""
     from intentroute.cli.apps import require_db
     from shared.store import migrate as run_migrate
 
@@ -65,8 +66,9 @@ def db_init(
     the URL): create or update the deployment's roles with these passwords and the
     database owned by intentroute_owner, then let only those roles connect. Idempotent;
     run it before `migrate` (compose's db-init job)."""
-    from intentroute.cli.apps import require_db
-    from intentroute.stack.pgroles import init_database, read_passwords
+    from intentroute.cli.apps import OPTIONS, require_db
+    from intentroute.cli.reach import check_db
+    from intentroute.stack.pgroles import init_database, on_database, read_passwords
     from shared.store.roles import ROLES
 
     try:
@@ -79,7 +81,8 @@ def db_init(
         typer.echo(f"db-init: no password file for {', '.join(missing)} in {passwords}",
                    err=True)
         raise typer.Exit(2)
-    url = require_db()
+    url = require_db(check=False)  # its database may not exist yet
+    check_db(on_database(url, "postgres"), OPTIONS.timeout)
     database = url.rsplit("/", 1)[-1].split("?", 1)[0]
     asyncio.run(init_database(url, database, found))
     typer.echo(f"db-init: roles {', '.join(ROLES)} ready; {database} owned by {ROLES[0]}",

@@ -5,6 +5,7 @@ one-process commands `worker`, `parser`, `migrate`, `db-init`, `llm-server` are 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import time
@@ -48,15 +49,18 @@ from intentroute.stack.pgroles import (
 )
 from intentroute.stack.ports import PortPlan, PortTakenError, StackPorts, Wanted, plan_ports
 from intentroute.stack.state import (
+    DEFAULT_GATEWAY_GRPC_LISTEN,
     DEFAULT_GATEWAY_HTTP_LISTEN,
     dashboard_token,
+    gateway_grpc_listen,
     gateway_http_listen,
 )
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS
 from shared.auth.natsconn import connect_kwargs, tls_kwargs
 from shared.common.limits import StreamLimits
-from shared.common.settings import nats_servers
+from shared.common.otel import PROMETHEUS_PORT
+from shared.common.settings import CommonSettings, is_set, nats_servers
 from shared.runtime.logs import configure_logging
 
 DEMO_KB = Path(__file__).resolve().parent.parent.parent / "kb" / "avap"
@@ -105,6 +109,10 @@ def up(
         "--drain-timeout", min=0,
         help="On Ctrl-C / SIGTERM: seconds the workers get to finish the requests in flight "
              "before they are stopped (default UP_DRAIN_TIMEOUT, else 30)")] = None,
+    grpc: Annotated[bool, typer.Option(
+        "--grpc", help="Serve the gateway's gRPC face (AskAgent, Feedback, health, "
+                       "reflection) on loopback, its address in stack.json "
+                       "(gateway_grpc_address); GATEWAY_GRPC_LISTEN picks another")] = False,
 ) -> None:
     """Start the embedded stack if needed, migrate, and run every worker.
 
@@ -123,7 +131,7 @@ def up(
     _check_cluster_size(nats_cluster, embedded_nats)
     lock = _own_state_dir(state_dir)  # before anything reads or writes the state dir
     ports = _plan_ports(cli, nats_cluster if embedded_nats else 0, nats_port, postgres_port,
-                        llm)
+                        llm, grpc, metrics=_metrics_wanted(cli, counts))
     servers: list[tuple[str, NatsServer | PostgresServer]] = []
     # An external DATABASE_URL with its DATABASE_PASSWORD_FILE applied.
     external_db = urls(cli)[1] if cli.database_url else ""
@@ -138,6 +146,7 @@ def up(
         migrate(db_url)
         stream_replicas = cli.common.replicas(len(nats_servers(nats_url)))
         env, http = _stack_env(cli, nats_url, stream_replicas, ports.ports.gateway_http)
+        grpc_address = _gateway_grpc(env, grpc, ports.ports.gateway_grpc)
         admin, nats_pids, sync = _nats_access(cli, db_url, env, embedded_nats=embedded_nats)
         asyncio.run(_declare_streams(nats_url, admin, cli.common.response_ttl,
                                      stream_replicas, cli.common.streams))
@@ -151,7 +160,9 @@ def up(
             nats_config=_nats_config(state_dir, nats_cluster) if embedded_nats else "",
             nats_pid=nats_pids[0] if nats_pids else 0, nats_pids=nats_pids,
             gateway_http_url=http.url, dashboard_url=http.dashboard_url,
-            dashboard_token_file=http.token_file,
+            dashboard_token_file=http.token_file, gateway_grpc_address=grpc_address,
+            metrics_port=ports.ports.metrics,
+            metrics_targets=str(state_dir / METRICS_TARGETS) if ports.ports.metrics else "",
         )
         update_pids(info, servers)
         write_state(state_dir, info)
@@ -182,21 +193,37 @@ def _own_state_dir(state_dir: Path) -> StateLock:
 
 
 def _plan_ports(cli: CliSettings, nats_nodes: int, nats_port: int | None,
-                postgres_port: int | None, llm: bool) -> PortPlan:
+                postgres_port: int | None, llm: bool, grpc: bool = False, *,
+                metrics: tuple[int, int | None] = (0, None)) -> PortPlan:
     """This `up`'s ports, chosen before anything starts (README, Stable ports): a flag
     wins over its variable, which wins over the last `up`'s port; a taken port that
     clients hold ends `up` in one line."""
     listen = os.environ.get("GATEWAY_HTTP_LISTEN", DEFAULT_GATEWAY_HTTP_LISTEN).strip()
+    grpc_listen = os.environ.get("GATEWAY_GRPC_LISTEN", "").strip()
     wanted = Wanted(
         nats_nodes=nats_nodes, nats_port=cli.nats_port if nats_port is None else nats_port,
         postgres=not cli.database_url,
         postgres_port=cli.postgres_port if postgres_port is None else postgres_port,
-        gateway_http=listen.endswith(":0"), parser=_runs_parser(os.environ), llm=llm)
+        gateway_http=listen.endswith(":0"), parser=_runs_parser(os.environ), llm=llm,
+        gateway_grpc=(grpc and not grpc_listen) or grpc_listen.endswith(":0"),
+        metrics=metrics[0], metrics_port=metrics[1])
     try:
         return plan_ports(cli.state_dir, wanted)
     except PortTakenError as exc:
         typer.echo(f"intentroute up: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+def _metrics_wanted(cli: CliSettings, counts: dict[str, int]) -> tuple[int, int | None]:
+    """(worker processes serving Prometheus metrics, METRICS_PORT when set): on by
+    default under `up`; off with METRICS_PORT=0, OTEL_SDK_DISABLED=true or an
+    OTEL_METRICS_EXPORTER that leaves `prometheus` out."""
+    common = cli.common
+    explicit = common.metrics_port if is_set(CommonSettings, "metrics_port") else None
+    if explicit == 0 or "prometheus" not in common.otel.metrics_exporters(
+            explicit or PROMETHEUS_PORT):
+        return 0, None
+    return sum(counts.values()), explicit
 
 
 def _check_cluster_size(nodes: int, embedded_nats: bool) -> None:
@@ -223,6 +250,19 @@ class _HttpDoor(NamedTuple):
     dashboard_url: str
     token_file: str
     token: str = ""
+
+
+def _gateway_grpc(env: dict[str, str], wanted: bool, port: int = 0) -> str:
+    """The gateway's gRPC listener under `up`: `--grpc` serves it at
+    DEFAULT_GATEWAY_GRPC_LISTEN (loopback, a port kept for the next `up`) unless
+    GATEWAY_GRPC_LISTEN says where (which alone turns it on too). Sets the replicas'
+    GATEWAY_GRPC_LISTEN (port 0 pinned: they share the port) and returns the address
+    clients dial ("": off)."""
+    listen = env.get("GATEWAY_GRPC_LISTEN", "") or (DEFAULT_GATEWAY_GRPC_LISTEN
+                                                     if wanted else "")
+    env["GATEWAY_GRPC_LISTEN"], address = gateway_grpc_listen(
+        listen, lambda: port or free_port())
+    return address
 
 
 def _database_roles(cli: CliSettings, server_url: str) -> DatabaseUrls:
@@ -274,7 +314,8 @@ def _nats_access(cli: CliSettings, db_url: str, env: dict[str, str], *, embedded
     state_dir = cli.state_dir
     nats_pids = server_pids(auth_files(state_dir))
     admin = {**admin_kwargs(state_dir), **tls_kwargs(cli.common)}
-    asyncio.run(_prepare_agents(state_dir, db_url, nats_pids))
+    asyncio.run(_prepare_agents(state_dir, db_url, nats_pids, url=env["NATS_URL"],
+                                ca=cli.common.nats_tls_ca))
     sync = AuthSync(state_dir, db_url, pids=nats_pids).start()
     for key in ("NATS_TOKEN", "NATS_CREDS"):
         env.pop(key, None)
@@ -282,10 +323,17 @@ def _nats_access(cli: CliSettings, db_url: str, env: dict[str, str], *, embedded
 
 
 def _ingest_knowledge_base(ingest_path: Path | None, index_dir: Path) -> None:
-    """`--ingest`'s knowledge base; without it the demo one, if the index has none yet."""
+    """`--ingest`'s knowledge base; without it the demo one, if the index has none yet.
+    What it did is one line of `up`'s log (`intentroute ingest` prints the JSON)."""
     kb = ingest_path or (DEMO_KB if not (index_dir / "CURRENT").exists() else None)
-    if kb is not None:
-        ingest_into(kb, index_dir)
+    if kb is None:
+        return
+    done = ingest_into(kb, index_dir, echo=False)
+    logging.getLogger("intentroute.up").info(
+        "ingested %s: %d documents, %d chunks (added %d, updated %d, unchanged %d, "
+        "removed %d) in %.1f s", kb, done.get("docs", 0), done.get("chunks", 0),
+        done.get("added", 0), done.get("updated", 0), done.get("unchanged", 0),
+        done.get("removed", 0), done.get("seconds", 0.0))
 
 
 def _start_processes(cli: CliSettings, env: dict[str, str], counts: dict[str, int], *,
@@ -293,8 +341,9 @@ def _start_processes(cli: CliSettings, env: dict[str, str], counts: dict[str, in
                      stack_ports: StackPorts | None = None) -> Supervisor:
     """The parser (unless one runs elsewhere), the local model with `--llm`, then each
     worker's replicas (with the embedded NATS, as its service user; its own database role
-    and the secrets its stage uses); with METRICS_PORT set, each worker on its own metrics
-    port, listed in the scrape targets file."""
+    and the secrets its stage uses); with metrics on (`_metrics_wanted`), each worker
+    process on its own metrics port from the planned one, listed in the scrape targets
+    file."""
     state_dir = cli.state_dir
     supervisor = Supervisor()
     chosen = stack_ports or StackPorts()
@@ -303,7 +352,7 @@ def _start_processes(cli: CliSettings, env: dict[str, str], counts: dict[str, in
         supervisor.add("parser", parser_argv, env)
     if llm:
         supervisor.add("llm", _llm_argv(env, chosen.llm), env)
-    plan = metrics_ports(counts, cli.common.metrics_port)
+    plan = metrics_ports(counts, chosen.metrics)
     ports = iter(plan)
     for name, count in counts.items():
         worker_env = {**env, **(service_env(state_dir, name) if embedded_nats else {}),
@@ -326,6 +375,8 @@ def _banner(info: StackInfo, stream_replicas: int, counts: dict[str, int]) -> st
             f"Postgres {_redacted(info.database_url)}  "
             f"HTTP {http_url or 'off'}  dashboard {dashboard_url or 'off'}"
             f"{f' (token in {token_file})' if token_file else ''}  "
+            f"gRPC {info.gateway_grpc_address or 'off'}  "
+            f"metrics {f'from :{info.metrics_port}' if info.metrics_port else 'off'}  "
             f"workers {', '.join(f'{n}x{c}' for n, c in counts.items())}")
 
 
@@ -366,8 +417,8 @@ METRICS_TARGETS = "metrics_targets.json"
 
 
 def metrics_ports(counts: dict[str, int], base: int) -> list[tuple[str, int]]:
-    """(worker, port) per worker process, in start order: with METRICS_PORT set, each
-    process of `up` serves its metrics on the next port from it (0: none)."""
+    """(worker, port) per worker process, in start order: each process of `up` serves
+    its metrics on the next port from `base` (0: none)."""
     if not base:
         return []
     names = [name for name, count in counts.items() for _ in range(count)]
@@ -403,14 +454,16 @@ def _nats_config(state_dir: Path, nodes: int) -> str:
     return str(files.config)
 
 
-async def _prepare_agents(state_dir: Path, db_url: str, nats_pids: list[int]) -> None:
-    """The demo agent and its credential file, then every active agent into NATS."""
+async def _prepare_agents(state_dir: Path, db_url: str, nats_pids: list[int], *,
+                          url: str = "", ca: str = "") -> None:
+    """The demo agent and its credential file (naming the server(s) at `url`, with TLS
+    the CA file `ca`), then every active agent into NATS."""
     from intentroute.stack.auth import DEMO_AGENT, apply_agents, ensure_agent_file
     from shared.store.agents import AgentStore
 
     store = await AgentStore.connect(db_url)
     try:
-        await ensure_agent_file(store, state_dir, DEMO_AGENT)
+        await ensure_agent_file(store, state_dir, DEMO_AGENT, url=url, ca=ca)
         await apply_agents(store, state_dir, pids=nats_pids)
     finally:
         await store.close()
@@ -442,6 +495,10 @@ def _llm_argv(env: dict[str, str], port: int = 0) -> list[str]:
     port = port or free_port()
     env.update(server_env(port, new_api_key()))
     env.setdefault("OLLAMA_MODEL_NAME", LOCAL_MODEL)
+    # Layer 3 stays off on it unless asked for (CLASSIFIER_LLM_MODEL=smollm2-135m-instruct):
+    # on the messages Layer 2 was unsure of in the blind and fresh routing sets,
+    # SmolLM2-135M's labels were right 0 times in 5, Layer 2's own guess 4 times.
+    env.setdefault("CLASSIFIER_LLM_MODEL", "")
     return [sys.executable, "-m", "intentroute.cli", "llm-server", "--port", str(port)]
 
 

@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from intentroute.cli.apps import app, settings, urls
+from intentroute.cli.apps import OPTIONS, app, settings, urls
+from intentroute.cli.reach import connect_nats
 from intentroute.status import StageRow, read_sample, report, stage_rows
 
 
@@ -56,8 +57,22 @@ def render(rows: list[StageRow], interval: float) -> Any:
                 for name, state in row.breakers.items()}
     if breakers:
         caption += "\nbreakers: " + ", ".join(f"{k} {v}" for k, v in breakers.items())
-    table.caption = caption
+    table.caption = caption + "".join(state_lines(rows))
     return table
+
+
+def state_lines(rows: list[StageRow]) -> list[str]:
+    """A line per stage and named state (the generator's model backend), as Rich markup:
+    red when failing."""
+    from rich.markup import escape
+
+    lines = []
+    for row in rows:
+        for name, line in row.states.items():
+            text = escape(f"{row.stage} {name}: {line}")
+            failing = line.startswith("failing")
+            lines.append("\n" + (f"[red]{text}[/red]" if failing else text))
+    return lines
 
 
 def console() -> Any:
@@ -76,13 +91,14 @@ def status(
     interval: Annotated[float, typer.Option(
         help="Seconds between the two readings rates and p95 are taken over "
              "(0: one reading, no rate)")] = 1.0,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the replicas' replies")]
-    = 1.0,
+    timeout: Annotated[float, typer.Option(
+        help="Seconds to wait for the replicas' replies (reaching NATS: `intentroute "
+             "--timeout`)")] = 1.0,
 ) -> None:
     """Each stage's replicas (services API), lag (pending / ack pending), redeliveries, dead
-    letters, rate and p95, from the running stack (or NATS_URL with an ops user)."""
-    import nats
-
+    letters, rate and p95, and each generator's model backend (ok, failing: why), from
+    the running stack (or NATS_URL with an ops user). Reads
+    only; exit 1 if NATS cannot be reached within `intentroute --timeout`."""
     nats_url, _ = urls()
     if not nats_url:
         typer.echo("no NATS_URL and no running `intentroute up`", err=True)
@@ -90,7 +106,7 @@ def status(
     kwargs = status_kwargs()
 
     async def run() -> None:
-        nc = await nats.connect(nats_url, **kwargs)
+        nc = await connect_nats(nats_url, kwargs, timeout=OPTIONS.timeout)
         try:
             previous = None
             if interval > 0:

@@ -2,7 +2,8 @@
 
 <state>/creds/ (0700) holds one credential per user (0600, `shared.auth.natsconn` format):
 `admin.json`, `intentroute-<worker>.json`, the monitoring reader's `intentroute-ops.json`
-(`intentroute status`), and the demo agent's `demo.json`.
+(`intentroute status`), and the demo agent's `demo.json` (with the server's URL, as
+`intentroute agent add` writes an agent's).
 <state>/nats/users.json (0600) keeps the bcrypt hashes of the admin and service
 passwords, so re-rendering the auth part never re-hashes them (a changed hash is a
 changed user to nats-server: on reload it re-checks that user's live connections).
@@ -31,7 +32,13 @@ import bcrypt
 import msgspec
 
 from intentroute.stack.natsconf import AUTH_FILE, auth_config, stack_users
-from shared.auth.natsconn import read_credential, user_credential, write_credential
+from shared.auth.natsconn import (
+    Credential,
+    read_credential,
+    user_credential,
+    with_server,
+    write_credential,
+)
 from shared.auth.permissions import ADMIN_USER, OPS_USER, STACK_USERS, service_user
 from shared.store.agents import AgentStore
 
@@ -280,21 +287,30 @@ def _read_pid(path: Path) -> int:
         return 0
 
 
-async def ensure_agent_file(store: AgentStore, state_dir: Path, agent_id: str) -> bool:
+async def ensure_agent_file(store: AgentStore, state_dir: Path, agent_id: str, *,
+                            url: str = "", ca: str = "") -> bool:
     """Make sure `agent_id` exists (untrusted) and `<state>/creds/<agent_id>.json` opens
-    it: add it, or give it a new secret when the file is missing or stale. A revoked
-    agent stays revoked (False)."""
+    it: add it, or give it a new secret when the file is missing or stale. The file
+    names the server(s) at `url` (and with TLS the CA file `ca`), rewritten with the same
+    secret when they moved. A revoked agent stays revoked (False)."""
     path = auth_files(state_dir).credential(agent_id)
+
+    def located(cred: Credential) -> Credential:
+        return with_server(cred, url, ca) if url else cred
+
     record = await store.get(agent_id)
     if record is None:
-        write_credential(path, await store.add(agent_id))
+        write_credential(path, located(await store.add(agent_id)))
         return True
     if not record.active:
         log.warning("agent %r is revoked: no credential written for it", agent_id)
         return False
-    if path.exists() and await store.verify_token(read_credential(path).token):
+    cred = read_credential(path) if path.exists() else None
+    if cred is not None and await store.verify_token(cred.token):
+        if located(cred) != cred:
+            write_credential(path, located(cred))
         return True
-    write_credential(path, await store.rotate(agent_id))
+    write_credential(path, located(await store.rotate(agent_id)))
     return True
 
 

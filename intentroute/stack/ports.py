@@ -1,18 +1,20 @@
 """Stable addresses for `intentroute up`: the ports of one state directory's stack.
 
 Every port `up` picks (NATS client ports and, for a cluster, route ports; Postgres; the
-gateway's HTTP listener; the parser; the local model) is written to
-`<state>/ports.json`, and the next `up` in that directory takes the same ones again, so
-a client holding the old URL reconnects to the new stack. A port set explicitly
-(`--nats-port` / `NATS_PORT`, `--postgres-port` / `POSTGRES_PORT`) wins over the
-remembered one; 0 asks for a free port.
+gateway's HTTP listener and, with `--grpc`, its gRPC one; the parser; the local model)
+is written to `<state>/ports.json`, and the next `up` in that directory takes the same
+ones again, so a client holding the old URL reconnects to the new stack. A port set
+explicitly (`--nats-port` / `NATS_PORT`, `--postgres-port` / `POSTGRES_PORT`) wins over
+the remembered one; 0 asks for a free port.
 
-A port clients hold (NATS, Postgres, the gateway's HTTP) that is wanted (set or
-remembered) and taken by another process is not swapped for a free one: `up` stops with
+A port clients hold (NATS, Postgres, the gateway's HTTP and gRPC) that is wanted (set
+or remembered) and taken by another process is not swapped for a free one: `up` stops with
 one line naming the port and how to choose another. A silently moved server is what
 the stable ports exist to prevent (a client would keep trying the old address, or reach
 whatever now listens there). The ports only `up`'s own processes use (cluster routes,
-the parser, the local model) move to a free port when taken, and the banner says so.
+the parser, the local model) move to a free port when taken, and the banner says so;
+so do the workers' metrics ports (a run of consecutive ones from 9464, Prometheus
+finding them in `metrics_targets.json`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from intentroute.stack.procs import StackError, free_port
+from shared.common.otel import PROMETHEUS_PORT
 
 PORTS_FILE = "ports.json"
 
@@ -40,6 +43,9 @@ class StackPorts(msgspec.Struct, kw_only=True):
     gateway_http: int = 0
     parser: int = 0
     llm: int = 0
+    gateway_grpc: int = 0
+    # The first worker process's Prometheus endpoint; each next process takes the next.
+    metrics: int = 0
 
 
 class PortTakenError(StackError):
@@ -133,9 +139,36 @@ class PortPlan:
                 fresh.append(port)
         return fresh
 
+    def block(self, what: str, count: int, explicit: int | None, remembered: int,
+              preferred: int) -> int:
+        """The first of `count` consecutive ports: the explicit one as given, else the
+        remembered one, else `preferred`, when all of them are free, else a free run
+        (only `up`'s own processes listen there: moving is said in the banner)."""
+        if explicit is not None:
+            return explicit
+        for base in (remembered, preferred):
+            if base and self._run_free(base, count):
+                if base == remembered:
+                    self.reused.append(f"{what} {base}")
+                return base
+        while True:
+            base = self._fresh()
+            if self._run_free(base, count):
+                if remembered:
+                    self.moved.append(f"{what} {remembered} -> {base} (taken)")
+                return base
+
+    def _run_free(self, base: int, count: int) -> bool:
+        taken = {*self.ports.nats, *self.ports.nats_routes, self.ports.postgres,
+                 self.ports.gateway_http, self.ports.parser, self.ports.llm,
+                 self.ports.gateway_grpc}
+        ports = range(base, base + count)
+        return ports[-1] <= 65535 and all(p not in taken and self._is_free(p) for p in ports)
+
     def _fresh(self) -> int:
         taken = {*self.ports.nats, *self.ports.nats_routes, self.ports.postgres,
-                 self.ports.gateway_http, self.ports.parser, self.ports.llm}
+                 self.ports.gateway_http, self.ports.parser, self.ports.llm,
+                 self.ports.gateway_grpc}
         while True:
             port = self._pick()
             if port not in taken:
@@ -162,6 +195,9 @@ class Wanted(NamedTuple):
     gateway_http: bool = True  # the listener's port is up's to pick (GATEWAY_HTTP_LISTEN :0)
     parser: bool = True
     llm: bool = False
+    gateway_grpc: bool = False  # `up --grpc` with GATEWAY_GRPC_LISTEN unset or at :0
+    metrics: int = 0  # worker processes serving Prometheus metrics (0: none)
+    metrics_port: int | None = None  # METRICS_PORT
 
 
 def plan_ports(state_dir: Path, wanted: Wanted, **checks: Any) -> PortPlan:
@@ -181,8 +217,14 @@ def plan_ports(state_dir: Path, wanted: Wanted, **checks: Any) -> PortPlan:
     if wanted.gateway_http:
         chosen.gateway_http = plan.one("gateway HTTP", None, old.gateway_http,
                                        "GATEWAY_HTTP_LISTEN=127.0.0.1:PORT")
+    if wanted.gateway_grpc:
+        chosen.gateway_grpc = plan.one("gateway gRPC", None, old.gateway_grpc,
+                                       "GATEWAY_GRPC_LISTEN=127.0.0.1:PORT")
     if wanted.parser:
         chosen.parser = plan.one("parser", None, old.parser)
     if wanted.llm:
         chosen.llm = plan.one("local model", None, old.llm)
+    if wanted.metrics:
+        chosen.metrics = plan.block("metrics", wanted.metrics, wanted.metrics_port,
+                                    old.metrics, PROMETHEUS_PORT)
     return plan

@@ -29,6 +29,14 @@ class StackInfo(msgspec.Struct):
     # The embedded Postgres's postmaster. `up` rewrites this file when it restarts a
     # server that died, so the pids here are the running ones.
     postgres_pid: int = 0
+    # The gateway's gRPC listener (`up --grpc`, or GATEWAY_GRPC_LISTEN), `host:port` as
+    # gRPC channels and grpcurl take it: AskAgent, Feedback, health and reflection.
+    gateway_grpc_address: str = ""
+    # The workers' Prometheus endpoints (on by default under `up`): the first process's
+    # port, each next process on the next one, all listed with their worker's name in
+    # the `file_sd_configs` file `metrics_targets` (0 / "": metrics off).
+    metrics_port: int = 0
+    metrics_targets: str = ""
 
 
 STATE_FILE = "stack.json"
@@ -71,15 +79,33 @@ def gateway_http_listen(listen: str, pick_port: Callable[[], int]) -> tuple[str,
     becomes a free port picked here, so every replica binds the same one (they share it
     with SO_REUSEPORT) and stack.json can name it before they start; "" or "off" turns
     the listener off."""
+    listen, address = _pinned(listen, pick_port, "GATEWAY_HTTP_LISTEN")
+    return listen, f"http://{address}" if address else ""
+
+
+# `up --grpc` serves the gateway's gRPC face on loopback unless GATEWAY_GRPC_LISTEN says
+# where.
+DEFAULT_GATEWAY_GRPC_LISTEN = "127.0.0.1:0"
+
+
+def gateway_grpc_listen(listen: str, pick_port: Callable[[], int]) -> tuple[str, str]:
+    """(the GATEWAY_GRPC_LISTEN the gateway replicas get, the `host:port` clients dial),
+    port 0 pinned as `gateway_http_listen` does (grpc binds with SO_REUSEPORT too)."""
+    return _pinned(listen, pick_port, "GATEWAY_GRPC_LISTEN")
+
+
+def _pinned(listen: str, pick_port: Callable[[], int], variable: str) -> tuple[str, str]:
+    """(`listen` with port 0 replaced by `pick_port()`'s, the `host:port` to dial: a
+    wildcard host dialled on loopback); ("", "") for "" or "off"."""
     listen = listen.strip()
     if listen.lower() in ("", "off"):
         return "", ""
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"GATEWAY_HTTP_LISTEN={listen!r}: expected host:port")
+        raise ValueError(f"{variable}={listen!r}: expected host:port")
     number = int(port) or pick_port()
-    url_host = "127.0.0.1" if host in ("0.0.0.0", "[::]", "::") else host
-    return f"{host}:{number}", f"http://{url_host}:{number}"
+    dial_host = "127.0.0.1" if host in ("0.0.0.0", "[::]", "::") else host
+    return f"{host}:{number}", f"{dial_host}:{number}"
 
 
 def dashboard_token(creds_dir: Path) -> Path:

@@ -1,5 +1,5 @@
 """Adapters for the cascade's model layers: Layer 2 (encoder + head, micro-batched,
-hot-reloaded) and Layer 3 (Ollama)."""
+hot-reloaded) and Layer 3 (the model server the settings name: `shared.llm`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from services.classifier.layer2.batcher import MicroBatcher
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.predict import Prediction
 from services.classifier.layer2.registry import seed_registry
-from services.classifier.llm import OllamaLabeler
+from services.classifier.llm import ModelLabeler
 from services.classifier.ports import LlmLabeler
 from services.classifier.settings import ClassifierSettings
 
@@ -75,9 +75,14 @@ def build_layer2(settings: ClassifierSettings) -> BatchedLayer2 | None:
 
 
 def build_llm(settings: ClassifierSettings) -> LlmLabeler | None:
-    if not (settings.ollama_host and settings.llm_model):
+    """Layer 3 on the configured model server (Ollama, else the OpenAI-compatible one);
+    None without a server or a model."""
+    from shared.llm.select import open_backend
+
+    backend = open_backend(settings.common, timeout=settings.llm_timeout)
+    if backend is None or not settings.llm_model:
         return None
-    return OllamaLabeler(settings.ollama_host, settings.llm_model, timeout=settings.llm_timeout)
+    return ModelLabeler(backend, settings.llm_model, timeout=settings.llm_timeout)
 
 
 __all__ = ["BatchedLayer2", "build_classifier", "build_layer2", "build_llm"]

@@ -7,6 +7,7 @@ from typing import Annotated
 import msgspec
 
 from shared.common.settings import CommonSettings, env, read_env, refuse_retired
+from shared.encoders.embeddings import DEFAULT_MODEL
 from shared.policy.agent import ClarityPolicy
 from shared.policy.clarity import DECIDE_THRESHOLD
 
@@ -20,10 +21,18 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
     threshold: Annotated[float, env("CLASSIFIER_THRESHOLD")] = DECIDE_THRESHOLD
     micro_batch: Annotated[int, env("CLASSIFIER_MICRO_BATCH")] = 32
     micro_batch_wait_ms: Annotated[float, env("CLASSIFIER_MICRO_BATCH_WAIT_MS")] = 2.0
-    # Layer 3: Ollama model for the LLM classifier ("" = no Layer 3 -> fallback); unset:
-    # the conversational slot's. Ollama's address is a common setting.
+    # Layer 2's sentence encoders, chosen when a head is trained (`train-classifier`):
+    # the full head's and the early exit's (unset: the full head's); a trained head
+    # names its encoders and is served with them. README "Encoders" has the measurements.
+    encoder: Annotated[str, env("CLASSIFIER_ENCODER")] = DEFAULT_MODEL
+    early_exit_encoder: Annotated[str, env(
+        "CLASSIFIER_EARLY_EXIT_ENCODER", unset=lambda s, _: s.encoder)] = DEFAULT_MODEL
+    # Layer 3: the LLM classifier's model on the configured model server (Ollama, else
+    # the OpenAI-compatible one: common settings); "" = no Layer 3 -> fallback. Unset:
+    # the conversational slot's model there.
     llm_model: Annotated[str, env(
-        "CLASSIFIER_LLM_MODEL", unset=lambda s, _: s.common.conversational_model)] = ""
+        "CLASSIFIER_LLM_MODEL", unset=lambda s, _: s.common.slot_model(
+            s.common.llm_backend, conversational=True))] = ""
     llm_timeout: Annotated[float, env("CLASSIFIER_LLM_TIMEOUT")] = 3.0
     # Clarity gate policy of agents whose own policy (`intentroute agent set NAME
     # clarity_policy=...`) does not say: "proceed" (default) or "ask".

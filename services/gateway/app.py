@@ -6,14 +6,17 @@ import asyncpg
 from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
+from services.gateway.bridge import Door
 from services.gateway.dashboard import add_dashboard_routes
 from services.gateway.fair_consumer import AgentWeights, fair_consumer_factory
 from services.gateway.feedback import FeedbackRecorder, build_feedback_consumer
 from services.gateway.grpc_server import start_grpc
 from services.gateway.handlers import GatewayDeps, build_stage
+from services.gateway.health import Readiness, add_health_routes
 from services.gateway.http import build_http_app, start_http
 from services.gateway.limits.gate import LimitGate
 from services.gateway.limits.store import PgLimits
+from services.gateway.openai_door.routes import add_openai_routes
 from services.gateway.replay import ReplayService
 from services.gateway.scoring import ScoreRefresher
 from services.gateway.settings import GatewaySettings
@@ -54,13 +57,22 @@ def create_app(
                                 concurrency=settings.replay_concurrency)
         await replays.start()
         exits.push_async_callback(replays.stop)
+        # One readiness for both doors: HTTP's /readyz and gRPC's health service.
+        signals = wiring.signals
+        readiness = Readiness(wiring.nc, wiring.store.pool, lambda: signals.consuming)
         if settings.grpc_listen:
             server = await start_grpc(wiring.nc, settings.grpc_listen, agents,
                                       answer_timeout=settings.answer_timeout,
-                                      feedback=feedback, throttle=throttle, tls=tls)
+                                      feedback=feedback, throttle=throttle, tls=tls,
+                                      ready=readiness.ready, tracer=wiring.base.tracer)
             exits.push_async_callback(server.stop, 2.0)
         if settings.http_listen:
             http_app = build_http_app(agents=agents, feedback=feedback, throttle=throttle)
+            # The OpenAI-compatible door: bridged to the pipeline as gRPC is (bridge.py).
+            add_openai_routes(http_app, Door(wiring.nc, agents, throttle,
+                                             answer_timeout=settings.answer_timeout,
+                                             tracer=wiring.base.tracer))
+            add_health_routes(http_app, readiness)
             board = settings.dashboard
             if board.token:
                 # Its own small pool: an operator's slow query never holds a connection
@@ -71,7 +83,7 @@ def create_app(
                 add_dashboard_routes(http_app, pool, token=board.token,
                                      default_days=board.default_days,
                                      max_days=board.max_days, session_ttl=board.session_ttl,
-                                     throttle=throttle)
+                                     throttle=throttle, refresh=board.refresh, nc=wiring.nc)
             runner, _ = await start_http(http_app, settings.http_listen)
             exits.push_async_callback(runner.cleanup)
         if settings.learn.interval > 0:
@@ -90,6 +102,8 @@ def create_app(
         weights.policies = policies
         # Per-agent limits at admission, their state shared by the replicas in Postgres.
         limits = LimitGate(PgLimits(wiring.store.pool), policies, settings.limits)
+        # Before the pool closes: what was admitted on allowances is recorded in flight.
+        exits.push_async_callback(limits.close)
         return GatewayDeps(**wiring.base.parts(), agents=agents, feedback=feedback,
                            limits=limits)
 

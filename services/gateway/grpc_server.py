@@ -5,11 +5,13 @@ checked against the `agents` table: none or a wrong one is UNAUTHENTICATED (too 
 wrong ones from an address RESOURCE_EXHAUSTED, throttle.py), a body that names another
 agent PERMISSION_DENIED, and only then a body that does not decode INVALID_ARGUMENT
 (grpc_decode.py). A request is then checked like a NATS one (bad
-input -> INVALID_ARGUMENT) and published on the agent's `agent.request.<agent_id>`, so
+input -> INVALID_ARGUMENT; its `timeout_ms` shortens the pipeline's deadline as on NATS)
+and published on the agent's `agent.request.<agent_id>`, so
 it takes the same durable path through the workers. Feedback goes to the same recorder
 as the NATS and HTTP entry points (feedback.py): bad input INVALID_ARGUMENT, a request
 id that is not one of the agent's (unknown or another agent's) NOT_FOUND, the store
-unreachable UNAVAILABLE.
+unreachable UNAVAILABLE. The same server answers `grpc.health.v1.Health` and server
+reflection, without a token (grpc_health.py).
 """
 
 from __future__ import annotations
@@ -21,15 +23,22 @@ from collections.abc import AsyncIterator
 import grpc
 import msgspec
 from nats.aio.client import Client
+from opentelemetry.trace import Tracer
 
+from services.gateway.bridge import Door, refusal, retry_after_seconds
 from services.gateway.feedback import FeedbackRecorder
 from services.gateway.grpc_decode import DeferDecodeErrors, Undecodable, reject_undecodable
-from services.gateway.limits.logic import REFUSALS
+from services.gateway.grpc_health import (
+    OPEN_SERVICES,
+    GrpcServer,
+    HealthReporter,
+    ReadyCheck,
+)
 from services.gateway.throttle import AuthThrottle, ThrottledError, grpc_peer_address
-from services.gateway.validation import InputError, check_request
+from services.gateway.validation import InputError
 from shared.auth.identity import bearer_value
 from shared.auth.ports import AgentInfo, TokenVerifier
-from shared.client.caller import AnswerTimeoutError, RequestRefusedError, ask, assemble
+from shared.client.caller import AnswerTimeoutError, RequestRefusedError, assemble
 from shared.contracts.feedback import (
     Feedback,
     FeedbackAck,
@@ -38,10 +47,14 @@ from shared.contracts.feedback import (
 )
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ErrorCode, ErrorInfo, ResponseChunk
+from shared.contracts.routing import RoutingDecision
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from shared.store.writer import StoreUnavailableError
 
 log = logging.getLogger("intentroute.gateway.grpc")
+
+# The service's full name, as callers and the door's spans name it.
+SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AssistanceEngine"].full_name
 
 
 def to_request(msg: agent_pb2.AgentRequest) -> AgentRequest:
@@ -54,7 +67,18 @@ def to_request(msg: agent_pb2.AgentRequest) -> AgentRequest:
         extra_context=msg.extra_context,
         user_info=msg.user_info,
         editor_context=msg.editor_context,
+        timeout_ms=msg.timeout_ms,
     )
+
+
+def to_decision(decision: RoutingDecision) -> agent_pb2.RoutingDecision:
+    return agent_pb2.RoutingDecision(
+        type=decision.type.value, layer=decision.layer.value, confidence=decision.confidence,
+        model_slot=decision.model_slot.value, clarity=decision.clarity.value,
+        alternatives=[agent_pb2.Alternative(type=a.type.value, confidence=a.confidence)
+                      for a in decision.alternatives],
+        resolved_reference=decision.resolved_reference,
+        declared_ignored=decision.declared_ignored)
 
 
 def to_response(chunk: ResponseChunk) -> agent_pb2.AgentResponse:
@@ -68,7 +92,9 @@ def to_response(chunk: ResponseChunk) -> agent_pb2.AgentResponse:
         kind=chunk.kind.value,
         error_code=chunk.error.code if chunk.error else "",
         error_message=chunk.error.message if chunk.error else "",
+        # Both forms of the decision: the JSON string for old clients, the message.
         decision_json=msgspec.json.encode(chunk.decision).decode() if chunk.decision else "",
+        decision=to_decision(chunk.decision) if chunk.decision else None,
     )
 
 
@@ -87,6 +113,12 @@ def to_feedback(msg: agent_pb2.FeedbackRequest) -> Feedback:
     )
 
 
+def metadata_carrier(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's text metadata by (lower-case) key: where a caller's `traceparent` is."""
+    return {key.lower(): value for key, value in context.invocation_metadata() or ()
+            if isinstance(value, str)}
+
+
 def bearer_token(context: grpc.aio.ServicerContext) -> str:
     for key, value in context.invocation_metadata() or ():
         if (key.lower() == "authorization" and isinstance(value, str)
@@ -97,19 +129,17 @@ def bearer_token(context: grpc.aio.ServicerContext) -> str:
 
 class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
     def __init__(self, nc: Client, agents: TokenVerifier, *, answer_timeout: float,
-                 feedback: FeedbackRecorder, throttle: AuthThrottle) -> None:
-        self._nc = nc
-        self._agents = agents
-        self._throttle = throttle
-        self._timeout = answer_timeout
+                 feedback: FeedbackRecorder, throttle: AuthThrottle,
+                 tracer: Tracer | None = None) -> None:
+        # The bridging to the pipeline, shared with the OpenAI-compatible door (bridge.py).
+        self._door = Door(nc, agents, throttle, answer_timeout=answer_timeout, tracer=tracer)
         self._feedback = feedback
 
     async def _caller(self, claimed: str, context: grpc.aio.ServicerContext) -> AgentInfo:
         """The token's agent; aborts when there is none or the body names another."""
         token = bearer_token(context)
         try:
-            agent = await self._throttle.verify(self._agents, token,
-                                                grpc_peer_address(context.peer()))
+            agent = await self._door.caller(token, grpc_peer_address(context.peer()))
         except ThrottledError as exc:
             context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
@@ -134,7 +164,7 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
         agent = await self._caller(claimed, context)
         if isinstance(request, Undecodable):
             await reject_undecodable(context, request)
-        checked = check_request(to_request(request), agent.agent_id)
+        checked = self._door.check(to_request(request), agent.agent_id)
         if isinstance(checked, InputError):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"{checked.code}: {checked.message}"
@@ -143,12 +173,16 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
         return checked
 
     async def _chunks(
-        self, req: AgentRequest, context: grpc.aio.ServicerContext
+        self, req: AgentRequest, context: grpc.aio.ServicerContext, method: str
     ) -> AsyncIterator[ResponseChunk]:
         try:
-            async for chunk in ask(self._nc, req, timeout=self._timeout):
-                if chunk.error is not None and chunk.error.code in REFUSALS:
-                    await abort_refused(context, chunk.error)
+            async for chunk in self._door.answer(
+                    req, span_name=f"{SERVICE}/{method}", carrier=metadata_carrier(context),
+                    attributes={"rpc.system": "grpc", "rpc.service": SERVICE,
+                                "rpc.method": method}):
+                refused = refusal(chunk)
+                if refused is not None:
+                    await abort_refused(context, refused)
                 yield chunk
         except AnswerTimeoutError as exc:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
@@ -160,7 +194,7 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
         context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.AgentResponse]:
         req = await self._checked(request, context)
-        async for chunk in self._chunks(req, context):
+        async for chunk in self._chunks(req, context, "AskAgentStream"):
             yield to_response(chunk)
 
     async def AskAgent(
@@ -169,7 +203,7 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
     ) -> agent_pb2.AgentResponse:
         req = await self._checked(request, context)
         chunks: list[ResponseChunk] = []
-        async for chunk in self._chunks(req, context):
+        async for chunk in self._chunks(req, context, "AskAgent"):
             chunks.append(chunk)
             if chunk.is_final:
                 final = to_response(chunk)
@@ -212,7 +246,7 @@ async def abort_refused(context: grpc.aio.ServicerContext, error: ErrorInfo) -> 
     the refusal says when to ask again."""
     if error.retry_after_ms > 0:
         context.set_trailing_metadata((
-            ("retry-after", str(-(-error.retry_after_ms // 1000))),
+            ("retry-after", str(retry_after_seconds(error.retry_after_ms))),
             ("retry-after-ms", str(error.retry_after_ms))))
     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{error.code}: {error.message}")
 
@@ -232,19 +266,26 @@ async def start_grpc(
     feedback: FeedbackRecorder,
     throttle: AuthThrottle,
     tls: tuple[bytes, bytes] | None = None,
-) -> grpc.aio.Server:
-    """`tls`: (private key, certificate chain) in PEM; None serves plain text."""
-    server = grpc.aio.server(interceptors=(DeferDecodeErrors(),))
+    ready: ReadyCheck | None = None,
+    tracer: Tracer | None = None,
+) -> GrpcServer:
+    """`tls`: (private key, certificate chain) in PEM; None serves plain text. `ready`:
+    whether this replica can answer, for the health service (None: once started).
+    `tracer`: the door's spans (bridge.Door)."""
+    server = grpc.aio.server(interceptors=(DeferDecodeErrors(OPEN_SERVICES),))
     # The generated registration function is untyped (grpc_tools emits no annotations).
     agent_pb2_grpc.add_AssistanceEngineServicer_to_server(  # type: ignore[no-untyped-call]
         AssistanceEngine(nc, agents, answer_timeout=answer_timeout, feedback=feedback,
-                         throttle=throttle), server
+                         throttle=throttle, tracer=tracer), server
     )
+    health = HealthReporter(ready)
+    health.add_to(server)
     if tls is not None:
         server.add_secure_port(listen, grpc.ssl_server_credentials([tls]))
     else:
         server.add_insecure_port(listen)
     await server.start()
-    log.info("[gateway] gRPC AskAgent / Feedback listening on %s%s", listen,
-             " (TLS)" if tls else "")
-    return server
+    await health.start()
+    log.info("[gateway] gRPC AskAgent / Feedback listening on %s%s (health, reflection)",
+             listen, " (TLS)" if tls else "")
+    return GrpcServer(server, health)

@@ -1,9 +1,25 @@
 """The gateway's HTTP face (aiohttp.web): `POST /agents/{agent_id}/feedback` (ADR-0006).
 
 `build_http_app` returns the Application before it is started, so other parts of the
-gateway add their routes to the same server (the dashboard); `start_http` serves it.
+gateway add their routes to the same server; `start_http` serves it. Its routes:
 
-Every call carries the agent's bearer token (`Authorization: Bearer <token>`, the
+| route | token | what |
+|---|---|---|
+| `POST /agents/{agent_id}/feedback` | agent | a verdict on an answer (below) |
+| `POST /v1/chat/completions` | agent (API key) | ask OpenAI-style, streamed or not (openai_door/) |
+| `GET /v1/models`, `GET /v1/models/{model}` | agent | `intentroute` and one model per route |
+| `GET /healthz` | none | 200 while the process serves (health.py) |
+| `GET /readyz` | none | 200 when NATS, Postgres and its consumers are up, else 503 |
+| `/dashboard/...` | the operator's | the dashboard, with GATEWAY_DASHBOARD_TOKEN (dashboard/) |
+
+The OpenAI door answers errors as OpenAI does (`{"error": {"message", "type", "code",
+"param"}}`, `code` the same as on the other doors): 400 a body or request that does not
+check, 401 no valid key, 429 + `Retry-After` (and `retry-after-ms`) a request refused by
+a per-agent limit (RATE_LIMITED, CONCURRENCY_LIMITED, QUOTA_EXCEEDED, BUDGET_EXCEEDED),
+too many wrong keys (THROTTLED) or a full request stream (QUEUE_FULL), 503
+BACKEND_UNAVAILABLE, 504 DEADLINE_EXCEEDED, 500 the pipeline's other failures.
+
+Feedback carries the agent's bearer token (`Authorization: Bearer <token>`, the
 `token` of its credential file), checked like gRPC's:
 
 | answer | when |

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from services.gateway.limits.logic import Admission, Limits
+from services.gateway.limits.logic import Ask, Grant, Held, Limits
 from shared.contracts.feedback import Feedback, FeedbackAck
 from shared.store.feedback import Recorded
 
@@ -29,10 +29,13 @@ class LimitStore(Protocol):
     """The per-agent limits' state shared by every gateway replica
     (`limits.store.PgLimits`)."""
 
-    async def admit(self, agent_id: str, request_id: str, *, accepted_at: float,
-                    deadline: float, limits: Limits, prices: Mapping[str, list[float]],
-                    now: float) -> Admission:
-        """Settle the agent's answered requests, then decide on this one (`now`: epoch
-        seconds) and, if admitted, count it in flight until its request-log row is
-        written or its deadline passes."""
+    async def lease(self, agent_id: str, *, replica: str, seq: int, asks: Sequence[Ask],
+                    held: Sequence[Held], keep: int, want: int, ttl: float, share: int,
+                    limits: Limits, prices: Mapping[str, list[float]], now: float) -> Grant:
+        """Record `held` (admitted on `replica`'s allowance) in flight, settle the
+        agent's answered requests, decide each of `asks` in order (`now`: epoch seconds;
+        an admitted one counts in flight until its request-log row is written or its
+        deadline passes), and grant the replica at most `want` more admissions beside
+        the `keep` it still holds, for `ttl` seconds, each within 1/`share` of every
+        limit's room (`seq`: the replica's call number; a late call grants nothing)."""
         ...

@@ -8,15 +8,12 @@ import logging
 from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
-from services.generator.backends import (
-    EchoBackend,
-    OllamaBackend,
-    OpenAIBackend,
-    ProbeFailure,
-)
+from services.generator.backends import EchoBackend, OpenAIBackend, ProbeFailure
 from services.generator.handlers import GeneratorDeps, build_stage
+from services.generator.health import BackendHealth
 from services.generator.ports import ChatBackend
 from services.generator.settings import GeneratorSettings
+from shared.llm.select import open_backend
 from shared.runtime.worker import Wiring, build_app
 from shared.store.policy_cache import open_policy_cache
 
@@ -28,25 +25,25 @@ def choose_backend(settings: GeneratorSettings) -> ChatBackend | None:
     kind = settings.backend_kind
     if kind == "echo":
         return EchoBackend(settings.echo_delay)
-    if kind == "ollama" and settings.ollama_host:
-        return OllamaBackend(settings.ollama_host, timeout=settings.ollama_timeout)
-    if kind == "openai" and settings.openai_base_url:
-        return OpenAIBackend(settings.openai_base_url, api_key=settings.openai_api_key,
-                             timeout=settings.ollama_timeout)
+    if kind in ("ollama", "openai"):
+        return open_backend(settings.common, kind, timeout=settings.ollama_timeout)
     return None
 
 
-async def report_probe(backend: OpenAIBackend, *, tries: int = 30,
-                       pause: float = 1.0) -> ProbeFailure | None:
+async def report_probe(backend: OpenAIBackend, *, tries: int = 30, pause: float = 1.0,
+                       health: BackendHealth | None = None) -> ProbeFailure | None:
     """A wrong URL or key fails every call, each answer falling back to the extractive
-    answerer: say why once, at start, in one warning line (not fatal). A server not
-    listening yet (`up --llm` starts it beside the workers) is asked again meanwhile."""
+    answerer: say why once, at start, in one warning line (not fatal), and in `health`
+    (`intentroute status`). A server not listening yet (`up --llm` starts it beside the
+    workers) is asked again meanwhile."""
     problem = await backend.probe()
     for _ in range(tries - 1):
         if problem is None or problem.status is not None:
             break
         await asyncio.sleep(pause)
         problem = await backend.probe()
+    if health is not None:
+        health.probe(problem.reason if problem else None)
     if problem:
         log.warning("openai backend: %s; answers fall back to the extractive answerer "
                     "(check OPENAI_BASE_URL, /v1 included, and OPENAI_API_KEY)",
@@ -63,16 +60,18 @@ def create_app(
 
     async def make_deps(wiring: Wiring) -> GeneratorDeps:
         backend = choose_backend(settings)
+        model = settings.model or ("echo" if isinstance(backend, EchoBackend) else "")
+        health = BackendHealth(backend.name if backend else "", model)
+        wiring.signals.watch_state("backend", health.state)
         if isinstance(backend, OpenAIBackend):
             wiring.base.exits.push_async_callback(backend.aclose)
-            probe = asyncio.create_task(report_probe(backend))
+            probe = asyncio.create_task(report_probe(backend, health=health))
             wiring.base.exits.callback(probe.cancel)
-        model = settings.model or ("echo" if isinstance(backend, EchoBackend) else "")
         policies = await open_policy_cache(wiring.store.pool,
                                            refresh=settings.common.policy_refresh,
                                            exits=wiring.base.exits)
         return GeneratorDeps(**wiring.base.parts(), backend=backend, model=model,
-                             policies=policies)
+                             policies=policies, health=health)
 
     return build_app(service=f"generator-{settings.slot.value}", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

@@ -2,16 +2,19 @@
 
 Used when no Ollama is configured or it does not answer. It never writes facts of
 its own: documentation answers quote retrieved passages, platform answers quote
-`extra_context`, conversational answers reuse the previous answer. Every answer
-says it is extractive.
+`extra_context`, conversational answers reuse the previous answer, a question about
+the editor ("explain this") lists the commands of the editor's program with what the
+retrieved passages say of them, and a greeting or thanks gets a canned reply
+(`social.py`). Every answer says it is extractive.
 """
 
 from __future__ import annotations
 
 import re
 
+from services.generator.social import social_reply
 from shared.contracts.pipeline import Passage, Routed
-from shared.contracts.routing import QueryType
+from shared.contracts.routing import RETRIEVING_TYPES, QueryType
 
 LABEL = "[extractive answer: no language model answered; built from "
 _WORD = re.compile(r"[\wáéíóúñü]+", re.IGNORECASE)
@@ -62,9 +65,122 @@ def _summary(text: str, query: str, max_sentences: int) -> str:
     return " ".join(sentences[i] for i in keep)
 
 
+# A line of AVAP code that calls a command, optionally assigned (`r = RequestGet(...)`).
+_CALL = re.compile(r"^[ \t]*(?:[A-Za-z_]\w*[ \t]*=[ \t]*)?([A-Za-z_]\w*)[ \t]*\(", re.MULTILINE)
+_COMMENT = re.compile(r"^[ \t]*//[ \t]*(\S.*?)[ \t]*$", re.MULTILINE)
+# "explain this", "what does my code do", "¿qué hace esto?": a question about the editor
+# when the classifier did not already resolve the pointer to it (a declared type).
+_ABOUT_EDITOR = re.compile(
+    r"\b(explain|describe|what does|what is|review|check|explica\w*|describ\w*|qu[eé] hace|"
+    r"revisa)\b.*\b(this|my code|the code|esto|eso|este|mi c[oó]digo|el c[oó]digo)\b",
+    re.IGNORECASE,
+)
+# Words of a question about the editor that say nothing about what to look up.
+_EDITOR_WORDS = frozenset(
+    "explain describe review check code does what this that program file editor snippet "
+    "explica explícame explicame describa revisa hace esto eso este código codigo".split()
+)
+_FEEDBACK_TAG = re.compile(r"</?parser_feedback>")
+# Starts as a sentence does (a capital, a command in backticks) and ends as one.
+_WHOLE_SENTENCE = re.compile(r"[A-Z`¿¡].*[.!?]", re.DOTALL)
+# AVAP has 27 commands: a longer list names commands the language does not have.
+_MAX_LISTED = 30
+_TRACE_LINE = re.compile(r"^Line \d+:.*$", re.MULTILINE)
+
+
+def _about_editor(env: Routed) -> bool:
+    """The question points at the editor's content: the classifier resolved a pointer
+    ("explain this") while the editor held something, or the question says so."""
+    req = env.request
+    if not req.editor_context.strip() or env.decision.type not in RETRIEVING_TYPES:
+        return False
+    # CODE_GENERATION must leave with a program for the validator: prose in the editor
+    # leaves it to the documentation's example.
+    if env.decision.type == QueryType.CODE_GENERATION and not _CALL.search(req.editor_context):
+        return False
+    # A question about the editor is short; the bound keeps the pattern's scan linear
+    # ("explain " * 1000 took 0.34 s to fail).
+    return env.decision.resolved_reference or (
+        len(req.query) <= 200 and bool(_ABOUT_EDITOR.search(req.query)))
+
+
+def _command_doc(name: str, passages: list[Passage]) -> str:
+    """What the retrieved passage titled after the command (`... > encodeSHA256`) says it
+    does, in its first whole sentence; "" when no passage is about it. A long section is
+    indexed as overlapping chunks, so a later chunk starts mid-sentence ("or replaces its
+    current value. ... 1. If it names ..."): only a chunk that starts a sentence is read,
+    and only a sentence that starts and ends as one is taken."""
+    about = [p for p in passages
+             if p.title.rsplit(" > ", 1)[-1].strip("`() ").lower() == name.lower()
+             and _WHOLE_SENTENCE.match(p.text.lstrip())]
+    for passage in about:
+        for sentence in _sentences(_FENCE.sub("", passage.text)):
+            if _WHOLE_SENTENCE.fullmatch(sentence) and not sentence.startswith("Signature"):
+                return sentence
+    return ""
+
+
+def _inline(line: str, limit: int = 60) -> str:
+    """A code line as Markdown inline code, shortened; `` when it holds backticks."""
+    text = line if len(line) <= limit else line[:limit - 1] + "…"
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def _commands(code_lines: list[str]) -> dict[str, tuple[int, str]]:
+    """Each command the program calls -> the number and text of its first line."""
+    first_line: dict[str, tuple[int, str]] = {}
+    for line_no, line in enumerate(code_lines, 1):
+        m = _CALL.match(line)
+        if m:
+            first_line.setdefault(m.group(1), (line_no, line.strip()))
+    return first_line
+
+
+def _editor_answer(env: Routed) -> str:
+    req = env.request
+    code = req.editor_context.strip("\n")
+    code_lines = code.splitlines()
+    first_line = _commands(code_lines)
+    if not first_line:
+        return (LABEL + "your editor]\nYour editor holds no AVAP command call. In short, it "
+                "says: " + _summary(code, req.query, 4))
+    lines = [f"Your editor holds an AVAP program of {len(code_lines)} lines that uses "
+             f"{len(first_line)} commands, in order of first use:"]
+    docs_used = False
+    for name, (line_no, text) in list(first_line.items())[:_MAX_LISTED]:
+        doc = _command_doc(name, env.passages)
+        docs_used = docs_used or bool(doc)
+        lines.append(f"- `{name}` (line {line_no}: {_inline(text)})" + (f": {doc}" if doc else ""))
+    if len(first_line) > _MAX_LISTED:
+        lines.append(f"- and {len(first_line) - _MAX_LISTED} more")
+    comments = _COMMENT.findall(code)
+    if comments:
+        lines.append("Its comments say: " + " / ".join(comments[:3]))
+    if env.parser_feedback:
+        # The feedback is written for a model; its "Line N: ..." lines are the findings.
+        found = _TRACE_LINE.findall(env.parser_feedback)
+        lines.append("The AVAP parser rejects it:\n" + "\n".join(
+            found or [_FEEDBACK_TAG.sub("", env.parser_feedback).strip()]))
+    asked = _terms(req.query) - _EDITOR_WORDS
+    best = _best_passages(req.query, env.passages, 1)
+    if asked and best and asked & _terms(best[0].title + " " + best[0].text):
+        docs_used = True
+        lines.append(f"From the documentation, {best[0].title}: "
+                     + _summary(best[0].text, req.query, 2))
+    source = "your editor and the documentation" if docs_used else "your editor"
+    # One fenced block, the editor's program as it is: the validator parses exactly it.
+    fence = "```"
+    while fence in code:
+        fence += "`"
+    return (LABEL + source + "]\n" + "\n".join(lines)
+            + f"\n\n{fence}avap\n{code}\n{fence}\n")
+
+
 def extractive_answer(env: Routed, *, previous_answer: str = "") -> str:
     req = env.request
     kind = env.decision.type
+    if _about_editor(env):
+        return _editor_answer(env)
     if kind == QueryType.PLATFORM:
         if not req.extra_context.strip():
             return (LABEL + "your request]\nThis request carries no account data, so I cannot "
@@ -72,6 +188,9 @@ def extractive_answer(env: Routed, *, previous_answer: str = "") -> str:
         return (LABEL + "the account data in your request]\n"
                 + _summary(req.extra_context, req.query, 4))
     if kind == QueryType.CONVERSATIONAL:
+        canned = social_reply(req.query)
+        if canned:
+            return LABEL + "a canned reply]\n" + canned
         if not previous_answer:
             return (LABEL + "the conversation]\nThere is no previous answer in this session "
                     "to rephrase.")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from opentelemetry.trace import Tracer
 
 from services.generator.extractive import extractive_answer
+from services.generator.health import BackendHealth
 from services.generator.ports import BackendUnavailableError, ChatBackend, TokenCounts
 from services.generator.prompts import render_prompt
 from shared.common.deadline import time_left
@@ -75,10 +76,12 @@ async def produce(
     sink: Sink,
     on_restart: Callable[[], Awaitable[None]],
     timeout: float,
+    health: BackendHealth | None = None,
 ) -> Answered:
     """Stream the answer of the first step that succeeds into `sink`. A model step gets
     `timeout` seconds, or what is left of the request's deadline; one that fails after
-    streaming part of its answer restarts it (`on_restart`) for the next step."""
+    streaming part of its answer restarts it (`on_restart`) for the next step. Each model
+    step's outcome goes to `health` (what `intentroute status` shows of the backend)."""
     usage = Usage()
     failures: list[str] = []
 
@@ -114,11 +117,15 @@ async def produce(
             usage.compute_ms += (time.perf_counter() - started) * 1000
             kind = "timeout" if isinstance(exc, TimeoutError) else "unavailable"
             failures.append(f"{kind} {step}")
+            if health is not None:
+                health.failed(step, str(exc) or "no answer before the deadline")
             log.warning("[generate] %s %s %s, next step: %r", backend.name, step, kind, exc)
             if sent:
                 await on_restart()
             continue
         usage.compute_ms += (time.perf_counter() - started) * 1000
+        if health is not None:
+            health.ok(step)
         usage.model = step
         usage.tokens_in = (counts.prompt or 0) if counts else 0
         usage.tokens_out = (counts.completion or 0) if counts else 0

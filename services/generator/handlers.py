@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from services.generator.fallback import EXTRACTIVE, Answered, Sink, merged, steps_for
 from services.generator.fallback import produce as produce_answer
+from services.generator.health import BackendHealth
 from services.generator.ports import ChatBackend
 from services.generator.settings import GeneratorSettings
 from shared.contracts import pipeline
@@ -16,6 +17,7 @@ from shared.contracts.response import ErrorCode
 from shared.contracts.routing import QueryType
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
+from shared.runtime.answers import answer_usage
 from shared.runtime.stage import (
     Call,
     Handoff,
@@ -38,6 +40,8 @@ class GeneratorDeps(StageDeps):
     # The slot's model (OLLAMA_MODEL_NAME[_CONVERSATIONAL]): the first step of every chain.
     model: str
     policies: Policies
+    # The backend's last outcomes, reported on the services API (`intentroute status`).
+    health: BackendHealth | None = None
 
 
 def build_stage(settings: GeneratorSettings) -> Stage[Routed, GeneratorDeps]:
@@ -74,7 +78,7 @@ async def generate(
     async def produce(sink: Sink, on_restart: Callable[[], Awaitable[None]]) -> Answered:
         answered = await produce_answer(
             deps.backend, deps.tracer, steps, env, previous_answer=previous, sink=sink,
-            on_restart=on_restart, timeout=settings.ollama_timeout)
+            on_restart=on_restart, timeout=settings.ollama_timeout, health=deps.health)
         if settings.common.accounting:
             env.usage = merged(env.usage, answered.usage)
         if env.degraded:
@@ -109,5 +113,5 @@ async def generate(
     await finish_turn(deps.store, env, answer=out.answer, answered_by=answered.answered_by,
                       first_chunk_at=out.first_text_at)
     await out.final(decision=decision, answered_by=answered.answered_by,
-                    retried=env.retrieval_retried)
+                    retried=env.retrieval_retried, usage=answer_usage(env))
     return None

@@ -3,32 +3,11 @@
 A `ChatBackend` (backends.py: Ollama, an OpenAI-compatible server, echo) streams the
 answer's text pieces and, at most once and last, the token counts the model server
 reported for the call (`TokenCounts`); it raises `BackendUnavailableError` when the model
-server could not be reached or failed before the first token."""
+server could not be reached or failed before the first token. All three are the shared
+model-server vocabulary (`shared.llm.ports`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol
+from shared.llm.ports import BackendUnavailableError, ChatBackend, TokenCounts
 
-import msgspec
-
-from services.generator.prompts import ChatMessage
-
-
-class BackendUnavailableError(Exception):
-    """The model server could not be reached or failed before the first token."""
-
-
-class TokenCounts(msgspec.Struct, frozen=True):
-    """Tokens of one call as the server counted them (None: it did not say)."""
-
-    prompt: int | None
-    completion: int | None
-
-
-class ChatBackend(Protocol):
-    name: str
-
-    def stream(
-        self, model: str, messages: list[ChatMessage]
-    ) -> AsyncIterator[str | TokenCounts]: ...
+__all__ = ["BackendUnavailableError", "ChatBackend", "TokenCounts"]

@@ -6,10 +6,9 @@ from functools import cache
 from pathlib import Path
 from string import Template
 
-import msgspec
-
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import QueryType
+from shared.llm.ports import ChatMessage as ChatMessage  # the generator's own vocabulary too
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 
@@ -19,11 +18,6 @@ _TEMPLATE_FOR = {
     QueryType.CONVERSATIONAL: "conversational",
     QueryType.PLATFORM: "platform",
 }
-
-
-class ChatMessage(msgspec.Struct, frozen=True):
-    role: str
-    content: str
 
 
 @cache

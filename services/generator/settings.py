@@ -10,18 +10,12 @@ from shared.contracts.routing import ModelSlot
 
 
 class GeneratorSettings(msgspec.Struct, frozen=True, kw_only=True):
-    # Its model servers too: OLLAMA_HOST, OLLAMA_MODEL_NAME(_CONVERSATIONAL) and
-    # OPENAI_API_KEY are common settings (other stages and the CLI read them).
+    # Its model servers too: OLLAMA_HOST, OLLAMA_MODEL_NAME(_CONVERSATIONAL) and the
+    # OpenAI-compatible server's OPENAI_* are common settings (Layer 3, the relevance
+    # judge and the CLI read them).
     common: CommonSettings
     slot: Annotated[ModelSlot, env("GENERATOR_SLOT")] = ModelSlot.MAIN
     ollama_timeout: Annotated[float, env("OLLAMA_TIMEOUT")] = 120.0
-    # An OpenAI-compatible chat server (`up --llm` runs llama.cpp's), as the OpenAI SDK
-    # reads it: the base URL used as given, `/v1` included (https://api.openai.com/v1;
-    # `/chat/completions` is appended; its key: `common.openai_api_key`), and the slots'
-    # models there (unset: the OLLAMA_MODEL_NAME* names; see `model`).
-    openai_base_url: Annotated[str, env("OPENAI_BASE_URL")] = ""
-    openai_model: Annotated[str, env("OPENAI_MODEL")] = ""
-    openai_model_conversational: Annotated[str, env("OPENAI_MODEL_CONVERSATIONAL")] = ""
     # "auto" (Ollama when OLLAMA_HOST is set, else the OpenAI-compatible server when
     # OPENAI_BASE_URL is, else extractive) | "ollama" | "openai" | "extractive" | "echo"
     backend: Annotated[str, env("GENERATOR_BACKEND")] = "auto"
@@ -40,26 +34,21 @@ class GeneratorSettings(msgspec.Struct, frozen=True, kw_only=True):
         return self.common.openai_api_key
 
     @property
+    def openai_base_url(self) -> str:
+        return self.common.openai_base_url
+
+    @property
     def backend_kind(self) -> str:
         """The backend `auto` resolves to (`backend` itself otherwise)."""
         if self.backend != "auto":
             return self.backend
-        return ("ollama" if self.ollama_host
-                else "openai" if self.openai_base_url else "extractive")
+        return self.common.llm_backend or "extractive"
 
     @property
     def model(self) -> str:
-        """RC-05: the slot's model (the conversational slot falls back to the main one).
-        On the OpenAI-compatible server: OPENAI_MODEL_CONVERSATIONAL (that slot only),
-        then OPENAI_MODEL, then the OLLAMA_MODEL_NAME* names."""
-        conversational = self.slot == ModelSlot.CONVERSATIONAL
-        if self.backend_kind == "openai":
-            own = (self.openai_model_conversational if conversational else "")
-            if own or self.openai_model:
-                return own or self.openai_model
-        if conversational:
-            return self.common.conversational_model
-        return self.common.model_main
+        """RC-05: the slot's model on the chosen backend (`CommonSettings.slot_model`)."""
+        return self.common.slot_model(self.backend_kind,
+                                      conversational=self.slot == ModelSlot.CONVERSATIONAL)
 
     @classmethod
     def from_env(

@@ -1,22 +1,26 @@
-"""The relevance judge's Ollama adapter (ADR-0009 Decision 2): the optional LLM YES/NO
-check, instead of the embedding signal, of whether retrieved context answers the query.
-Its port, `RelevanceJudge`, and the retrieval port are in `services.retriever.ports`."""
+"""The relevance judge's model adapter (ADR-0009 Decision 2): the optional LLM check,
+instead of the embedding signal, of whether retrieved context answers the query. The
+answer is constrained to YES / NO by the model server itself (`shared.llm`: Ollama's
+`format`, OpenAI's `response_format`, llama.cpp's grammar). Its port,
+`RelevanceJudge`, and the retrieval port are in `services.retriever.ports`."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from functools import cache
 from pathlib import Path
 from string import Template
 
-from shared.common.deadline import time_left
 from shared.contracts.pipeline import Passage
+from shared.llm.choice import Choice
+from shared.llm.ports import BackendUnavailableError, ChatMessage, ChoiceBackend
 
 log = logging.getLogger("intentroute.retriever")
 
 
 PROMPT = Path(__file__).resolve().parent / "prompts" / "relevance.txt"
+# The answer: {"relevant": "YES"} or {"relevant": "NO"}.
+VERDICT = Choice("relevant", ("YES", "NO"))
 
 
 @cache
@@ -24,33 +28,27 @@ def _template() -> Template:
     return Template(PROMPT.read_text(encoding="utf-8"))
 
 
-def render_relevance_prompt(query: str, passages: list[Passage]) -> str:
+def render_relevance_prompt(query: str, passages: list[Passage]) -> list[ChatMessage]:
     context = "\n\n".join(f"[{i}] {p.title}\n{p.text[:800]}" for i, p in enumerate(passages, 1))
-    return _template().substitute(query=query, context=context or "(nothing retrieved)")
+    return [ChatMessage("user", _template().substitute(
+        query=query, context=context or "(nothing retrieved)"))]
 
 
-class OllamaRelevanceJudge:
-    def __init__(self, host: str, model: str, *, timeout: float = 5.0) -> None:
-        import ollama
+class ModelRelevanceJudge:
+    """The judge on any model backend; None when no verdict could be had (the check then
+    does not retry)."""
 
-        self._client = ollama.AsyncClient(host=host, timeout=timeout)
-        self._model = model
-        self._timeout = timeout
+    def __init__(self, backend: ChoiceBackend, model: str, *, timeout: float = 5.0) -> None:
+        self.backend = backend
+        self.model = model
+        self.timeout = timeout
 
     async def relevant(self, query: str, passages: list[Passage]) -> bool | None:
-        import httpx
-        import ollama
-
         try:
-            response = await asyncio.wait_for(self._client.generate(
-                model=self._model, prompt=render_relevance_prompt(query, passages),
-                options={"temperature": 0}, stream=False), time_left(self._timeout))
-        except (TimeoutError, httpx.HTTPError, ollama.ResponseError, ConnectionError) as exc:
-            log.warning("[retrieve] relevance judge unavailable: %r", exc)
+            verdict = await self.backend.choose(
+                self.model, render_relevance_prompt(query, passages), VERDICT,
+                timeout=self.timeout)
+        except BackendUnavailableError as exc:
+            log.warning("[retrieve] relevance judge unavailable: %s", exc)
             return None
-        answer = (response.response or "").strip().upper()
-        if answer.startswith("YES"):
-            return True
-        if answer.startswith("NO"):
-            return False
-        return None
+        return None if verdict is None else verdict == "YES"

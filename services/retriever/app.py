@@ -7,7 +7,7 @@ from opentelemetry.trace import TracerProvider
 
 from services.retriever.embedded import EmbeddedRetrieval
 from services.retriever.handlers import RetrieverDeps, build_stage
-from services.retriever.ports import Retrieval
+from services.retriever.ports import RelevanceJudge, Retrieval
 from services.retriever.settings import RetrieverSettings
 from shared.runtime.worker import Wiring, build_app
 
@@ -27,7 +27,23 @@ def build_retrieval(settings: RetrieverSettings) -> Retrieval:
         encoder = shared_fast_encoder(settings.embedding_model,
                                       precision=settings.common.encoder_precision,
                                       onnx_cache_dir=settings.common.onnx_cache_dir)
-    return EmbeddedRetrieval(settings.index_dir, method=settings.method, encoder=encoder)
+    return EmbeddedRetrieval(settings.index_dir, method=settings.method, encoder=encoder,
+                             settings=settings.fusion)
+
+
+def build_judge(settings: RetrieverSettings) -> RelevanceJudge | None:
+    """The LLM relevance judge (RELEVANCE_CHECK=llm) on the configured model server
+    (Ollama, else the OpenAI-compatible one); None without a server or a model."""
+    if settings.relevance_mode != "llm" or not settings.relevance_model:
+        return None
+    from services.retriever.adapters import ModelRelevanceJudge
+    from shared.llm.select import open_backend
+
+    backend = open_backend(settings.common, timeout=settings.relevance_timeout)
+    if backend is None:
+        return None
+    return ModelRelevanceJudge(backend, settings.relevance_model,
+                               timeout=settings.relevance_timeout)
 
 
 def create_app(
@@ -41,12 +57,8 @@ def create_app(
     async def make_deps(wiring: Wiring) -> RetrieverDeps:
         backend = retrieval or build_retrieval(settings)
         wiring.base.exits.push_async_callback(backend.close)
-        judge = None
-        if settings.relevance_mode == "llm" and settings.ollama_host and settings.relevance_model:
-            from services.retriever.adapters import OllamaRelevanceJudge
-
-            judge = OllamaRelevanceJudge(settings.ollama_host, settings.relevance_model)
-        return RetrieverDeps(**wiring.base.parts(), retrieval=backend, judge=judge)
+        return RetrieverDeps(**wiring.base.parts(), retrieval=backend,
+                             judge=build_judge(settings))
 
     return build_app(service="retriever", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

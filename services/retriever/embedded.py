@@ -7,9 +7,9 @@ import logging
 import time
 from pathlib import Path
 
+from services.retriever.fusion import FusionSettings
 from services.retriever.index import EmbeddedIndex
 from services.retriever.ports import SearchResult, check_method
-from services.retriever.rrf import FusionSettings
 from shared.encoders.embeddings import Encoder
 
 log = logging.getLogger("intentroute.retriever")

@@ -1,8 +1,10 @@
 """Elasticsearch as the retrieval port: one method per instance, mapped to queries.
 
 bm25 is a `match` query, dense a `knn` query; hybrid runs both concurrently and fuses
-them client-side with the same `rrf()` as the embedded index, which works on the free
-Basic license (the server-side `retriever.rrf` API needs an Enterprise license on 8.x).
+them client-side with the same `fusion.fuse()` as the embedded index, which works on the
+free Basic license (the server-side `retriever.rrf` API needs an Enterprise license on
+8.x). A hit one method did not return gets that method's lowest returned score (the
+embedded index knows every chunk's score: SciFact train nDCG@10 0.737, 0.736 this way).
 
 An ES ingest (`indexing.es_ingest`) is applied in place (bulk upserts and deletes,
 then one refresh), so a concurrent search may see a partly updated index for the
@@ -26,8 +28,9 @@ from services.retriever.es_bodies import (
     call,
     knn_score_to_cosine,
 )
+from services.retriever.fusion import FusionSettings, fuse
 from services.retriever.ports import SearchResult, check_method
-from services.retriever.rrf import FusionSettings, rrf
+from services.retriever.rrf import rrf
 from services.retriever.settings import RetrieverSettings
 from shared.common.deadline import time_left
 from shared.contracts.pipeline import Passage
@@ -70,7 +73,7 @@ class ElasticsearchRetrieval:
             pin_threads(1)
             encoder = SentenceTransformerEncoder(settings.embedding_model)
         return cls.from_url(settings.es_url, encoder, method=settings.method,
-                            index=settings.es_index)
+                            index=settings.es_index, settings=settings.fusion)
 
     async def close(self) -> None:
         await self.client.close()
@@ -108,11 +111,9 @@ class ElasticsearchRetrieval:
             self._search(build_knn_query(qv, depth, self._num_candidates(depth),
                                          with_source=False)),
         )
-        fused = rrf(
-            [[h["_id"] for h in b_hits], [h["_id"] for h in d_hits]],
-            k=self.settings.rrf_k,
-            weights=[self.settings.bm25_weight, self.settings.dense_weight],
-        )[:k]
+        hits = [{h["_id"]: float(h["_score"]) for h in b_hits},
+                {h["_id"]: knn_score_to_cosine(h["_score"]) for h in d_hits}]
+        fused = fuse(hits, self.settings)[:k]
         ids = [i for i, _ in fused]
         docs: list[dict[str, Any]] = []
         if ids:
@@ -120,9 +121,12 @@ class ElasticsearchRetrieval:
             docs = [d for d in resp["docs"] if d.get("found")]
         score_of = dict(fused)
         dense_top1 = knn_score_to_cosine(d_hits[0]["_score"]) if d_hits else None
-        return self._result(docs, [score_of[d["_id"]] for d in docs], qv,
-                            bm25={h["_id"]: h["_score"] for h in b_hits},
-                            dense_top1=dense_top1)
+        result = self._result(docs, [score_of[d["_id"]] for d in docs], qv,
+                              bm25={h["_id"]: h["_score"] for h in b_hits},
+                              dense_top1=dense_top1)
+        if docs:
+            result.rrf_top1 = dict(rrf([list(h) for h in hits]))[docs[0]["_id"]]
+        return result
 
     def _result(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.retriever.logic import RelevancePolicy, retrieve
+from services.retriever.logic import RelevancePolicy, retrieve, with_editor_commands
 from services.retriever.ports import RelevanceJudge, Retrieval
 from services.retriever.settings import RetrieverSettings
 from shared.contracts import pipeline
@@ -47,7 +47,11 @@ def build_stage(settings: RetrieverSettings) -> Stage[Routed, RetrieverDeps]:
             turns = await deps.store.last_turns(req.agent_id, req.session_id, 6)
             return [content for role, content in turns if role == "user"]
 
-        got = await retrieve(req.query, decision.type, deps.retrieval, k=settings.top_k,
+        query = req.query
+        if decision.resolved_reference and req.editor_context:
+            # RC-03: the pointer resolved to the editor; search for what it holds.
+            query = with_editor_commands(query, req.editor_context)
+        got = await retrieve(query, decision.type, deps.retrieval, k=settings.top_k,
                              policy=policy, last_turns=last_turns, judge=deps.judge)
         env.passages = got.passages
         env.retrieval_query = got.query

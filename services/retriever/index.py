@@ -1,5 +1,5 @@
 """Embedded, in-process hybrid index, read side: bm25s (lexical) + dense vectors, fused
-with RRF. Ingest writes it (`indexing.embedded_ingest`).
+as `fusion` says. Ingest writes it (`indexing.embedded_ingest`).
 
 On-disk layout (one directory per ingest, swapped atomically)::
 
@@ -25,16 +25,17 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from services.retriever.bm25 import Bm25Config, Bm25Tokenizer
+from services.retriever.fusion import FusionSettings, fuse
 from services.retriever.indexing.chunking import Chunk
 from services.retriever.ports import SearchResult, check_method
-from services.retriever.rrf import FusionSettings, rrf
+from services.retriever.rrf import rrf
 from shared.contracts.pipeline import Passage
 from shared.encoders.embeddings import Encoder
 
@@ -61,6 +62,15 @@ def read_current(index_dir: Path) -> str | None:
 
 def encoder_name(encoder: Encoder) -> str:
     return str(getattr(encoder, "model_name", type(encoder).__qualname__))
+
+
+class Scores(NamedTuple):
+    """Every chunk's BM25 score (zeros for "dense") and cosine (None for "bm25"), and
+    the query vector (None for "bm25")."""
+
+    bm25: npt.NDArray[np.float32]
+    dense: npt.NDArray[np.float32] | None
+    query_vector: npt.NDArray[np.float32] | None
 
 
 @dataclass(frozen=True)
@@ -225,28 +235,63 @@ class EmbeddedIndex:
             )
         return np.asarray(self.encoder.encode([query], batch_size=1)[0], dtype=np.float32)
 
-    def search(self, query: str, k: int, method: str = "hybrid",
-               query_vector: npt.NDArray[np.float32] | None = None) -> SearchResult:
-        check_method(method)
-        snap = self._snap
-        st = self.settings
-        depth = max(st.depth, k)
-        n = len(snap.chunks)
+    def scores(self, query: str, method: str = "hybrid",
+               query_vector: npt.NDArray[np.float32] | None = None) -> Scores:
+        """Every chunk's BM25 score and cosine for `query` (offline evaluation)."""
+        return self._scores(self._snap, query, method, query_vector)
 
-        qv = query_vector
+    def _scores(self, snap: Snapshot, query: str, method: str,
+                qv: npt.NDArray[np.float32] | None) -> Scores:
+        n = len(snap.chunks)
         if qv is None and method != "bm25":  # bm25 alone doesn't pay for an embedding
             qv = self._encode_query(query)
         sims = None
         if qv is not None and n:
             sims = np.asarray(snap.vectors @ np.asarray(qv, dtype=np.float32), dtype=np.float32)
-
         bm25_all = np.zeros(n, dtype=np.float32)
         if method != "dense" and n:
-            toks = snap.tokenizer(query)
-            ids = snap.bm25.get_tokens_ids(toks)
+            ids = snap.bm25.get_tokens_ids(snap.tokenizer(query))
             if ids:
                 bm25_all = np.asarray(snap.bm25.get_scores_from_ids(ids), dtype=np.float32)
+        return Scores(bm25_all, sims, qv)
 
+    def _hybrid(self, snap: Snapshot, query: str, k: int, bm25_all: npt.NDArray[np.float32],
+                sims: npt.NDArray[np.float32], fusion: FusionSettings
+                ) -> tuple[npt.NDArray[np.int64], list[float], float]:
+        """(rows, fused scores, RRF score of the first row) of the `k` best chunks."""
+        depth = max(fusion.depth, k)
+        b_rows = _top(bm25_all, depth, positive_only=True).tolist()
+        d_rows = _top(sims, depth, positive_only=False).tolist()
+        hits = [{str(r): float(bm25_all[r]) for r in b_rows},
+                {str(r): float(sims[r]) for r in d_rows}]
+        extra: list[float] = []
+        named = self._named_sections(snap, query)
+        if named:
+            # A third list: sections whose own heading the query names ("what does
+            # addParam do"), worth as much as a method's best hit. Long questions
+            # otherwise drift to overview pages.
+            hits.append({str(r): 1.0 for r in named})
+            extra.append(1.0)
+        # Every chunk has a BM25 score and a cosine: a method that missed a hit scores it.
+        lookups = [lambda d: float(bm25_all[int(d)]), lambda d: float(sims[int(d)]),
+                   lambda d: 0.0]
+        fused = fuse(hits, fusion, extra, lookups[:len(hits)])[:k]
+        rows = np.array([int(r) for r, _ in fused], dtype=np.int64)
+        rrf_top1 = math.nan
+        if fused:
+            rrf_top1 = dict(rrf([list(h) for h in hits]))[fused[0][0]]
+        return rows, [s for _, s in fused], rrf_top1
+
+    def search(self, query: str, k: int, method: str = "hybrid",
+               query_vector: npt.NDArray[np.float32] | None = None,
+               fusion: FusionSettings | None = None) -> SearchResult:
+        """The `k` best chunks by `method`; a hybrid fuses as `fusion` says (default:
+        the index's settings)."""
+        check_method(method)
+        snap = self._snap
+        n = len(snap.chunks)
+        bm25_all, sims, qv = self._scores(snap, query, method, query_vector)
+        rrf_top1 = math.nan
         if method == "bm25":
             rows = _top(bm25_all, k, positive_only=True)
             scores = bm25_all[rows].tolist()
@@ -256,19 +301,8 @@ class EmbeddedIndex:
             scores = sims[rows].tolist()
         else:
             assert sims is not None
-            b_rows = _top(bm25_all, depth, positive_only=True)
-            d_rows = _top(sims, depth, positive_only=False)
-            w = [st.bm25_weight, st.dense_weight]
-            rankings = [[str(r) for r in b_rows], [str(r) for r in d_rows]]
-            named = self._named_sections(snap, query)
-            if named:
-                # A third ranking: sections whose own heading the query names ("what
-                # does addParam do"). Long questions otherwise drift to overview pages.
-                rankings.append([str(r) for r in named])
-                w.append(1.0)
-            fused = rrf(rankings, k=st.rrf_k, weights=w)[:k]
-            rows = np.array([int(r) for r, _ in fused], dtype=np.int64)
-            scores = [s for _, s in fused]
+            rows, scores, rrf_top1 = self._hybrid(snap, query, k, bm25_all, sims,
+                                                  fusion or self.settings)
 
         passages = []
         for r, s in zip(rows.tolist(), scores, strict=True):
@@ -286,4 +320,5 @@ class EmbeddedIndex:
             bm25_scores=bm25_all[rows].tolist(),
             passage_vectors=np.array(snap.vectors[rows], dtype=np.float32),
             version=snap.version,
+            rrf_top1=rrf_top1,
         )

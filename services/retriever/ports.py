@@ -3,7 +3,7 @@
 `Retrieval`: what the worker needs from a search backend, and what a search returns
 (`SearchResult`). The embedded index (`embedded.EmbeddedRetrieval`) and Elasticsearch
 (`es_backend.ElasticsearchRetrieval`) implement it, each configured with one method.
-`RelevanceJudge`: the optional LLM relevance check (`adapters.OllamaRelevanceJudge`)."""
+`RelevanceJudge`: the optional LLM relevance check (`adapters.ModelRelevanceJudge`)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ class SearchResult:
     `dense_scores[i]` / `bm25_scores[i]` belong to `passages[i]`; `dense_top1` is the
     cosine of the best dense hit over the whole index (NaN when no query vector was
     computed, e.g. method="bm25"). `version` is the embedded index version searched.
+    `rrf_top1`: the first passage's RRF score (k=60, equal weights) over the hybrid's
+    ranked lists, whatever its fusion (NaN: not a hybrid, or the backend does not say).
     """
 
     passages: list[Passage]
@@ -44,6 +46,7 @@ class SearchResult:
     bm25_scores: list[float] = field(default_factory=list)
     passage_vectors: npt.NDArray[np.float32] | None = None
     version: int = 0
+    rrf_top1: float = math.nan
 
 
 @runtime_checkable

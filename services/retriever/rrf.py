@@ -1,20 +1,11 @@
-"""Reciprocal Rank Fusion, and the fusion settings both backends share (ADR-0003
-hybrid retrieval)."""
+"""Reciprocal Rank Fusion: one of the hybrid's fusions (`fusion`), and the fused score
+of the first hit that the relevance check reads (`SearchResult.rrf_top1`)."""
 
 from __future__ import annotations
-
-import msgspec
 
 # RRF constant 60 as in Cormack et al. 2009; 100 candidates per method before fusion.
 RRF_K = 60
 CANDIDATE_DEPTH = 100
-
-
-class FusionSettings(msgspec.Struct, frozen=True):
-    rrf_k: int = RRF_K
-    bm25_weight: float = 1.0
-    dense_weight: float = 1.0
-    depth: int = CANDIDATE_DEPTH
 
 
 def rrf(

@@ -5,15 +5,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from opentelemetry.trace import SpanKind
+
 from services.validator.extract import extract_avap_code
 from services.validator.ports import CheckResult, CheckStatus, CodeChecker
 from services.validator.settings import ValidatorSettings
+from shared.common.otel import request_attributes
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import ValidationStatus
 from shared.contracts.routing import ModelSlot
 from shared.runtime.answer_stream import AnswerStream
+from shared.runtime.answers import answer_usage
 from shared.runtime.stage import Call, Handoff, Stage, StageDeps, finish_turn, payload, stage_spec
 
 log = logging.getLogger("intentroute.validator")
@@ -36,6 +40,23 @@ class ValidatorDeps(StageDeps):
     checker: CodeChecker
 
 
+async def checked(code: str, env: Routed, deps: ValidatorDeps) -> CheckResult:
+    """The parser's verdict, in a client span of the request (what the parser said, or
+    why there was none)."""
+    req, decision = env.request, env.decision
+    with deps.tracer.start_as_current_span(
+            "avap_parser.Validate", kind=SpanKind.CLIENT,
+            attributes={"rpc.system": "grpc", "rpc.method": "Validate",
+                        **request_attributes(req.request_id, req.agent_id,
+                                             decision.type.value, decision.layer.value)},
+    ) as span:
+        verdict = await deps.checker.check(code)
+        span.set_attribute("intentroute.parser.verdict", verdict.status.value)
+        if verdict.reason:
+            span.set_attribute("intentroute.parser.unavailable", verdict.reason)
+        return verdict
+
+
 def build_stage(settings: ValidatorSettings) -> Stage[Routed, ValidatorDeps]:
     async def on_validate(env: Routed, call: Call, deps: ValidatorDeps) -> Handoff | None:
         req = env.request
@@ -46,7 +67,7 @@ def build_stage(settings: ValidatorSettings) -> Stage[Routed, ValidatorDeps]:
             await out.status("validating AVAP code")
         code = extract_avap_code(env.answer)
         if code or not deps.checker.enabled:
-            verdict = await deps.checker.check(code)
+            verdict = await checked(code, env, deps)
             feedback = verdict.feedback
         else:
             verdict, feedback = CheckResult(CheckStatus.INVALID), NO_PROGRAM_FEEDBACK
@@ -65,7 +86,8 @@ def build_stage(settings: ValidatorSettings) -> Stage[Routed, ValidatorDeps]:
         await finish_turn(deps.store, env, answer=env.answer, answered_by=env.answered_by,
                           validation_status=status, retried=retried)
         await out.final(decision=env.decision, validation_status=status, avap_code=code,
-                        answered_by=env.answered_by, retried=retried)
+                        answered_by=env.answered_by, retried=retried,
+                        usage=answer_usage(env))
         return None
 
     return Stage(

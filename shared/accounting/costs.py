@@ -12,7 +12,12 @@ rollups, the saving against the main slot's model, and cost anomalies.
 * anomaly: a day of the window whose cost exceeds mean + 2 sd (sample standard deviation)
   of the same agent's cost on its days with traffic among the 28 days before it (a
   trailing window, read from the rollups, which reach back a year), once it has at
-  least 7 such days.
+  least 7 such days;
+* refused: the agent's requests refused at admission, by code (RATE_LIMITED,
+  CONCURRENCY_LIMITED, QUOTA_EXCEEDED, BUDGET_EXCEEDED; `daily_outcomes`). They are
+  among its requests and errors (model "", no tokens) and never billed: no model ran;
+* currency: the agent's `currency` policy key (its prices' currency), "" for plain cost
+  units; totals are also given per currency, since agents may price in different ones.
 """
 
 from __future__ import annotations
@@ -28,7 +33,13 @@ import msgspec
 
 from shared.accounting.hashing import AgentNamer, identity
 from shared.accounting.rollups import Prices
+from shared.contracts.response import ErrorCode
 from shared.policy.agent import Price
+
+# Refusals at admission (per-agent limits): logged as `error:<CODE>`, nothing answered.
+REFUSALS = (ErrorCode.RATE_LIMITED.value, ErrorCode.CONCURRENCY_LIMITED.value,
+            ErrorCode.QUOTA_EXCEEDED.value, ErrorCode.BUDGET_EXCEEDED.value)
+ERROR_PREFIX = "error:"
 
 TRAILING_DAYS = 28
 MIN_HISTORY_DAYS = 7
@@ -60,6 +71,9 @@ class AgentCost(msgspec.Struct, kw_only=True):
     main_slot_cost: float | None
     saving: float | None
     models: list[ModelCost]
+    # Refused at admission, by code (among `requests`; never billed).
+    refused: dict[str, int] = {}
+    currency: str = ""
 
 
 class Anomaly(msgspec.Struct, kw_only=True):
@@ -81,6 +95,9 @@ class CostTotals(msgspec.Struct, kw_only=True):
     # Over the agents that have a main-slot price.
     main_slot_cost: float
     saving: float
+    refused: dict[str, int] = {}
+    # Cost per currency ("" = plain cost units): `cost` adds them up only when one.
+    cost_by_currency: dict[str, float] = {}
 
 
 class CostReport(msgspec.Struct, kw_only=True):
@@ -122,9 +139,14 @@ def anomalies(daily: Mapping[str, Mapping[date, float]], since: date, until: dat
 def build_cost_report(model_rows: Sequence[Mapping[str, Any]],
                       daily: Mapping[str, Mapping[date, float]], *, prices: Prices,
                       main_model: str, since: date, until: date,
-                      name: AgentNamer = identity) -> CostReport:
-    """The report from the window's (agent, model) sums and the agents' daily costs."""
-    by_agent: dict[str, list[ModelCost]] = defaultdict(list)
+                      name: AgentNamer = identity,
+                      refused: Mapping[str, Mapping[str, int]] | None = None,
+                      currencies: Mapping[str, str] | None = None) -> CostReport:
+    """The report from the window's (agent, model) sums, the agents' daily costs, their
+    refusals by code and their prices' currencies."""
+    refused = refused or {}
+    currencies = currencies or {}
+    by_agent: dict[str, list[ModelCost]] = defaultdict(list, {a: [] for a in refused})
     unpriced = []
     for row in model_rows:
         agent, model = row["agent_id"], row["model"]
@@ -139,20 +161,36 @@ def build_cost_report(model_rows: Sequence[Mapping[str, Any]],
                              "tokens_in": int(row["tokens_in"]),
                              "tokens_out": int(row["tokens_out"]),
                              "compute_s": float(row["compute_s"])})
-    agents = [_agent_cost(agent, models, prices.get(agent, {}).get(main_model), name)
-              for agent, models in sorted(by_agent.items())]
+    agents = []
+    for agent, models in sorted(by_agent.items()):
+        cost = _agent_cost(agent, models, prices.get(agent, {}).get(main_model), name)
+        cost.refused = _by_code(refused.get(agent, {}))
+        cost.currency = currencies.get(agent, "")
+        agents.append(cost)
+    by_currency: dict[str, float] = defaultdict(float)
+    all_refused: dict[str, int] = defaultdict(int)
+    for a in agents:
+        by_currency[a.currency] += a.cost
+        for code, n in a.refused.items():
+            all_refused[code] += n
     totals = CostTotals(
         requests=sum(a.requests for a in agents), tokens_in=sum(a.tokens_in for a in agents),
         tokens_out=sum(a.tokens_out for a in agents),
         compute_s=sum(a.compute_s for a in agents), cost=sum(a.cost for a in agents),
         main_slot_cost=sum(a.main_slot_cost for a in agents if a.main_slot_cost is not None),
-        saving=sum(a.saving for a in agents if a.saving is not None))
+        saving=sum(a.saving for a in agents if a.saving is not None),
+        refused=_by_code(all_refused), cost_by_currency=dict(sorted(by_currency.items())))
     found = anomalies(daily, since, until)
     for anomaly in found:
         anomaly.agent_id = name(anomaly.agent_id)
     return CostReport(since=since.isoformat(), until=until.isoformat(), main_model=main_model,
                       hashed_agents=name is not identity, agents=agents, totals=totals,
                       anomalies=found, unpriced=unpriced)
+
+
+def _by_code(counts: Mapping[str, int]) -> dict[str, int]:
+    """Refusal counts in REFUSALS' order, the codes without any left out."""
+    return {code: counts[code] for code in REFUSALS if counts.get(code)}
 
 
 def _agent_cost(agent: str, models: list[ModelCost], main_price: Price | None,
@@ -180,36 +218,55 @@ _SQL_DAILY = """
 SELECT agent_id, day, sum(cost) AS cost FROM daily_rollups
 WHERE day >= $1 AND day <= $2 GROUP BY agent_id, day
 """
+_SQL_REFUSED = """
+SELECT agent_id, substr(outcome, length($3) + 1) AS code, sum(requests)::bigint AS n
+FROM daily_outcomes WHERE day >= $1 AND day <= $2 AND outcome = ANY($4::text[])
+GROUP BY 1, 2
+"""
 
 
 async def cost_report(conn: asyncpg.Connection, since: date, until: date, *, prices: Prices,
-                      main_model: str, name: AgentNamer = identity) -> CostReport:
+                      main_model: str, name: AgentNamer = identity,
+                      currencies: Mapping[str, str] | None = None) -> CostReport:
     """The report from the rollups as they are (refresh them first for fresh figures)."""
     model_rows = await conn.fetch(_SQL_MODELS, since, until)
     daily: dict[str, dict[date, float]] = defaultdict(dict)
     for row in await conn.fetch(_SQL_DAILY, since - timedelta(days=TRAILING_DAYS), until):
         daily[row["agent_id"]][row["day"]] = float(row["cost"])
+    refused: dict[str, dict[str, int]] = defaultdict(dict)
+    for row in await conn.fetch(_SQL_REFUSED, since, until, ERROR_PREFIX,
+                                [ERROR_PREFIX + code for code in REFUSALS]):
+        refused[row["agent_id"]][row["code"]] = int(row["n"])
     return build_cost_report([dict(r) for r in model_rows], daily, prices=prices,
-                             main_model=main_model, since=since, until=until, name=name)
+                             main_model=main_model, since=since, until=until, name=name,
+                             refused=refused, currencies=currencies)
 
 
 CSV_COLUMNS = ("agent_id", "model", "requests", "errors", "fallbacks", "tokens_in",
-               "tokens_out", "compute_s", "cost", "main_slot_cost", "saving")
+               "tokens_out", "compute_s", "cost", "main_slot_cost", "saving", "currency",
+               *(f"refused_{code.lower()}" for code in REFUSALS))
 
 
 def csv_rows(report: CostReport) -> list[tuple[object, ...]]:
     """One line per (agent, model), then the agent's total as model `*` (with the
-    main-slot cost and saving, which are per agent)."""
+    main-slot cost, saving and refusals by code, which are per agent)."""
     rows: list[tuple[object, ...]] = []
     for agent in report.agents:
         for m in agent.models:
             rows.append((agent.agent_id, m.model, m.requests, m.errors, m.fallbacks,
-                         m.tokens_in, m.tokens_out, m.compute_s, m.cost, "", ""))
+                         m.tokens_in, m.tokens_out, m.compute_s, m.cost, "", "",
+                         agent.currency, *([""] * len(REFUSALS))))
         rows.append((agent.agent_id, "*", agent.requests, agent.errors, agent.fallbacks,
                      agent.tokens_in, agent.tokens_out, agent.compute_s, agent.cost,
                      "" if agent.main_slot_cost is None else agent.main_slot_cost,
-                     "" if agent.saving is None else agent.saving))
+                     "" if agent.saving is None else agent.saving, agent.currency,
+                     *(agent.refused.get(code, 0) for code in REFUSALS)))
     return rows
+
+
+def refused_text(refused: Mapping[str, int]) -> str:
+    """`RATE_LIMITED 12, BUDGET_EXCEEDED 3`, or `-` when none."""
+    return ", ".join(f"{code} {n}" for code, n in refused.items()) or "-"
 
 
 def anomaly_line(a: Anomaly) -> str:

@@ -11,7 +11,7 @@ hand):
    no bloat, no vacuum): a day D goes once D + 1 <= now - hot_days, so every row is
    kept at least `hot_days` * 24 h;
 4. rollup rows older than `rollup_days` are deleted (they are few: per day, agent,
-   model, type and layer).
+   model, type and layer; per day and agent; per day, agent and outcome).
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ async def apply_retention(conn: asyncpg.Connection, now: datetime, hot_days: int
         rollups = await conn.execute("DELETE FROM daily_rollups WHERE day < $1", rollup_cutoff)
         latency = await conn.execute("DELETE FROM daily_agent_latency WHERE day < $1",
                                      rollup_cutoff)
+        outcomes = await conn.execute("DELETE FROM daily_outcomes WHERE day < $1",
+                                      rollup_cutoff)
     return {
         "partitions_created": made["created"],
         "rows_moved_from_default": made["moved_from_default"],
@@ -77,6 +79,7 @@ async def apply_retention(conn: asyncpg.Connection, now: datetime, hot_days: int
         "default_rows_deleted": default_deleted,
         "rollup_rows_deleted": _count(rollups),
         "latency_rows_deleted": _count(latency),
+        "outcome_rows_deleted": _count(outcomes),
         "hot_from": hot_cutoff.isoformat(),
         "rollups_from": rollup_cutoff.isoformat(),
     }

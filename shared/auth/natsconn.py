@@ -4,10 +4,15 @@ Workers take their credential from the environment (CommonSettings: NATS_USER +
 NATS_PASSWORD, NATS_TOKEN or NATS_CREDS, NATS_TLS_*); callers such as
 `intentroute ask` take it from a credential file, a JSON object other tools rely on:
 
-    {"agent_id": "...", "nats": {<nats.connect kwargs besides the URL>}, "token": "..."}
+    {"agent_id": "...", "nats": {<nats.connect kwargs besides the URL>}, "token": "...",
+     "url": "nats://...", "ca": "", "ca_pem": ""}
 
 `nats` holds `user`, `password` and `inbox_prefix`; `token` is the bearer credential
-for gRPC and HTTP (`<agent_id>.<secret>`), "" for the stack's own service users.
+for gRPC and HTTP (`<agent_id>.<secret>`), "" for the stack's own service users. `url`
+names the server(s) (NATS_URL's form: one URL or a comma-separated list), and with TLS
+`ca` / `ca_pem` the CA that signs their certificates (its path where the credential was
+made, and its PEM for a client elsewhere); all three "" when unknown (files written
+before they existed). `shared.auth.exports` renders a credential for other clients.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import ssl
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
-from shared.common.settings import CommonSettings
+from shared.common.settings import CommonSettings, nats_servers
 
 # How a caller comes back after its server restarts: nats-py tries a server it lost again
 # only every `reconnect_time_wait` (default 2 s, so up to 2 s after the server listens
@@ -34,6 +40,9 @@ class Credential(msgspec.Struct, frozen=True, kw_only=True):
     agent_id: str
     nats: dict[str, str]
     token: str = ""
+    url: str = ""
+    ca: str = ""
+    ca_pem: str = ""
 
 
 def inbox_prefix(user: str) -> str:
@@ -49,15 +58,38 @@ def user_credential(user: str, secret: str, *, token: str = "") -> Credential:
     )
 
 
+def public_url(url: str) -> str:
+    """A NATS_URL without any `user:password@` its URLs carry (a credential names its
+    own user; another's secret must not travel with it)."""
+    return ",".join(_without_userinfo(part) for part in nats_servers(url))
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
+def with_server(cred: Credential, url: str, ca: str = "") -> Credential:
+    """`cred` naming the server(s) to connect to and, with TLS, the CA file that signs
+    their certificates (its path and its PEM). OSError when `ca` cannot be read."""
+    pem = Path(ca).read_text(encoding="utf-8") if ca else ""
+    return msgspec.structs.replace(cred, url=public_url(url), ca=ca, ca_pem=pem)
+
+
 def write_credential(path: Path, cred: Credential) -> None:
-    """Write a credential readable by its owner only (created 0600 by mkstemp, then
-    renamed into place; its directory 0700 when this creates it)."""
+    """Write a credential readable by its owner only."""
+    write_secret(path, msgspec.json.format(msgspec.json.encode(cred)) + b"\n")
+
+
+def write_secret(path: Path, data: bytes) -> None:
+    """Write a file readable by its owner only (created 0600 by mkstemp, then renamed
+    into place; its directory 0700 when this creates it)."""
     if not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(msgspec.json.format(msgspec.json.encode(cred)) + b"\n")
+            out.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -99,6 +131,18 @@ def connect_kwargs(common: CommonSettings) -> dict[str, Any]:
     return kwargs
 
 
+def credential_tls(cred: Credential) -> ssl.SSLContext | None:
+    """A client TLS context trusting the credential's CA (its file when it is there,
+    else its PEM); None when the credential names none."""
+    if cred.ca and Path(cred.ca).is_file():
+        return tls_context(cred.ca)
+    return ssl.create_default_context(cadata=cred.ca_pem) if cred.ca_pem else None
+
+
 def credential_kwargs(cred: Credential, common: CommonSettings) -> dict[str, Any]:
-    """`nats.connect` kwargs for a credential file's user, with the settings' TLS."""
-    return {**tls_kwargs(common), **cred.nats}
+    """`nats.connect` kwargs for a credential file's user, with the settings' TLS (else
+    the credential's CA)."""
+    kwargs = tls_kwargs(common)
+    if not kwargs and (ctx := credential_tls(cred)) is not None:
+        kwargs = {"tls": ctx}
+    return {**kwargs, **cred.nats}

@@ -104,6 +104,9 @@ class WorkerGrant(NamedTuple):
     # Replies it may send to one request it received (`Permissions.max_responses`).
     max_responses: int = 1
     responses_seconds: float = 0.0
+    # Also reads what the monitoring reader reads (`monitoring_subjects`): the gateway,
+    # whose dashboard shows each stage's lag and errors.
+    monitors: bool = False
 
 
 # A replay is answered with one reply per stored chunk, within this window of the
@@ -128,6 +131,7 @@ WORKER_GRANTS: dict[str, WorkerGrant] = {
         subscribe=(f"{response.SUBJECT_PREFIX}.>", replay.SUBJECTS),
         consumers=(ConsumerGrant(feedback.STREAM, FEEDBACK_DURABLE, AGENT_FEEDBACK_ANY),),
         max_responses=REPLAY_MAX_REPLIES, responses_seconds=REPLAY_REPLY_SECONDS,
+        monitors=True,
     ),
     "classifier": WorkerGrant(
         stream=pipeline.STREAM, durable="classifier", filter_subject=pipeline.CLASSIFY_SUBJECT,
@@ -231,6 +235,7 @@ def service_permissions(worker: str) -> Permissions:
         f"$JS.API.DIRECT.GET.{turn_rows.STREAM}.>",
         *consumer_grants(turn_rows.STREAM, turn_rows.DURABLE, turn_rows.SUBJECTS),
         deadletter.dead_letter_subject(turn_rows.DURABLE),
+        *(monitoring_subjects() if grant.monitors else ()),
     ]
     # A per-agent reader hears every publication on its subject (the doorbell saying
     # which agent has requests waiting).
@@ -251,17 +256,22 @@ def services_api_subjects(name: str) -> tuple[str, ...]:
             f"{SERVICES_API}.*.{name}", f"{SERVICES_API}.*.{name}.*")
 
 
-def ops_permissions() -> Permissions:
-    """The monitoring reader: ask the services API, read each stage's consumer and each
-    stream's info (lag, dead letters); its own inbox. Nothing that changes state."""
-    publish = [
+def monitoring_subjects() -> list[str]:
+    """Ask the services API, read each stage's consumer and each stream's info (lag,
+    dead letters). Nothing that changes state."""
+    return [
         *(f"{SERVICES_API}.{verb}" for verb in SERVICES_VERBS),
         *(f"{SERVICES_API}.{verb}.>" for verb in SERVICES_VERBS),
         *(f"$JS.API.CONSUMER.LIST.{g.stream}" if g.per_agent
           else f"$JS.API.CONSUMER.INFO.{g.stream}.{g.durable}" for g in WORKER_GRANTS.values()),
         *(f"$JS.API.STREAM.INFO.{name}" for name in STREAM_SUBJECTS),
     ]
-    return Permissions(publish=_unique(publish), subscribe=(f"{inbox_prefix(OPS_USER)}.>",))
+
+
+def ops_permissions() -> Permissions:
+    """The monitoring reader: `monitoring_subjects` and its own inbox."""
+    return Permissions(publish=_unique(monitoring_subjects()),
+                       subscribe=(f"{inbox_prefix(OPS_USER)}.>",))
 
 
 def agent_permissions(agent_id: str) -> Permissions:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 
 import msgspec
 import nats
@@ -54,16 +54,18 @@ def request_msg_id(req: AgentRequest) -> str:
     return f"{req.agent_id}:{req.request_id}:{secrets.token_hex(16)}"
 
 
-async def publish_request(nc: Client, req: AgentRequest, *, msg_id: str = "") -> None:
+async def publish_request(nc: Client, req: AgentRequest, *, msg_id: str = "",
+                          headers: Mapping[str, str] | None = None) -> None:
     """Durable publish on `agent.request.<agent_id>` (JetStream ack). A resend with the
-    same `msg_id` is a no-op; without one, a fresh unpredictable id is used. A full
-    stream raises RequestRefusedError."""
+    same `msg_id` is a no-op; without one, a fresh unpredictable id is used. `headers`:
+    more headers (a W3C `traceparent`: the request's trace continues in the workers).
+    A full stream raises RequestRefusedError."""
     try:
         await nc.jetstream().publish(
             request_subject(req.agent_id),
             encode(req),
             stream=request_contract.STREAM,
-            headers={"Nats-Msg-Id": msg_id or request_msg_id(req)},
+            headers={**(headers or {}), "Nats-Msg-Id": msg_id or request_msg_id(req)},
         )
     except APIError as exc:
         if exc.err_code == _JS_STORE_FAILED:
@@ -92,13 +94,15 @@ async def publish_until_stored(nc: Client, req: AgentRequest, *, give_up_at: flo
 
 
 async def ask(
-    nc: Client, req: AgentRequest, *, timeout: float = 120.0
-) -> AsyncIterator[ResponseChunk]:
-    """Publish `req` and yield its chunks in order until the final one."""
+    nc: Client, req: AgentRequest, *, timeout: float = 120.0,
+    headers: Mapping[str, str] | None = None,
+) -> AsyncGenerator[ResponseChunk, None]:
+    """Publish `req` (with `headers`, as `publish_request`) and yield its chunks in
+    order until the final one."""
     sub = await nc.subscribe(response_subject(req.agent_id, req.request_id))
     try:
         reconnects = _reconnects(nc)
-        await publish_request(nc, req)
+        await publish_request(nc, req, headers=headers)
         async for chunk in follow_live(nc, sub, req.agent_id, req.request_id, timeout=timeout,
                                        reconnects=reconnects):
             yield chunk

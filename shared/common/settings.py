@@ -10,11 +10,12 @@ they are read from in their annotation, next to their one default:
 its field's type (str, int, float, bool as on/off, Path, Path | None, an enum) or by the
 declaration's `parse`; an unset one keeps the field's default (or the declaration's
 `unset` derivation), and so does a blank number or switch. A value that does not convert
-is a ValueError naming the variable. Each service has one settings object (in its own
-`settings.py`) built from the environment in `app.py` only; this module holds the
-common part, and a variable is declared by one field of one class (tests/unit/
-test_settings_declared.py): settings several classes need live here, the others read them
-from `common`.
+is a SettingError (a ValueError) naming the variable, the form expected and the value
+(`STAGE_ACK_WAIT: expected seconds as a number, got '2s'`). Each service has one
+settings object (in its own `settings.py`) built from the environment in `app.py` only;
+this module holds the common part, and a variable is declared by one field of one class
+(tests/unit/test_settings_declared.py): settings several classes need live here, the
+others read them from `common`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,15 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 import msgspec
 
 from shared.common.limits import StreamLimits
+from shared.common.otel import OtelSettings
 from shared.policy.confidence import ConfidenceParams
 
 S = TypeVar("S", bound=msgspec.Struct)
+
+
+class SettingError(ValueError):
+    """A setting's value that cannot be used; the message names the variable and the
+    form it takes (the CLI prints it as one line, exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,8 @@ class Env:
     # Whether an empty value counts as unset; None: for numbers and switches (a value of
     # spaces too), not for strings and paths ("" is then the value).
     blank_is_unset: bool | None = None
+    # What a number counts ("seconds", "days"), said when a value does not convert.
+    unit: str = ""
 
 
 def env(
@@ -57,9 +66,10 @@ def env(
     parse: Callable[[str], Any] | None = None,
     unset: Callable[[Any, Mapping[str, str]], Any] | None = None,
     blank_is_unset: bool | None = None,
+    unit: str = "",
 ) -> Env:
     """Declare the variable a field is read from: `x: Annotated[int, env("X")] = 3`."""
-    return Env(name, parse=parse, unset=unset, blank_is_unset=blank_is_unset)
+    return Env(name, parse=parse, unset=unset, blank_is_unset=blank_is_unset, unit=unit)
 
 
 @dataclass(frozen=True)
@@ -116,10 +126,11 @@ def is_set(cls: type[msgspec.Struct], field: str,
 
 
 def refuse_retired(environ: Mapping[str, str] | None, name: str, instead: str) -> None:
-    """A ValueError when a variable that no longer exists is set (silence would hide it)."""
+    """A SettingError when a variable that no longer exists is set (silence would hide
+    it)."""
     environ = os.environ if environ is None else environ
     if environ.get(name, ""):
-        raise ValueError(f"{name} is gone: {instead}")
+        raise SettingError(f"{name} is gone: {instead}")
 
 
 def declared_variables(cls: type[msgspec.Struct]) -> Iterator[tuple[str, str]]:
@@ -159,7 +170,9 @@ def _read(declared: Env, kind: Any, environ: Mapping[str, str]) -> Any:
         return convert(raw)
     except ValueError as exc:
         shown = raw.strip().lower() if convert is _on_off else raw
-        raise ValueError(f"{declared.name}={shown!r}: {expected or exc}") from None
+        if declared.unit and expected.startswith("expected a"):  # "a number", "an integer"
+            expected = f"expected {declared.unit} as {expected.removeprefix('expected ')}"
+        raise SettingError(f"{declared.name}: {expected or exc}, got {shown!r}") from None
 
 
 def _read_group(kind: Any, declared: EnvGroup, environ: Mapping[str, str]) -> Any:
@@ -190,6 +203,9 @@ _NUMBERS: tuple[Callable[[str], Any], ...] = (int, float, _on_off)
 
 def _converter(declared: Env, kind: Any) -> tuple[Callable[[str], Any], str, bool]:
     """(conversion, what a bad value should have been, whether blank means unset)."""
+    if declared.parse is int or declared.parse is float:  # a plain number, said as one
+        convert, expected, _ = _converter(Env(declared.name), declared.parse)
+        return convert, expected, False
     if declared.parse is not None:
         return declared.parse, "", False
     if kind is bool:
@@ -218,6 +234,14 @@ class LogFormat(enum.Enum):
     JSON = "json"
 
 
+class OpenAIServer(enum.Enum):
+    """The dialect of the OpenAI-compatible server (OPENAI_SERVER): how it constrains a
+    label (shared.llm)."""
+
+    OPENAI = "openai"
+    LLAMACPP = "llamacpp"
+
+
 # Retention's defaults, which the learning job's settings (given the common ones by
 # `LearnSettings.from_env`) keep when built directly.
 LOG_HOT_DAYS = 30
@@ -243,21 +267,35 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     database_url: Annotated[str, env("DATABASE_URL")] = ""
     # Seconds a stage may hold a message without a sign of life before JetStream
     # redelivers it to another replica (a busy stage keeps its messages alive).
-    ack_wait: Annotated[float, env("STAGE_ACK_WAIT")] = 2.0
+    ack_wait: Annotated[float, env("STAGE_ACK_WAIT", unit="seconds")] = 2.0
     # Deliveries before a message is treated as poison, answered and dead-lettered
     # (retries are bounded by the request's deadline first).
     max_deliver: Annotated[int, env("STAGE_MAX_DELIVER")] = 20
     # Seconds a request may take end to end (callers may ask for less: `timeout_ms`).
-    request_deadline: Annotated[float, env("REQUEST_DEADLINE")] = 120.0
+    request_deadline: Annotated[float, env("REQUEST_DEADLINE", unit="seconds")] = 120.0
     # How long answers stay readable for late subscribers.
-    response_ttl: Annotated[float, env("RESPONSE_TTL")] = 3600.0
-    otlp_endpoint: Annotated[str, env("OTEL_EXPORTER_OTLP_ENDPOINT")] = ""
-    # Prometheus scrape endpoint of the worker's metrics (shared.runtime.metrics): 0 = off. Under
-    # `intentroute up` it is the first port, each worker process takes the next one.
+    response_ttl: Annotated[float, env("RESPONSE_TTL", unit="seconds")] = 3600.0
+    # OpenTelemetry's standard settings that pick the exporters (shared.common.otel);
+    # the SDK reads the others (endpoints, headers, sampler, ...) itself.
+    otel: Annotated[OtelSettings, env_group(
+        sdk_disabled="OTEL_SDK_DISABLED",
+        service_name="OTEL_SERVICE_NAME",
+        traces_exporter="OTEL_TRACES_EXPORTER",
+        metrics_exporter="OTEL_METRICS_EXPORTER",
+        protocol="OTEL_EXPORTER_OTLP_PROTOCOL",
+        traces_protocol="OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        metrics_protocol="OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+        endpoint="OTEL_EXPORTER_OTLP_ENDPOINT",
+        traces_endpoint="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        metrics_endpoint="OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    )] = OtelSettings()
+    # Prometheus scrape endpoint of the worker's metrics (shared.runtime.metrics): 0 = off
+    # (unless OTEL_METRICS_EXPORTER names prometheus: then 9464). Under `intentroute up`
+    # (default 9464 there) it is the first port, each worker process takes the next one.
     metrics_port: Annotated[int, env("METRICS_PORT")] = 0
     metrics_host: Annotated[str, env("METRICS_HOST")] = "127.0.0.1"
     # Seconds between two readings of the stages' consumer lag (with metrics on).
-    metrics_interval: Annotated[float, env("METRICS_INTERVAL")] = 5.0
+    metrics_interval: Annotated[float, env("METRICS_INTERVAL", unit="seconds")] = 5.0
     log_level: Annotated[str, env("LOG_LEVEL")] = "INFO"
     log_format: Annotated[LogFormat, env("LOG_FORMAT")] = LogFormat.TEXT
     # Where the embedded stack keeps its state: servers' data, credentials, index, heads.
@@ -294,19 +332,28 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     ollama_host: Annotated[str, env("OLLAMA_HOST")] = ""
     model_main: Annotated[str, env("OLLAMA_MODEL_NAME")] = ""
     model_conversational: Annotated[str, env("OLLAMA_MODEL_NAME_CONVERSATIONAL")] = ""
-    # The key of an OpenAI-compatible chat server: the generator sends it, `intentroute
-    # llm-server` requires it.
+    # An OpenAI-compatible chat server (`up --llm` runs llama.cpp's), as the OpenAI SDK
+    # reads it: the base URL used as given, `/v1` included (https://api.openai.com/v1;
+    # `/chat/completions` is appended), and the slots' models there (unset: the
+    # OLLAMA_MODEL_NAME* names; see `slot_model`). Its key: every LLM role sends it,
+    # `intentroute llm-server` requires it. OPENAI_SERVER names its dialect for labels
+    # (Layer 3, the relevance judge): "openai" constrains them with `response_format`,
+    # "llamacpp" with llama.cpp's `grammar` field.
+    openai_base_url: Annotated[str, env("OPENAI_BASE_URL")] = ""
+    openai_model: Annotated[str, env("OPENAI_MODEL")] = ""
+    openai_model_conversational: Annotated[str, env("OPENAI_MODEL_CONVERSATIONAL")] = ""
     openai_api_key: Annotated[str, env("OPENAI_API_KEY")] = ""
+    openai_server: Annotated[OpenAIServer, env("OPENAI_SERVER")] = OpenAIServer.OPENAI
     # Per-agent accounting (ADR-0006): tokens, model, fallback, time to first chunk in
     # the request log and the implicit outcomes derived from it. Off only to measure
     # what it costs (`bench pipeline --no-accounting`).
     accounting: Annotated[bool, env("ACCOUNTING")] = True
     # Seconds between re-reads of the per-agent policies (`intentroute agent set`).
-    policy_refresh: Annotated[float, env("POLICY_REFRESH")] = 10.0
+    policy_refresh: Annotated[float, env("POLICY_REFRESH", unit="seconds")] = 10.0
     # Retention (shared/accounting/retention.py): days the request log's partitions are
     # kept, and days the daily rollups are kept.
-    log_hot_days: Annotated[int, env("REQUEST_LOG_HOT_DAYS")] = LOG_HOT_DAYS
-    rollup_keep_days: Annotated[int, env("ROLLUP_KEEP_DAYS")] = ROLLUP_KEEP_DAYS
+    log_hot_days: Annotated[int, env("REQUEST_LOG_HOT_DAYS", unit="days")] = LOG_HOT_DAYS
+    rollup_keep_days: Annotated[int, env("ROLLUP_KEEP_DAYS", unit="days")] = ROLLUP_KEEP_DAYS
     # Bounds of the streams (StreamLimits), applied by whoever declares them.
     streams: Annotated[StreamLimits, env_group(
         max_bytes="STREAM_MAX_BYTES",
@@ -351,6 +398,22 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     def conversational_model(self) -> str:
         """The conversational slot's model: its own, else the main slot's."""
         return self.model_conversational or self.model_main
+
+    @property
+    def llm_backend(self) -> str:
+        """The model server every LLM role uses unless told otherwise: "ollama" when
+        OLLAMA_HOST is set, else "openai" when OPENAI_BASE_URL is, else "" (none)."""
+        return "ollama" if self.ollama_host else "openai" if self.openai_base_url else ""
+
+    def slot_model(self, backend: str, *, conversational: bool) -> str:
+        """RC-05: a slot's model on `backend` (the conversational slot falls back to the
+        main one). On the OpenAI-compatible server: OPENAI_MODEL_CONVERSATIONAL (that
+        slot only), then OPENAI_MODEL, then the OLLAMA_MODEL_NAME* names."""
+        if backend == "openai":
+            own = self.openai_model_conversational if conversational else ""
+            if own or self.openai_model:
+                return own or self.openai_model
+        return self.conversational_model if conversational else self.model_main
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CommonSettings:

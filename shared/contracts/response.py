@@ -101,6 +101,14 @@ class ErrorInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     retry_after_ms: int = 0
 
 
+class TokenUsage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The model tokens an answer took, as its backend reported them (the request log's
+    counts; 0: none reported, or no model wrote it: the extractive answerer)."""
+
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+
 class ResponseChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     request_id: str
     seq: int
@@ -115,3 +123,6 @@ class ResponseChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     # "extractive" | "ollama:<model>" | "echo": which backend wrote the answer.
     answered_by: str = ""
     retried: bool = False
+    # On an answer's final chunk with ACCOUNTING on: what generating it took (the
+    # OpenAI door's `usage`).
+    usage: TokenUsage | None = None

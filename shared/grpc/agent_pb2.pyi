@@ -1,12 +1,13 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentRequest(_message.Message):
-    __slots__ = ("query", "session_id", "agent_id", "extra_context", "user_info", "editor_context", "query_type", "request_id")
+    __slots__ = ("query", "session_id", "agent_id", "extra_context", "user_info", "editor_context", "query_type", "request_id", "timeout_ms")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +16,7 @@ class AgentRequest(_message.Message):
     EDITOR_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     QUERY_TYPE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     query: str
     session_id: str
     agent_id: str
@@ -23,10 +25,11 @@ class AgentRequest(_message.Message):
     editor_context: str
     query_type: str
     request_id: str
-    def __init__(self, query: _Optional[str] = ..., session_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., extra_context: _Optional[str] = ..., user_info: _Optional[str] = ..., editor_context: _Optional[str] = ..., query_type: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    timeout_ms: int
+    def __init__(self, query: _Optional[str] = ..., session_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., extra_context: _Optional[str] = ..., user_info: _Optional[str] = ..., editor_context: _Optional[str] = ..., query_type: _Optional[str] = ..., request_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class AgentResponse(_message.Message):
-    __slots__ = ("text", "avap_code", "is_final", "validation_status", "query_type", "request_id", "kind", "error_code", "error_message", "decision_json")
+    __slots__ = ("text", "avap_code", "is_final", "validation_status", "query_type", "request_id", "kind", "error_code", "error_message", "decision_json", "decision")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     AVAP_CODE_FIELD_NUMBER: _ClassVar[int]
     IS_FINAL_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +40,7 @@ class AgentResponse(_message.Message):
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     DECISION_JSON_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
     text: str
     avap_code: str
     is_final: bool
@@ -47,7 +51,36 @@ class AgentResponse(_message.Message):
     error_code: str
     error_message: str
     decision_json: str
-    def __init__(self, text: _Optional[str] = ..., avap_code: _Optional[str] = ..., is_final: _Optional[bool] = ..., validation_status: _Optional[str] = ..., query_type: _Optional[str] = ..., request_id: _Optional[str] = ..., kind: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., decision_json: _Optional[str] = ...) -> None: ...
+    decision: RoutingDecision
+    def __init__(self, text: _Optional[str] = ..., avap_code: _Optional[str] = ..., is_final: _Optional[bool] = ..., validation_status: _Optional[str] = ..., query_type: _Optional[str] = ..., request_id: _Optional[str] = ..., kind: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., decision_json: _Optional[str] = ..., decision: _Optional[_Union[RoutingDecision, _Mapping]] = ...) -> None: ...
+
+class RoutingDecision(_message.Message):
+    __slots__ = ("type", "layer", "confidence", "model_slot", "clarity", "alternatives", "resolved_reference", "declared_ignored")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SLOT_FIELD_NUMBER: _ClassVar[int]
+    CLARITY_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_IGNORED_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    layer: str
+    confidence: float
+    model_slot: str
+    clarity: str
+    alternatives: _containers.RepeatedCompositeFieldContainer[Alternative]
+    resolved_reference: bool
+    declared_ignored: bool
+    def __init__(self, type: _Optional[str] = ..., layer: _Optional[str] = ..., confidence: _Optional[float] = ..., model_slot: _Optional[str] = ..., clarity: _Optional[str] = ..., alternatives: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., resolved_reference: _Optional[bool] = ..., declared_ignored: _Optional[bool] = ...) -> None: ...
+
+class Alternative(_message.Message):
+    __slots__ = ("type", "confidence")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    confidence: float
+    def __init__(self, type: _Optional[str] = ..., confidence: _Optional[float] = ...) -> None: ...
 
 class FeedbackMetadata(_message.Message):
     __slots__ = ("completion_quality", "latency_ms", "token_count")

@@ -11,6 +11,7 @@ from shared.common.settings import (
     LOG_HOT_DAYS,
     ROLLUP_KEEP_DAYS,
     CommonSettings,
+    SettingError,
     env,
     read_env,
 )
@@ -64,8 +65,11 @@ class LearnSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     def check(self) -> None:
         if self.interval < 0:
-            raise ValueError(f"LEARN_INTERVAL={self.interval}: must be >= 0 (0 = off)")
+            raise SettingError(f"LEARN_INTERVAL: expected seconds >= 0 (0 = off), "
+                               f"got {self.interval:g}")
         if not 0.0 < self.ab_share < 1.0:
-            raise ValueError(f"LEARN_AB_SHARE={self.ab_share}: must be in (0, 1)")
+            raise SettingError(f"LEARN_AB_SHARE: expected a share between 0 and 1 (both "
+                               f"excluded), got {self.ab_share:g}")
         if not 0.0 <= self.ask_value <= 1.0:
-            raise ValueError(f"LEARN_ASK_VALUE={self.ask_value}: must be in [0, 1]")
+            raise SettingError(f"LEARN_ASK_VALUE: expected a number from 0 to 1, "
+                               f"got {self.ask_value:g}")

@@ -11,6 +11,7 @@ Keys (an empty value unsets one):
     slo_p95_ms=500                 latency SLO
     price.MODEL=IN,OUT[,COMPUTE_S] price per 1k input / output tokens and per compute
                                    second (local models)
+    currency=EUR                   the prices' currency (ISO 4217 code), shown with costs
     rate=20/s burst=40             requests per second (or /min, /hour) and the bucket
     max_inflight=8                 requests admitted and not yet answered
     tokens_per_min=20000           model tokens (in + out) per minute
@@ -74,6 +75,8 @@ class AgentPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     fallback: dict[str, list[str]] = {}
     slo_p95_ms: float | None = None
     prices: dict[str, Price] = {}
+    # The prices' currency (ISO 4217, e.g. EUR); None: plain cost units.
+    currency: str | None = None
     # Admission limits (services/gateway/limits.py). None: the global default (LIMIT_*);
     # UNLIMITED (-1): off for this agent.
     rate: float | None = None  # requests per second (token bucket refill)
@@ -157,6 +160,17 @@ def _limit(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
     return msgspec.structs.replace(policy, **{key: number})
 
 
+def _reporting(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
+    """One of the keys reports read (the SLO, the prices' currency) applied."""
+    if key == "slo_p95_ms":
+        return msgspec.structs.replace(
+            policy, slo_p95_ms=_number(key, value, low=0.0) if value else None)
+    code = value.upper()
+    if value and not (len(code) == 3 and code.isascii() and code.isalpha()):
+        raise PolicyError(f"{key}: {value!r} is not a currency code (e.g. EUR, USD)")
+    return msgspec.structs.replace(policy, currency=code or None)
+
+
 def fallback_chain(key: str, value: str) -> list[str]:
     steps = [step.strip() for step in value.split(",")]
     if not steps or any(not step for step in steps):
@@ -185,8 +199,8 @@ def apply_assignment(policy: AgentPolicy, assignment: str) -> AgentPolicy:
         if value and value not in ClarityPolicy.__members__.values():
             raise PolicyError(f"{key}: {value!r} is not one of proceed, ask")
         return replace(policy, clarity_policy=ClarityPolicy(value) if value else None)
-    if key == "slo_p95_ms":
-        return replace(policy, slo_p95_ms=_number(key, value, low=0.0) if value else None)
+    if key in ("slo_p95_ms", "currency"):
+        return _reporting(policy, key, value)
     head, _, name = key.partition(".")
     if head == "fallback" and name:
         if name not in SLOTS:

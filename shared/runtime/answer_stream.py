@@ -23,7 +23,13 @@ from nats.js.errors import (
 from shared.common.deadline import time_left
 from shared.contracts import response
 from shared.contracts.codec import decode_chunk, encode
-from shared.contracts.response import ChunkKind, ErrorInfo, ResponseChunk, response_subject
+from shared.contracts.response import (
+    ChunkKind,
+    ErrorInfo,
+    ResponseChunk,
+    TokenUsage,
+    response_subject,
+)
 from shared.contracts.routing import RoutingDecision
 from shared.runtime.ports import Publisher
 
@@ -191,6 +197,7 @@ class AnswerStream:
         answered_by: str = "",
         retried: bool = False,
         error: ErrorInfo | None = None,
+        usage: TokenUsage | None = None,
     ) -> None:
         if kind == ChunkKind.FINAL and error is None and not text:
             text, self._held = self._held, ""
@@ -209,6 +216,7 @@ class AnswerStream:
             avap_code=avap_code,
             answered_by=answered_by,
             retried=retried,
+            usage=usage,
         )
         payload = encode(chunk)
         lease = ANSWER_LEASE.get()

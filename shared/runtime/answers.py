@@ -17,6 +17,7 @@ from shared.contracts.response import (
     ErrorCode,
     ErrorInfo,
     ResponseChunk,
+    TokenUsage,
     response_subject,
 )
 from shared.contracts.routing import RoutingDecision, topic_snippet
@@ -61,6 +62,15 @@ def _accounting(env: Admitted | Routed) -> dict[str, Any]:
             "tokens_out": usage.tokens_out, "tokens_note": usage.tokens_note[:64],
             "compute_ms": round(usage.compute_ms, 3), "fallback": usage.fallback,
             "fallback_reason": usage.fallback_reason[:64]}
+
+
+def answer_usage(env: Routed) -> TokenUsage | None:
+    """The final chunk's `usage`: the tokens the request log counts for this answer
+    (None with accounting off)."""
+    usage = env.usage
+    if usage is None:
+        return None
+    return TokenUsage(tokens_in=usage.tokens_in, tokens_out=usage.tokens_out)
 
 
 def request_log_row(env: Admitted | Routed, outcome: str, **fields: Any) -> RequestLogRow:

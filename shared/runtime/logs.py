@@ -33,7 +33,10 @@ LOG_CONTEXT: ContextVar[Mapping[str, str]] = ContextVar(
 CONTEXT_FIELDS = ("request_id", "agent_id")
 # Libraries whose INFO lines say nothing a person running the stack can act on.
 _NOISY = ("onnxruntime", "faststream", "transformers", "sentence_transformers",
-          "huggingface_hub", "httpx", "urllib3", "filelock")
+          "huggingface_hub", "httpx", "urllib3", "filelock",
+          # 12 plugin lines and a multi-line one per revision on each `up`; what a
+          # migration applied is one line of `shared.store.migrate`'s.
+          "alembic")
 _TEXT = "%(asctime)s %(levelname)s %(worker)s %(name)s %(message)s"
 
 
@@ -129,6 +132,9 @@ def configure_logging(*, level: str, fmt: LogFormat = LogFormat.TEXT, worker: st
     handler.addFilter(ContextFilter(worker or "-"))
     handler.addFilter(LibraryNoiseFilter())
     handler.setFormatter(JsonFormatter() if fmt is LogFormat.JSON else logging.Formatter(_TEXT))
+    # LOG_LEVEL holds for loggers with a level of their own too (bm25s sets DEBUG on
+    # import: a "Building index from tokens" line in every `up`).
+    handler.setLevel(level.upper())
     root.addHandler(handler)
     root.setLevel(level.upper())
     quiet_libraries(stream)

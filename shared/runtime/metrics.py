@@ -1,9 +1,13 @@
-"""A worker's signals as OpenTelemetry metrics, scraped by Prometheus (METRICS_PORT).
+"""A worker's signals as OpenTelemetry metrics: scraped by Prometheus (METRICS_PORT),
+pushed to the exporters OTEL_METRICS_EXPORTER names (OTLP, console), or both.
 
-Off unless `metrics_port` is set: then the worker serves `/metrics` on
-`metrics_host:metrics_port` from a registry of its own, and a poller asks the server
-for its stages' consumer lag every `metrics_interval` seconds. Names as Prometheus
-shows them (every series has a `stage` label unless said otherwise):
+Off unless some exporter is chosen (shared.common.otel: `prometheus` when METRICS_PORT
+is set, `otlp` when an OTLP endpoint is): then, with `prometheus`, the worker serves
+`/metrics` on `metrics_host:metrics_port` from a registry of its own; pushing readers
+export every OTEL_METRIC_EXPORT_INTERVAL; and a poller asks the server for its stages'
+consumer lag every `metrics_interval` seconds. Names as Prometheus shows them (every
+series has a `stage` label unless said otherwise; OTLP carries the instrument names,
+`intentroute.stage.duration`, ...):
 
     intentroute_stage_duration_seconds   histogram, + `outcome`: handling time
     intentroute_stage_messages_total     + `outcome` (ok, error, retry, dead_letter, ...)
@@ -25,14 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nats.js import JetStreamContext
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
@@ -47,26 +50,30 @@ DURATION = "intentroute.stage.duration"
 
 
 class Metrics:
-    """The worker's meter provider, its Prometheus endpoint and its lag poller."""
+    """The worker's meter provider, its readers (a Prometheus endpoint, pushing
+    exporters) and its lag poller."""
 
-    def __init__(self, signals: WorkerSignals, *, host: str, port: int,
-                 instance: str = "") -> None:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry
-
+    def __init__(self, signals: WorkerSignals, *, resource: Resource,
+                 readers: Sequence[MetricReader] = (),
+                 prometheus: tuple[str, int] | None = None) -> None:
+        """`prometheus`: (host, port) of the scrape endpoint; None: no endpoint."""
         self.signals = signals
-        # A registry per worker: replicas run in tests within one process.
-        self.registry = CollectorRegistry(auto_describe=True)
-        # Without the otel_scope_* labels: every series comes from one scope.
-        reader = PrometheusMetricReader(registry=self.registry, scope_info_enabled=False)
-        resource = Resource.create({
-            "service.name": signals.service,
-            "service.instance.id": instance or f"{socket.gethostname()}:{os.getpid()}"})
+        self.registry: Any = None
+        all_readers = list(readers)
+        if prometheus is not None:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import CollectorRegistry
+
+            # A registry per worker: replicas run in tests within one process.
+            self.registry = CollectorRegistry(auto_describe=True)
+            # Without the otel_scope_* labels: every series comes from one scope.
+            all_readers.append(PrometheusMetricReader(registry=self.registry,
+                                                      scope_info_enabled=False))
         self.provider = MeterProvider(
-            resource=resource, metric_readers=[reader],
+            resource=resource, metric_readers=all_readers,
             views=[View(instrument_name=DURATION, aggregation=ExplicitBucketHistogramAggregation(
                 boundaries=LATENCY_BUCKETS))])
-        self._host, self._port = host, port
+        self._host, self._port = prometheus or ("", 0)
         self._server: Any = None
         self._poller: asyncio.Task[None] | None = None
         self._instruments()
@@ -145,10 +152,12 @@ class Metrics:
         return handled
 
     def serve(self) -> bool:
-        """Start the scrape endpoint; False (logged) when the port is taken: the worker
-        goes on without it rather than die and be restarted in a loop."""
+        """Start the scrape endpoint; False without one, or (logged) when the port is
+        taken: the worker goes on without it rather than die and be restarted in a loop."""
         from prometheus_client import start_http_server
 
+        if self.registry is None:
+            return False
         try:
             self._server, _ = start_http_server(self._port, addr=self._host,
                                                 registry=self.registry)
@@ -168,7 +177,8 @@ class Metrics:
             server, self._server = self._server, None
             await asyncio.to_thread(server.shutdown)
             server.server_close()
-        self.provider.shutdown()
+        # A pushing reader exports once more (bounded by its exporter's timeout).
+        await asyncio.to_thread(self.provider.shutdown)
 
 
 def _lag_field(name: str) -> Callable[[Lag], int]:

@@ -7,8 +7,10 @@ consumer counted (`shared.runtime.signals`): `num_requests` (deliveries handled)
 `num_errors` (error answers, retries, dead letters, handler failures),
 `processing_time` / `average_processing_time` (ns), and in `data` the outcomes,
 redeliveries, messages in flight and the latency buckets `intentroute status` merges
-across replicas for its p95. So `nats micro ls / info / stats intentroute-classifier`
-and `intentroute status` see the same replicas.
+across replicas for its p95, the circuit breakers' states (`breakers`) and the
+worker's named one-line states (`states`: the generator's model backend). So `nats
+micro ls / info / stats intentroute-classifier` and `intentroute status` see the same
+replicas.
 
 The service name is the worker's NATS user (`intentroute-<worker>`): its permissions
 allow subscribing to the control subjects of that name only (shared.auth.permissions).
@@ -79,12 +81,15 @@ class StageService(Service):
 
     def stats(self) -> ServiceStats:
         breakers = self._signals.breaker_states()
+        states = self._signals.state_lines()
         endpoints = []
         for spec in self._specs:
             stats = self._signals.stage(spec.durable)
             data = stats.snapshot()
             if breakers:
                 data["breakers"] = breakers
+            if states:
+                data["states"] = states
             endpoints.append(EndpointStats(
                 name=spec.durable, subject=spec.subject, queue_group=spec.durable,
                 num_requests=stats.handled, num_errors=stats.errors,

@@ -136,6 +136,11 @@ class WorkerSignals:
     # Dead letters parked in the dead-letter stream, per stage (polled with the lag).
     dead_letters_stored: dict[str, int] = field(default_factory=dict)
     breakers: dict[str, Callable[[], str]] = field(default_factory=dict)
+    # Named one-line states of what the worker depends on (the generator's model backend:
+    # "ok: ...", "failing: ..."), read when the services API is asked for STATS.
+    states: dict[str, Callable[[], str]] = field(default_factory=dict)
+    # Every stage consumer of the worker started and not stopping (a readiness probe).
+    consuming: bool = False
 
     def stage(self, name: str) -> StageStats:
         return self.stages.setdefault(name, StageStats(name))
@@ -146,3 +151,11 @@ class WorkerSignals:
 
     def breaker_states(self) -> dict[str, str]:
         return {name: str(read()) for name, read in self.breakers.items()}
+
+    def watch_state(self, name: str, state: Callable[[], str]) -> None:
+        """Export a one-line state under `name` (`intentroute status` shows it); its
+        first word says how it is ("ok", "failing", ...)."""
+        self.states[name] = state
+
+    def state_lines(self) -> dict[str, str]:
+        return {name: str(read()) for name, read in self.states.items()}

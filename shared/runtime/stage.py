@@ -41,6 +41,7 @@ from shared.contracts.ids import id_problem
 from shared.contracts.pipeline import Admitted, Routed, envelope_problem
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ErrorCode
+from shared.contracts.routing import RoutingDecision
 from shared.runtime.answer_stream import ANSWER_LEASE, ANSWER_RUN, AnswerStream, Lease
 from shared.runtime.answers import answer_error, finish_turn, history_row, report_invalid
 from shared.runtime.bus import publish_stage
@@ -48,6 +49,7 @@ from shared.runtime.consumer import Handler, StageSpec
 from shared.runtime.logs import log_context
 from shared.runtime.ports import Delivery, Publisher
 from shared.runtime.signals import Outcome
+from shared.runtime.telemetry import annotate
 from shared.store.ports import TurnStore
 from shared.store.writer import StoreRejectedError
 
@@ -206,6 +208,9 @@ async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> Outcome:
         await stage.on_undecodable(deps, msg, exc)
         return Outcome.ERROR
     req = env.request
+    # The stage's span names the request, and its route once it has one.
+    annotate(request_id=str(req.request_id)[:128], agent_id=str(req.agent_id)[:128],
+             **_route(getattr(env, "decision", None)))
     # Every line logged while this message is handled names it (shared.runtime.logs).
     with log_context(request_id=str(req.request_id)[:128], agent_id=str(req.agent_id)[:128]):
         return await _run_decoded(stage, msg, deps, env)
@@ -266,6 +271,7 @@ async def _run_checked(stage: Stage[E, D], msg: Delivery, deps: D, env: E) -> Ou
         with bounded_by(env.deadline):
             handoff = await stage.logic(env, call, deps)
         if handoff is not None:
+            annotate(**_route(getattr(handoff.envelope, "decision", None)))
             if stage.timed:
                 call.mark(handoff.envelope, handoff.timing)
             deps.admission.stamp(handoff.envelope)
@@ -287,6 +293,13 @@ async def _run_checked(stage: Stage[E, D], msg: Delivery, deps: D, env: E) -> Ou
     except Exception as exc:
         return await _retry_or_answer(stage, msg, deps, env, exc)
     return Outcome.OK
+
+
+def _route(decision: RoutingDecision | None) -> dict[str, str]:
+    """A routed envelope's query type and deciding layer, as span fields."""
+    if decision is None:
+        return {}
+    return {"query_type": decision.type.value, "layer": decision.layer.value}
 
 
 def backoff(attempt: int) -> float:

@@ -7,12 +7,16 @@ the hot path) are a component of that application, driven by its hooks:
 * after start-up (the broker is connected): declare the streams, build the tracer, bus,
   store and the worker's own clients and models once, then start one consumer per stage,
   and register the worker on the NATS services API (`shared.runtime.micro`: a replica that
-  answers `$SRV.PING` is consuming) and, when configured, serve its metrics
-  (`shared.runtime.metrics`, Prometheus); both read the same counts (`shared.runtime.signals`);
+  answers `$SRV.PING` is consuming) and, when configured, export its metrics
+  (`shared.runtime.metrics`: Prometheus, OTLP); both read the same counts
+  (`shared.runtime.signals`);
 * on shutdown (before the broker drains): the worker leaves the services API, the
   consumers stop pulling and finish what they hold, while the connection can still
   publish their answers;
-* after shutdown: whatever was opened is closed, in reverse order.
+* after shutdown: whatever was opened is closed, in reverse order, and the spans and
+  metrics still held are exported.
+
+Traces and metrics go where the standard OTEL_* variables say (shared.runtime.telemetry).
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ from typing import Any, Generic, Protocol, TypeVar
 from faststream import FastStream
 from faststream.nats import NatsBroker
 from nats.aio.client import Client
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.trace import Tracer, TracerProvider
 
 from shared.auth.admission import Admission
+from shared.common.otel import PROMETHEUS_PORT
 from shared.common.settings import CommonSettings
 from shared.runtime.bus import Bus
 from shared.runtime.consumer import Handler, OnHandled, StageConsumer, StageSpec
@@ -39,7 +46,12 @@ from shared.runtime.micro import StageService, service_name
 from shared.runtime.signals import StageStats, WorkerSignals
 from shared.runtime.stage import StageDeps
 from shared.runtime.streams import make_broker, prepare_streams
-from shared.runtime.telemetry import build_tracer_provider, tracer_for
+from shared.runtime.telemetry import (
+    build_tracer_provider,
+    metric_reader_factories,
+    tracer_for,
+    worker_resource,
+)
 from shared.runtime.turn_rows import AnsweringStore, row_writer
 from shared.store.stores import Store
 
@@ -107,13 +119,19 @@ class Worker(Generic[D]):
         make_deps: MakeDeps[D],
         tracer_provider: TracerProvider | None,
         consumers: Mapping[str, MakeConsumer[D]] | None = None,
+        metric_readers: Sequence[Callable[[], MetricReader]] = (),
+        owns_provider: bool = False,
     ) -> None:
+        """`metric_readers`: the pushing exporters' readers, made at start;
+        `owns_provider`: the worker built its tracer provider (and shuts it down)."""
         self.broker = broker
         self.service = service
         self.common = common
         self.stages = stages
         self._make_deps = make_deps
         self._provider = tracer_provider
+        self._owns_provider = owns_provider
+        self._metric_readers = metric_readers
         self._make_consumer = dict(consumers or {})
         self.deps: D | None = None
         self.consumers: list[StageConsumer] = []
@@ -153,11 +171,9 @@ class Worker(Generic[D]):
             tracer_for("intentroute.bus", self._provider) if self._provider else None
         )
         metadata: dict[str, str] = {}
-        if self.common.metrics_port:
-            self.metrics = Metrics(self.signals, host=self.common.metrics_host,
-                                   port=self.common.metrics_port)
-            if self.metrics.serve():
-                metadata["metrics"] = self.metrics.address
+        self.metrics = self._start_metrics()
+        if self.metrics is not None and self.metrics.serve():
+            metadata["metrics"] = self.metrics.address
         metrics = self.metrics
         deps = self.deps
         self.consumers = []
@@ -179,16 +195,31 @@ class Worker(Generic[D]):
         self.service_api = StageService(nc, worker=self.service, signals=self.signals,
                                         specs=specs, metadata=metadata)
         await self.service_api.start()
+        self.signals.consuming = True
         # Models, clients and imports are built: keep them out of every collection,
         # and collect young objects less often (each message allocates many).
         gc.freeze()
         gc.set_threshold(20_000, 50, 100)
         log.info("%s", start_line(self.service, specs))
 
+    def _start_metrics(self) -> Metrics | None:
+        """The worker's metrics when an exporter is chosen (shared.common.otel)."""
+        common = self.common
+        names = common.otel.metrics_exporters(common.metrics_port)
+        if not names:
+            return None
+        prometheus = None
+        if "prometheus" in names:
+            prometheus = (common.metrics_host, common.metrics_port or PROMETHEUS_PORT)
+        return Metrics(self.signals, resource=worker_resource(self.service, common.otel),
+                       readers=[make() for make in self._metric_readers],
+                       prometheus=prometheus)
+
     async def stop(self) -> None:
         """Leave the services API, stop pulling; in-flight handlers finish while the
         connection is still up."""
         log.info("worker %s stopping", self.service)
+        self.signals.consuming = False
         if self.service_api is not None:
             try:  # bounded: with the server away, draining its subscriptions would wait
                 await asyncio.wait_for(self.service_api.stop(), 2.0)
@@ -206,6 +237,9 @@ class Worker(Generic[D]):
         if self.deps is not None:
             await self.deps.close()
             self.deps = None
+        if self._owns_provider and isinstance(self._provider, SdkTracerProvider):
+            # Exports the spans still batched (bounded by the exporter's timeout).
+            await asyncio.to_thread(self._provider.shutdown)
 
 
 def build_app(
@@ -221,12 +255,15 @@ def build_app(
     (bus, store, tracer, exit stack, connection) into what its stages need; `consumers`
     (by durable) replaces a stage's plain consumer."""
     configure_logging(level=common.log_level, fmt=common.log_format, worker=service)
-    provider = tracer_provider or build_tracer_provider(
-        f"intentroute-{service}", common.otlp_endpoint
-    )
+    # The exporters are resolved here: a name no installed package provides is one
+    # line from the CLI (SettingError) before anything connects.
+    provider = tracer_provider or build_tracer_provider(service, common.otel)
+    readers = metric_reader_factories(
+        common.otel, common.otel.metrics_exporters(common.metrics_port))
     broker = make_broker(common)
     worker = Worker(broker, service=service, common=common, stages=stages,
-                    make_deps=make_deps, tracer_provider=provider, consumers=consumers)
+                    make_deps=make_deps, tracer_provider=provider, consumers=consumers,
+                    metric_readers=readers, owns_provider=tracer_provider is None)
     return FastStream(
         broker,
         # Its own "app started" lines name no worker: `Worker.start` logs one that does.

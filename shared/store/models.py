@@ -237,6 +237,17 @@ daily_agent_latency = sa.Table(
     sa.Column("latency_p99_ms", sa.Float, nullable=True),
     sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
 )
+# Requests per (UTC day, agent, outcome): refusals and errors by code (`error:<CODE>`)
+# after the request log's hot window (migration 0013, shared.accounting.rollups).
+daily_outcomes = sa.Table(
+    "daily_outcomes",
+    metadata,
+    sa.Column("day", sa.Date, primary_key=True),
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("outcome", sa.String(64), primary_key=True),
+    sa.Column("requests", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
+)
 # Per-agent limits' shared state (migration 0010, services/gateway/limits/store.py): the
 # rate bucket, the tokens of this and the last minute, the spend of the UTC day and
 # month, the cost estimate reserved per request and what the last admission reserved.
@@ -255,6 +266,8 @@ agent_limit_state = sa.Table(
     sa.Column("spent_month", sa.Float, nullable=False, server_default="0"),
     sa.Column("cost_estimate", sa.Float, nullable=True),
     sa.Column("reserved", sa.Float, nullable=False, server_default="0"),
+    # Model tokens reserved per request (migration 0012), as cost_estimate for cost units.
+    sa.Column("tokens_estimate", sa.Float, nullable=True),
 )
 # Requests admitted and not settled yet, keyed as their request-log rows.
 agent_inflight = sa.Table(
@@ -265,4 +278,15 @@ agent_inflight = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), primary_key=True),
     sa.Column("deadline", sa.Float, nullable=False),
     sa.Column("estimate", sa.Float, nullable=False),
+)
+# Each gateway replica's allowance of an agent's admissions (migration 0012,
+# services/gateway/limits/lease.py): admissions it may still make or has not recorded.
+agent_leases = sa.Table(
+    "agent_leases",
+    metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("replica", sa.String(64), primary_key=True),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.Column("held", sa.Integer, nullable=False),
+    sa.Column("expires", sa.Float, nullable=False),
 )

@@ -14,9 +14,10 @@ from opentelemetry.trace import Tracer
 
 from shared.auth.identity import AgentSecret
 from shared.auth.ports import AgentInfo
+from shared.common.otel import request_attributes
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
 from shared.store import asyncpg_dsn
-from shared.store.rows import Row
+from shared.store.rows import HistoryRow, RequestLogRow, Row
 from shared.store.writer import (
     GroupCommitWriter,
     StoreError,
@@ -148,7 +149,8 @@ class Store:
         raise StoreRejectedError at once (they would fail every time)."""
         until = deadline if deadline is not None else time.time() + self.retry_for
         delay = 0.05
-        with self._tracer.start_as_current_span("store.write", attributes={"rows": len(rows)}):
+        with self._tracer.start_as_current_span(
+                "store.write", attributes={"rows": len(rows), **_row_attributes(rows)}):
             while True:
                 try:
                     await self.writer.write(*rows)
@@ -159,6 +161,21 @@ class Store:
                     log.warning("store unreachable, retrying in %.2fs: %s", delay, exc)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 1.0)
+
+
+def _row_attributes(rows: tuple[Row, ...]) -> dict[str, str]:
+    """The span attributes of a turn's rows (its first row's request; the type and
+    layer its history or request-log row carries)."""
+    if not rows:
+        return {}
+    first = rows[0]
+    query_type = layer = ""
+    for row in rows:
+        if isinstance(row, HistoryRow):
+            query_type, layer = query_type or row.type, layer or row.layer
+        elif isinstance(row, RequestLogRow):
+            query_type, layer = query_type or row.query_type, layer or row.layer
+    return request_attributes(first.request_id, first.agent_id, query_type, layer)
 
 
 __all__ = ["Store", "StoreError", "StoreRejectedError", "StoreUnavailableError"]

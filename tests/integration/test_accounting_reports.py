@@ -1,6 +1,7 @@
 """`intentroute report costs|slo` on a real Postgres with a seeded request log: the cost
-report's sums equal the log's, an outlier day gets its anomaly line, a day over the
-agent's SLO is flagged, and hashed agent ids are stable and not the raw ids."""
+report's sums equal the log's, refusals at admission are broken out by code and never
+billed, an outlier day gets its anomaly line, a day over the agent's SLO is flagged, and
+hashed agent ids are stable and not the raw ids."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ MAIN = "big"
 KEY = b"k" * 32
 
 POLICIES = {
-    "acct-a": ["price.big=0.5,1.5", "price.small=0.1,0.2,0.01"],
+    "acct-a": ["price.big=0.5,1.5", "price.small=0.1,0.2,0.01", "currency=EUR"],
     "acct-b": ["price.small=0.2,0.4,0.02"],  # no price for the main model
     "acct-spiky": ["price.big=1.0,0"],
     "acct-slo": ["slo_p95_ms=100"],
@@ -62,6 +63,14 @@ def seed_rows() -> list[dict[str, Any]]:
                 "tokens_out": rnd.randint(1, 800) if tokens else 0,
                 "compute_ms": rnd.uniform(50, 3000) if model == "small" else None,
                 "total_ms": rnd.uniform(5, 900), "outcome": "ok" if model else "error:X"})
+    # Refused at admission, as the gateway logs them (no model, no tokens, no time).
+    for n, (code, days_ago) in enumerate([("RATE_LIMITED", 0)] * 3 + [("RATE_LIMITED", 2)]
+                                         + [("BUDGET_EXCEEDED", 1)] * 2
+                                         + [("CONCURRENCY_LIMITED", 4)]):
+        rows.append({
+            "agent_id": "acct-a", "request_id": f"refused-{n}",
+            "created_at": at(days_ago, 12), "model": "", "tokens_in": 0, "tokens_out": 0,
+            "compute_ms": None, "total_ms": None, "outcome": f"error:{code}"})
     # 20 ordinary days, then today at 20 times the tokens.
     for days_ago in range(0, 21):
         for n in range(5):
@@ -203,6 +212,42 @@ async def test_report_costs_csv_has_a_line_per_agent_and_model(seeded: str) -> N
     assert sum(float(row["cost"]) for row in a_models) == pytest.approx(float(a_total["cost"]))
     assert float(a_total["cost"]) == pytest.approx(expected("acct-a")["cost"], rel=1e-9)
     assert int(a_total["tokens_in"]) == expected("acct-a")["tokens_in"]
+
+
+REFUSED_A = {"RATE_LIMITED": 4, "CONCURRENCY_LIMITED": 1, "BUDGET_EXCEEDED": 2}
+
+
+async def test_the_report_breaks_refusals_out_by_code_and_never_bills_them(
+        seeded: str) -> None:
+    report = json.loads((await cli(seeded, "report", "costs", "--json", *window())).stdout)
+    agents = {a["agent_id"]: a for a in report["agents"]}
+    a = agents["acct-a"]
+    assert list(a["refused"].items()) == list(REFUSED_A.items())
+    assert agents["acct-b"]["refused"] == {}
+    assert report["totals"]["refused"] == REFUSED_A
+    # Counted among the requests, priced at nothing: the cost is the answered rows'.
+    assert a["requests"] == expected("acct-a")["requests"]
+    assert a["cost"] == pytest.approx(expected("acct-a")["cost"], rel=1e-9)
+    unanswered = next(m for m in a["models"] if m["model"] == "")
+    assert (unanswered["cost"], unanswered["tokens_in"]) == (0, 0)
+    assert a["currency"] == "EUR"
+    assert report["totals"]["cost_by_currency"]["EUR"] == pytest.approx(a["cost"])
+
+    text = (await cli(seeded, "report", "costs", *window())).stdout
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("acct-a ")]
+    assert "RATE_LIMITED 4, CONCURRENCY_LIMITED 1, BUDGET_EXCEEDED 2" in line
+    assert f"{a['cost']:.4f} EUR" in line
+    rows = list(csv.DictReader(io.StringIO(
+        (await cli(seeded, "report", "costs", "--csv", *window())).stdout)))
+    (total,) = [r for r in rows if r["agent_id"] == "acct-a" and r["model"] == "*"]
+    assert (total["refused_rate_limited"], total["refused_concurrency_limited"],
+            total["refused_quota_exceeded"], total["refused_budget_exceeded"]) == (
+        "4", "1", "0", "2")
+    # A window without the older refusals: today's only.
+    today = ["--since", TODAY.isoformat(), "--until", TODAY.isoformat()]
+    report = json.loads((await cli(seeded, "report", "costs", "--json", *today)).stdout)
+    a = next(x for x in report["agents"] if x["agent_id"] == "acct-a")
+    assert a["refused"] == {"RATE_LIMITED": 3}
 
 
 async def test_an_outlier_day_gets_an_anomaly_line(seeded: str) -> None:

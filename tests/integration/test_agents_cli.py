@@ -18,10 +18,14 @@ import pytest
 
 from intentroute.stack import StackInfo, write_state
 from intentroute.stack.auth import AuthSync, auth_files
-from shared.auth.natsconn import read_credential
+from shared.auth.natsconn import connect_kwargs, read_credential
+from shared.client.caller import assemble
+from shared.client.connect import connect_agent
+from shared.common.settings import CommonSettings
 from shared.store import asyncpg_dsn
 from shared.store.agents import AgentExistsError, AgentStore, InvalidAgentIdError, UnknownAgentError
 from tests.helpers.nats_auth import AuthStack, auth_stack, connect_eventually, connect_recording
+from tests.helpers.pipeline import ask_all, base_env, make_request, running
 
 pytestmark = pytest.mark.integration
 
@@ -60,8 +64,9 @@ async def test_agent_add_writes_a_private_credential_that_connects(
     assert res.returncode == 0, res.stderr
     assert out.stat().st_mode & 0o777 == 0o600
     data = json.loads(out.read_text())
-    assert set(data) == {"agent_id", "nats", "token"}
+    assert set(data) == {"agent_id", "nats", "token", "url", "ca", "ca_pem"}
     assert data["agent_id"] == "carol"
+    assert (data["url"], data["ca"]) == (stack.nats_url, "")  # the running stack's
     assert data["nats"] == {"user": "carol", "password": data["nats"]["password"],
                             "inbox_prefix": "_INBOX.carol"}
     assert data["token"] == f"carol.{data['nats']['password']}"
@@ -69,6 +74,73 @@ async def test_agent_add_writes_a_private_credential_that_connects(
     conn = await connect_recording(stack.nats_url, **read_credential(out).nats)
     assert conn.nc.is_connected
     await conn.nc.close()
+
+
+async def test_an_agent_asks_with_the_nats_cli_context_it_was_given(
+    stack: AuthStack, tmp_path: Path
+) -> None:
+    """What a nats.js or NATS CLI user holds: the context file's url, user, password and
+    inbox_prefix are all it takes to ask and stream an answer (nats-py here)."""
+    out = tmp_path / "ctxagent.json"
+    res = await run_cli(stack, "agent", "add", "ctxagent", "--format", "nats-context",
+                        "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert out.stat().st_mode & 0o777 == 0o600
+    ctx = json.loads(out.read_text())
+    assert ctx["url"] == stack.nats_url
+    assert ctx["inbox_prefix"] == "_INBOX.ctxagent"
+    conn = await connect_eventually(ctx["url"], {
+        "user": ctx["user"], "password": ctx["password"], "inbox_prefix": ctx["inbox_prefix"]})
+    # PLATFORM by the rules (platform data in extra_context): no retriever, no index.
+    env = base_env(stack.nats_url, stack.database_url, tmp_path,
+                   INTENTROUTE_HOME=str(stack.state_dir))
+    try:
+        async with running(env, ("gateway", "classifier", "generator-conversational")):
+            chunks = await ask_all(conn.nc, make_request(
+                "how many calls do I have left this month?", agent_id="ctxagent",
+                extra_context="calls_used=400 monthly_calls=2000"))
+    finally:
+        await conn.nc.close()
+    assert [c.is_final for c in chunks].count(True) == 1
+    assert chunks[-1].is_final
+    assert chunks[-1].error is None
+    assert "calls_used=400" in assemble(chunks)
+    assert conn.refusals() == []
+
+
+async def test_the_env_form_and_an_exported_context_connect(
+    stack: AuthStack, tmp_path: Path
+) -> None:
+    res = await run_cli(stack, "agent", "add", "envagent", "--format", "env")
+    assert res.returncode == 0, res.stderr
+    environ = dict(line.split("=", 1) for line in res.stdout.splitlines())
+    assert environ == {"NATS_URL": stack.nats_url, "NATS_USER": "envagent",
+                       "NATS_PASSWORD": environ["NATS_PASSWORD"],
+                       "NATS_INBOX_PREFIX": "_INBOX.envagent"}
+    # As intentroute's settings read it (a worker, a script).
+    common = CommonSettings.from_env(environ)
+    conn = await connect_eventually(common.nats_url, connect_kwargs(common))
+    await conn.nc.close()
+    # The same agent's credential file, from the JSON form, by the Python client: the
+    # URL comes from the file when NATS_URL is unset.
+    cred = tmp_path / "jsonagent.json"
+    assert (await run_cli(stack, "agent", "add", "jsonagent", "--out", str(cred))
+            ).returncode == 0
+    nc = await connect_agent(cred, environ={})
+    assert nc.connected_url is not None
+    assert f"{nc.connected_url.hostname}:{nc.connected_url.port}" in stack.nats_url
+    await nc.close()
+    # `agent export` turns a credential file into the NATS CLI's context.
+    exported = await run_cli(stack, "agent", "export", str(cred))
+    assert exported.returncode == 0, exported.stderr
+    ctx = json.loads(exported.stdout)
+    assert (ctx["user"], ctx["url"]) == ("jsonagent", stack.nats_url)
+    junk = tmp_path / "junk.json"
+    junk.write_text("{}")
+    refused = await run_cli(stack, "agent", "export", str(junk))
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1
+    assert "not an agent credential" in refused.stderr
 
 
 async def test_agent_add_prints_the_credential_once(stack: AuthStack) -> None:

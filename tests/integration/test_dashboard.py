@@ -1,11 +1,14 @@
-"""The operator dashboard on a real Postgres, served by aiohttp on 127.0.0.1 and opened
-in a real headless Chromium: the figures it shows are the database's, and only the
-dashboard token opens it."""
+"""The operator dashboard on a real Postgres (and NATS for its stage figures), served by
+aiohttp on 127.0.0.1 and opened in a real headless Chromium: the figures it shows are
+the database's, new traffic shows within a minute with the time the figures were read,
+refusals are counted by code, and only the dashboard token opens it."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,12 +28,17 @@ from services.gateway.dashboard.queries import (
     BREAKDOWN_SQL,
     DAYS_SQL,
     FEEDBACK_SQL,
+    OUTCOMES_SQL,
+    SCORES_SQL,
     FeedbackGroup,
+    OutcomeGroup,
     RollupGroup,
+    ScoreRow,
 )
-from shared.policy.agent import AgentPolicy
+from shared.policy.agent import AgentPolicy, apply_assignment
 from shared.store import asyncpg_dsn
 from shared.store.policies import save_policy
+from shared.store.rows import RequestLogRow
 from shared.store.stores import Store
 
 pytestmark = pytest.mark.integration
@@ -202,7 +210,8 @@ async def seeded(store: Store) -> AsyncIterator[dict[str, Expected]]:
     assert 1 <= len(expected[IDE].breach_days(SLO[IDE])) < 9
     yield expected
     agents = list(SLO)
-    for table in ("daily_rollups", "feedback", "agent_policies", "daily_agent_latency"):
+    for table in ("daily_rollups", "feedback", "agent_policies", "daily_agent_latency",
+                  "daily_outcomes"):
         await store.pool.execute(f"DELETE FROM {table} WHERE agent_id = ANY($1)", agents)
 
 
@@ -271,6 +280,20 @@ async def test_rows_map_onto_the_figures_structs_by_column_order(store: Store,
     fb = await store.pool.fetchrow(FEEDBACK_SQL + " LIMIT 1", since, today, start,
                                    start + dt.timedelta(days=30))
     assert tuple(fb.keys()) == FeedbackGroup.__struct_fields__
+    await store.pool.execute(
+        "INSERT INTO daily_outcomes (day, agent_id, outcome, requests) "
+        "VALUES ($1, $2, 'error:RATE_LIMITED', 3)", today, IDE)
+    await store.pool.execute(
+        "INSERT INTO agent_scores (agent_id, model, query_type, score) "
+        "VALUES ($1, 'm', 'PLATFORM', 0.5), ('*', 'm', 'PLATFORM', 0.4)", IDE)
+    try:
+        outcome = await store.pool.fetchrow(OUTCOMES_SQL + " LIMIT 1", since, today)
+        assert tuple(outcome.keys()) == OutcomeGroup.__struct_fields__
+        score = await store.pool.fetchrow(SCORES_SQL + " LIMIT 1")
+        assert tuple(score.keys()) == ScoreRow.__struct_fields__
+    finally:
+        await store.pool.execute("DELETE FROM agent_scores WHERE agent_id = ANY($1)",
+                                 [IDE, "*"])
 
 
 async def test_dashboard_is_off_without_a_token(store: Store) -> None:
@@ -368,7 +391,8 @@ async def test_page_in_chromium_shows_the_database_figures(
                 assert int(cells["errors"]) == e.errors
                 assert number(cells["fallback_rate"]) == pytest.approx(
                     100 * e.fallback_rate, abs=0.05)
-                assert number(cells["cost"]) == pytest.approx(e.cost, abs=0.5e-4)
+                # four significant digits, no currency (none in the policy)
+                assert number(cells["cost"]) == pytest.approx(e.cost, rel=1e-3)
                 assert number(cells["p95"]) == pytest.approx(e.p95, abs=0.5)
                 assert int(cells["slo_breaches"]) == len(e.breach_days(slo))
                 total = e.explicit + e.implicit
@@ -392,8 +416,15 @@ async def test_page_in_chromium_shows_the_database_figures(
                 " c.data.datasets.length, c.canvas.width])")
             assert sorted(c[0] for c in charts) == sorted(
                 f"chart-{n}" for n in ("type", "layer", "latency", "fallback", "cost",
-                                       "feedback"))
-            assert all(datasets > 0 and width > 0 for _, datasets, width in charts)
+                                       "feedback", "refused"))
+            # every chart but the refusals' (the seed has none) has data
+            assert all(width > 0 for _, _, width in charts)
+            assert all(datasets > 0 for name, datasets, _ in charts if name != "chart-refused")
+            # The figures say when they were read.
+            assert (await page.locator("#as-of").inner_text()).startswith("Data as of 20")
+            read_at = await page.locator("#as-of").get_attribute("data-as-of")
+            assert abs((dt.datetime.fromisoformat(read_at or "")
+                        - dt.datetime.now(dt.UTC)).total_seconds()) < 120
 
             ARTIFACTS.mkdir(exist_ok=True)
             shot = ARTIFACTS / "dashboard.png"
@@ -411,3 +442,252 @@ async def test_page_in_chromium_shows_the_database_figures(
     assert problems == []  # no script error, no CSP violation
     with capsys.disabled():
         print(f"\ndashboard screenshot: {shot}")
+
+
+# --- live figures: new traffic in the request log, no `intentroute learn` in between ---
+
+LIVE = f"dash-{RUN}-live"
+LIVE_PRICE = "price.big=0.5,1.5"  # per 1k tokens in / out, in the agent's currency
+REFUSALS = ("RATE_LIMITED", "CONCURRENCY_LIMITED", "QUOTA_EXCEEDED", "BUDGET_EXCEEDED")
+SCORED_MODEL = f"scored-{RUN}"
+
+
+def traffic(batch: int, answered: int, refused: dict[str, int]) -> list[RequestLogRow]:
+    """Rows as the pipeline writes them for `answered` requests to model `big`, one of
+    them a fallback and one a deadline error, and for requests refused at admission
+    (no decision, no model: `error:<CODE>`, as answer_refusal logs them)."""
+    now = time.time()
+    rows = [RequestLogRow(
+        request_id=f"live-{batch}-{n}", agent_id=LIVE, session_id="s", outcome="ok",
+        query_type="RETRIEVAL" if n % 2 else "PLATFORM", layer="embedding",
+        model="big", tokens_in=100 + 10 * n, tokens_out=20 + n, total_ms=30.0 + 7 * n,
+        fallback=n == 1, created_at=now) for n in range(answered)]
+    rows.append(RequestLogRow(request_id=f"live-{batch}-late", agent_id=LIVE, session_id="s",
+                              outcome="error:DEADLINE_EXCEEDED", query_type="RETRIEVAL",
+                              layer="embedding", created_at=now))
+    rows += [RequestLogRow(request_id=f"live-{batch}-{code}-{n}", agent_id=LIVE,
+                           session_id="s", outcome=f"error:{code}", created_at=now)
+             for code, count in refused.items() for n in range(count)]
+    return rows
+
+
+async def log_figures(pool: asyncpg.Pool, agent: str) -> dict[str, Any]:
+    """The agent's figures of today, straight from the request log."""
+    row = await pool.fetchrow(
+        "SELECT count(*) AS requests, count(*) FILTER (WHERE fallback) AS fallbacks,"
+        " sum(tokens_in) AS tokens_in, sum(tokens_out) AS tokens_out,"
+        " percentile_cont(0.95) WITHIN GROUP (ORDER BY total_ms) AS p95"
+        " FROM request_log WHERE agent_id = $1 AND created_at >= $2", agent,
+        dt.datetime.combine(dt.datetime.now(dt.UTC).date(), dt.time(), dt.UTC))
+    codes = {r["outcome"].removeprefix("error:"): r["n"] for r in await pool.fetch(
+        "SELECT outcome, count(*) AS n FROM request_log WHERE agent_id = $1"
+        " AND outcome LIKE 'error:%' GROUP BY 1", agent)}
+    refused = {c: codes[c] for c in REFUSALS if c in codes}
+    return {**dict(row), "refused": refused,
+            "errors": sum(codes.values()) - sum(refused.values()),
+            "cost": row["tokens_in"] / 1000 * 0.5 + row["tokens_out"] / 1000 * 1.5}
+
+
+@pytest.fixture
+async def live_agent(store: Store) -> AsyncIterator[str]:
+    policy = apply_assignment(apply_assignment(AgentPolicy(), LIVE_PRICE), "currency=EUR")
+    await save_policy(store.pool, LIVE, policy)
+    # Its score beside the global rate, as the gateway's score refresh leaves them.
+    await store.pool.execute(
+        "INSERT INTO agent_scores (agent_id, model, query_type, trials, score, divergence,"
+        " diverged) VALUES ($1, $2, 'RETRIEVAL', 40, 0.35, -0.3, true),"
+        " ('*', $2, 'RETRIEVAL', 400, 0.65, NULL, false)", LIVE, SCORED_MODEL)
+    yield LIVE
+    for table in ("request_log", "agent_policies"):
+        await store.pool.execute(f"DELETE FROM {table} WHERE agent_id = $1", LIVE)
+    await store.pool.execute("DELETE FROM agent_scores WHERE model = $1", SCORED_MODEL)
+
+
+async def test_new_traffic_is_in_the_figures_at_once_without_a_learning_run(
+        store: Store, live_agent: str) -> None:
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    async with serve(store, token=TOKEN) as url, aiohttp.ClientSession() as http:
+        for batch, refused in enumerate(({"RATE_LIMITED": 3, "BUDGET_EXCEEDED": 1},
+                                         {"RATE_LIMITED": 2, "QUOTA_EXCEEDED": 4})):
+            written = dt.datetime.now(dt.UTC)
+            await store.write(*traffic(batch, 6, refused))
+            async with http.get(url + "/api/data?days=7", headers=bearer) as response:
+                assert response.status == 200
+                data = await response.json()
+            want = await log_figures(store.pool, live_agent)
+            today = dt.datetime.now(dt.UTC).date().isoformat()
+            assert today in data["live_days"]
+            assert dt.datetime.fromisoformat(data["as_of"]) >= written
+            agent = next(a for a in data["agents"] if a["agent_id"] == live_agent)
+            assert (agent["diverged"], agent["scores"][0]["global_score"]) == (1, 0.65)
+            t = agent["totals"]
+            assert (t["requests"], t["refused"], t["errors"], t["fallbacks"]) == (
+                want["requests"], sum(want["refused"].values()), want["errors"],
+                want["fallbacks"])
+            assert (t["tokens_in"], t["tokens_out"]) == (want["tokens_in"], want["tokens_out"])
+            assert t["cost"] == pytest.approx(want["cost"])
+            assert agent["daily"]["p95_ms"][-1] == pytest.approx(want["p95"])
+            assert agent["refused"] == want["refused"]
+            assert agent["errors_by_code"] == {"DEADLINE_EXCEEDED": batch + 1}
+            assert agent["currency"] == "EUR"
+            admitted = want["requests"] - sum(want["refused"].values())
+            assert t["error_rate"] == pytest.approx(want["errors"] / admitted)
+
+
+@pytest.fixture
+async def backlog(nats_url: str) -> AsyncIterator[tuple[Any, int]]:
+    """A backlog of 5 on the retriever's consumer (no retriever runs) and a dead letter
+    of the validator's, on the session's NATS; yields an admin connection and the
+    backlog, and clears both after."""
+    import nats
+
+    from intentroute.stack.auth import admin_kwargs
+    from services.retriever.handlers import build_stage
+    from services.retriever.settings import RetrieverSettings
+    from shared.contracts import deadletter, pipeline
+    from shared.runtime.consumer import ensure_consumer
+
+    admin = await nats.connect(nats_url, **admin_kwargs(Path(os.environ["INTENTROUTE_HOME"])))
+    js = admin.jetstream()
+    await ensure_consumer(js, build_stage(RetrieverSettings.from_env({})).spec)
+    await js.purge_stream(pipeline.STREAM, subject=pipeline.RETRIEVE_SUBJECT)
+    for n in range(5):
+        await js.publish(pipeline.RETRIEVE_SUBJECT, f"queued {n}".encode())
+    dead = deadletter.dead_letter_subject("validator")
+    await js.publish(dead, b"parked")
+    try:
+        yield admin, 5
+    finally:
+        await js.purge_stream(pipeline.STREAM, subject=pipeline.RETRIEVE_SUBJECT)
+        await js.purge_stream(deadletter.STREAM, subject=dead)
+        await admin.drain()
+
+
+async def gateway_connection(nats_url: str) -> Any:
+    """The bus connection the gateway has: its service user, its grants."""
+    import nats
+
+    from intentroute.stack.auth import auth_files, read_credential
+    from shared.auth.permissions import service_user
+
+    files = auth_files(Path(os.environ["INTENTROUTE_HOME"]))
+    return await nats.connect(
+        nats_url, **read_credential(files.credential(service_user("gateway"))).nats)
+
+
+async def test_stage_lag_and_dead_letters_are_read_with_the_gateways_grants(
+        store: Store, nats_url: str, backlog: tuple[Any, int]) -> None:
+    from shared.contracts import pipeline
+
+    admin, queued = backlog
+    gateway = await gateway_connection(nats_url)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        async with (serve(store, token=TOKEN, nc=gateway) as url,
+                    aiohttp.ClientSession() as http):
+            async with http.get(url + "/api/stages", headers=bearer) as response:
+                assert response.status == 200
+                view = await response.json()
+            async with http.get(url + "/api/stages") as response:
+                assert response.status == 401
+        info = await admin.jetstream().consumer_info(pipeline.STREAM, "retriever")
+    finally:
+        await gateway.drain()
+    rows = {row["stage"]: row for row in view["stages"]}
+    assert list(rows) == ["gateway", "classifier", "retriever", "generator-main",
+                          "generator-conversational", "validator"]
+    assert rows["retriever"]["pending"] == info.num_pending == queued
+    assert rows["validator"]["dead_letters"] >= 1
+    assert dt.datetime.fromisoformat(view["as_of"]) <= dt.datetime.now(dt.UTC)
+
+
+async def test_without_a_bus_the_stage_figures_are_not_served(store: Store) -> None:
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    async with (serve(store, token=TOKEN) as url, aiohttp.ClientSession() as http,
+                http.get(url + "/api/stages", headers=bearer) as response):
+        assert response.status == 404
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=(
+    "no Chromium found: `make browser` installs Debian's chromium package "
+    "(or set INTENTROUTE_CHROMIUM to a Chromium binary)"))
+async def test_page_follows_new_traffic_within_a_minute_and_says_when_it_read_it(
+        store: Store, live_agent: str, nats_url: str, backlog: tuple[Any, int]) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    problems: list[str] = []
+    gateway = await gateway_connection(nats_url)
+    try:
+        async with (serve(store, token=TOKEN, refresh=1.0, nc=gateway) as url,
+                    async_playwright() as pw):
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+            try:
+                page = await browser.new_page(viewport={"width": 1400, "height": 1400})
+                page.on("console", lambda m: m.type == "error" and "401" not in m.text
+                        and problems.append(m.text))
+                page.on("pageerror", lambda exc: problems.append(str(exc)))
+                await page.goto(url)
+                await page.fill('input[name="token"]', TOKEN)
+                await page.click('button[type="submit"]')
+                await page.wait_for_selector('body[data-ready="1"]', timeout=20_000)
+                row = page.locator(f'#agents tr[data-agent="{live_agent}"]')
+                assert await row.count() == 0  # no traffic yet
+
+                written = dt.datetime.now(dt.UTC)
+                await store.write(*traffic(0, 8, {"RATE_LIMITED": 4, "BUDGET_EXCEEDED": 2}))
+                want = await log_figures(store.pool, live_agent)
+                # The page reads again by itself; within a minute of the traffic at most.
+                await expect(row.locator('td[data-field="requests"]')).to_have_text(
+                    str(want["requests"]), timeout=60_000)
+                seen = dt.datetime.now(dt.UTC)
+                cells = {f: await row.locator(f'td[data-field="{f}"]').inner_text()
+                         for f in ("refused", "errors", "cost", "p95")}
+                assert int(cells["refused"]) == sum(want["refused"].values())
+                assert int(cells["errors"]) == want["errors"]
+                assert cells["cost"].startswith("\u20ac")  # the policy's currency: EUR
+                assert number(cells["cost"].lstrip("\u20ac")) == pytest.approx(
+                    want["cost"], rel=1e-3)
+                assert number(cells["p95"]) == pytest.approx(want["p95"], abs=0.5)
+                read_at = dt.datetime.fromisoformat(
+                    await page.locator("#as-of").get_attribute("data-as-of") or "")
+                assert written <= read_at <= seen
+                assert (seen - written).total_seconds() < 60
+                assert (await page.locator("#as-of").inner_text()).startswith(
+                    "Data as of " + read_at.strftime("%Y-%m-%d %H:%M:%S"))
+                assert "Live from the request log" in await page.locator(
+                    "#freshness").inner_text()
+
+                await row.click()
+                tile = await page.locator('#tiles [data-field="refused"]').inner_text()
+                assert tile.split() == [str(sum(want["refused"].values())), "RATE_LIMITED",
+                                        "4", "\u00b7", "BUDGET_EXCEEDED", "2"]
+                # The score divergence, flagged past the bound.
+                score = page.locator(f'#scores tr[data-model="{SCORED_MODEL}"]')
+                cells = {f: await score.locator(f'td[data-field="{f}"]').inner_text()
+                         for f in ("score", "global_score", "divergence")}
+                assert cells == {"score": "0.350", "global_score": "0.650",
+                                 "divergence": "-0.300 (flagged)"}
+                assert await page.locator('#tiles [data-field="diverged"]').inner_text() \
+                    == "1 of 1"
+                # Stages: the retriever's backlog as the server counts it.
+                stage = page.locator('#stages tr[data-stage="retriever"]')
+                await expect(stage.locator('td[data-field="pending"]')).to_have_text(
+                    str(backlog[1]), timeout=30_000)
+                dead = page.locator('#stages tr[data-stage="validator"] '
+                                    'td[data-field="dead_letters"]')
+                assert int(await dead.inner_text()) >= 1
+                # The cost axis in the currency, never in exponent notation.
+                ticks = await page.evaluate(
+                    "Chart.getChart('chart-cost').scales.y.ticks.map(t => t.label)")
+                assert ticks
+                assert all("E" not in str(t) for t in ticks), ticks
+                assert all(str(t).startswith("\u20ac") for t in ticks), ticks
+
+                ARTIFACTS.mkdir(exist_ok=True)
+                await page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"),
+                                      full_page=True)
+            finally:
+                await browser.close()
+    finally:
+        await gateway.drain()
+    assert problems == []

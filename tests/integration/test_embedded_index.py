@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from services.retriever.embedded import EmbeddedRetrieval
+from services.retriever.fusion import Fusion, FusionSettings
 from services.retriever.index import EmbeddedIndex, read_current
 from services.retriever.indexing.embedded_ingest import ingest, list_sources
 from services.retriever.ports import Retrieval
@@ -109,7 +110,12 @@ def test_ingest_search_and_incremental_updates(minilm: object, kb: Path, tmp_pat
     assert res.passage_vectors is not None
     assert len(res.dense_scores) == len(res.passages) == len(res.chunk_ids) == 2
     assert res.dense_top1 == pytest.approx(max(res.dense_scores), abs=1e-5)
-    assert res.passages[0].score == pytest.approx(2 / 61)  # first in both rankings
+    # First in both rankings: each method's best score over itself, weights 1 and 1.
+    assert res.passages[0].score == pytest.approx(2.0)
+    assert res.rrf_top1 == pytest.approx(2 / 61)
+    plain = index.search("run a SQL query on the database", k=2, method="hybrid",
+                         fusion=FusionSettings(method=Fusion.RRF))
+    assert plain.passages[0].score == pytest.approx(2 / 61)
 
     vectors_before = np.array(np.load(index_dir / "v000001" / "vectors.npy"))
     other_replica = EmbeddedIndex.open(index_dir, enc)

@@ -8,6 +8,7 @@ import pytest
 
 from services.classifier.offline.intents_eval import eval_intents
 from services.classifier.offline.labelled import load_labelled
+from shared.encoders.embeddings import DEFAULT_MODEL as MINILM
 from tests.helpers import intent_datasets as ds
 
 pytestmark = pytest.mark.skipif(not ds.available(), reason="shared intent datasets missing")
@@ -31,7 +32,9 @@ def test_helper_writes_csv_and_jsonl_outside_the_repo(tmp_path: Path) -> None:
 @pytest.mark.timeout(180)
 def test_eval_intents_clinc_subset(tmp_path: Path) -> None:
     train, test = ds.clinc150_files(tmp_path, intents=20, per_intent=30, oos_max=100, seed=1)
-    r = eval_intents(train, test, threshold=0.85, calibration_folds=3)
+    r = eval_intents(train, test, threshold=0.85, calibration_folds=3, encoders=(MINILM,))
+    assert r["threshold"] == 0.85
+    assert r["threshold_from"] == "given"
     assert r["n_train"] == 20 * 30 + 100
     assert r["n_test"] == 20 * 30 + 100
     # chance is 1/21; a frozen MiniLM head scores far above it
@@ -45,7 +48,24 @@ def test_eval_intents_clinc_subset(tmp_path: Path) -> None:
 
 def test_eval_intents_closed_set_has_no_oos_keys(tmp_path: Path) -> None:
     train, test = ds.clinc150_files(tmp_path, intents=6, per_intent=20, include_oos=False)
-    r = eval_intents(train, test, calibration_folds=2)
+    r = eval_intents(train, test, calibration_folds=2, encoders=(MINILM,))
+    assert r["threshold_from"] == "clarity"  # no oos lines to choose it on
     assert "oos_recall" not in r
     assert "in_scope_accuracy" not in r
     assert r["accuracy"] > 0.8
+
+
+@pytest.mark.timeout(180)
+def test_eval_intents_chooses_the_oos_threshold_on_train_lines_only(tmp_path: Path) -> None:
+    """With `oos` lines in the train file and no threshold given, the threshold comes from
+    the out-of-fold predictions on the train split: the same whatever the test file."""
+    train, test = ds.clinc150_files(tmp_path / "a", intents=10, per_intent=20, oos_max=40,
+                                    seed=2)
+    _, other_test = ds.clinc150_files(tmp_path / "b", intents=10, per_intent=20, oos_max=5,
+                                      seed=2, test_split="val")
+    a = eval_intents(train, test, calibration_folds=3, encoders=(MINILM,))
+    b = eval_intents(train, other_test, calibration_folds=3, encoders=(MINILM,))
+    assert a["threshold_from"] == "train-cv"
+    assert 0.0 <= a["threshold"] < 0.96
+    assert a["threshold"] == b["threshold"]
+    assert a["in_scope_accuracy"] > 0.8

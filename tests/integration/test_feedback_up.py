@@ -1,6 +1,10 @@
 """`intentroute up` serves the gateway's HTTP face and names it in `stack.json`, the way
 other tools find it: `POST {gateway_http_url}/agents/{agent_id}/feedback` with the token
-of the agent's credential file. Two gateway replicas share the one port."""
+of the agent's credential file. Two gateway replicas share the one port. With `--grpc`
+the gRPC face too, at `gateway_grpc_address`: health SERVING (grpcio's health stub) and
+reflection listing the service; the demo credential names the NATS server. Metrics are on
+by default: `metrics_port` in `stack.json` serves the first worker's, and the scrape
+targets file lists every worker process on the next ports."""
 
 from __future__ import annotations
 
@@ -14,7 +18,12 @@ import uuid
 from pathlib import Path
 
 import aiohttp
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
 
 from intentroute.stack.auth import DEMO_AGENT, auth_files
 from intentroute.stack.state import read_state
@@ -35,8 +44,25 @@ async def _wait_for(check, proc, timeout: float) -> object:  # type: ignore[no-u
         await asyncio.sleep(0.1)
 
 
+async def _serving(address: str) -> str:
+    """The gateway's health status over gRPC ("" while nothing answers yet)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=2)
+        except grpc.aio.AioRpcError:
+            return ""
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return name if name == "SERVING" else ""
+
+
+def _reflected_services(address: str) -> list[str]:
+    with grpc.insecure_channel(address) as channel:
+        return list(ProtoReflectionDescriptorDatabase(channel).get_services())
+
+
 @pytest.mark.timeout(300)
-async def test_up_writes_the_gateway_http_url_and_serves_feedback_there(
+async def test_up_writes_the_gateway_http_url_and_grpc_address_and_serves_them(
     tmp_path: Path, kb_index: Path
 ) -> None:
     home = tmp_path / "home"
@@ -46,7 +72,7 @@ async def test_up_writes_the_gateway_http_url_and_serves_feedback_there(
                LOG_LEVEL="WARNING", GENERATOR_BACKEND="extractive", AVAP_PARSER_TIMEOUT="0")
     log = (tmp_path / "up.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "intentroute.cli", "up", "--replicas", "gateway=2",
+        sys.executable, "-m", "intentroute.cli", "up", "--replicas", "gateway=2", "--grpc",
         env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     statuses: dict[str, int] = {}
     try:
@@ -84,6 +110,22 @@ async def test_up_writes_the_gateway_http_url_and_serves_feedback_there(
                 statuses["dashboard"] = r.status
             async with http.get(api, headers={"Authorization": f"Bearer {token}"}) as r:
                 statuses["dashboard, agent token"] = r.status
+        grpc_address = state.gateway_grpc_address
+        health = await _wait_for(lambda: _serving(grpc_address), proc, 120)
+        services = await asyncio.to_thread(_reflected_services, grpc_address)
+        metrics_url = f"http://127.0.0.1:{state.metrics_port}/metrics"
+        async with aiohttp.ClientSession() as http:
+            async def scraped() -> str:
+                try:
+                    async with http.get(metrics_url) as resp:
+                        text = await resp.text()
+                except aiohttp.ClientConnectionError:
+                    return ""
+                return text if "intentroute_stage_inflight{" in text else ""
+
+            metrics = str(await _wait_for(scraped, proc, 120))
+        # Read while `up` runs: it removes the file when it stops.
+        targets = json.loads(await asyncio.to_thread(Path(state.metrics_targets).read_text))
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
@@ -94,6 +136,16 @@ async def test_up_writes_the_gateway_http_url_and_serves_feedback_there(
     assert statuses == {"unknown request": 404, **{f"bad token {i}": 401 for i in range(6)},
                         "dashboard": 200, "dashboard, agent token": 401}
     assert state.dashboard_url == f"{url}/dashboard"
+    assert grpc_address.startswith("127.0.0.1:")
+    assert health == "SERVING"
+    assert "intentroute.agent.v1.AssistanceEngine" in services
+    assert json.loads(auth_files(home).credential(DEMO_AGENT).read_text())["url"] == (
+        state.nats_url)
     assert (await asyncio.to_thread(token_file.stat)).st_mode & 0o077 == 0
+    assert 'intentroute_stage_inflight{stage="gateway"}' in metrics
+    assert [(t["labels"]["worker"], t["targets"]) for t in targets[:3]] == [
+        ("gateway", [f"127.0.0.1:{state.metrics_port + i}"]) for i in range(2)] + [
+        ("classifier", [f"127.0.0.1:{state.metrics_port + 2}"])]
+    assert len(targets) == 7
     # Neither gateway replica died on the shared port.
     assert "gateway (pid" not in output, output[-3000:]

@@ -87,3 +87,28 @@ def test_hash_keys_come_from_a_file_or_the_environment_and_must_be_long(tmp_path
         load_key(env_key="short")
     with pytest.raises(HashKeyError, match="cannot read"):
         load_key(key_file=tmp_path / "missing")
+
+
+def test_cost_report_counts_refusals_by_code_and_totals_per_currency() -> None:
+    rows = [
+        {"agent_id": "a", "model": "big", "requests": 2, "errors": 0, "fallbacks": 0,
+         "tokens_in": 1000, "tokens_out": 0, "compute_s": 0.0, "cost": 1.0},
+        # refused requests: no model, no tokens, no cost
+        {"agent_id": "a", "model": "", "requests": 7, "errors": 7, "fallbacks": 0,
+         "tokens_in": 0, "tokens_out": 0, "compute_s": 0.0, "cost": 0.0},
+        {"agent_id": "b", "model": "big", "requests": 1, "errors": 0, "fallbacks": 0,
+         "tokens_in": 10, "tokens_out": 0, "compute_s": 0.0, "cost": 0.25},
+    ]
+    report = build_cost_report(
+        rows, {}, prices={}, main_model="big", since=DAY, until=DAY,
+        refused={"a": {"BUDGET_EXCEEDED": 2, "RATE_LIMITED": 5},
+                 "c": {"QUOTA_EXCEEDED": 1}},  # c has only refusals
+        currencies={"a": "EUR"})
+    a, b, c = report.agents
+    assert list(a.refused.items()) == [("RATE_LIMITED", 5), ("BUDGET_EXCEEDED", 2)]
+    assert (a.currency, a.cost, a.requests) == ("EUR", 1.0, 9)
+    assert (b.refused, b.currency) == ({}, "")
+    assert (c.agent_id, c.refused, c.cost, c.models) == ("c", {"QUOTA_EXCEEDED": 1}, 0, [])
+    assert report.totals.refused == {"RATE_LIMITED": 5, "QUOTA_EXCEEDED": 1,
+                                     "BUDGET_EXCEEDED": 2}
+    assert report.totals.cost_by_currency == {"": 0.25, "EUR": 1.0}

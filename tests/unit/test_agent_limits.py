@@ -4,12 +4,21 @@ refusal each verdict becomes; the gate on a fake store and clock."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
 from services.gateway.limits.gate import LimitGate
+from services.gateway.limits.lease import IDLE_LEASES, MARGIN, MIN_WANT, AgentLease
 from services.gateway.limits.logic import (
+    ADMITTED,
     REFUSALS,
     Admission,
+    Ask,
+    Grant,
+    Held,
     Limits,
     Verdict,
     price_table,
@@ -163,7 +172,7 @@ class _HungLimits:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def admit(self, *args: object, **kwargs: object) -> Admission:
+    async def lease(self, *args: object, **kwargs: object) -> Grant:
         import asyncio
 
         self.calls += 1
@@ -182,3 +191,98 @@ async def test_a_database_that_does_not_answer_admits_unchecked_and_is_asked_aga
     gate._unchecked_until = 0.0  # UNCHECKED_FOR has passed
     await gate.check(envelope())
     assert store.calls == 2
+
+
+def lease_with(allowance: int, *, at: float = 1000.0, ttl: float = 1.0) -> AgentLease:
+    """A lease whose last call (at `at`) granted `allowance`."""
+    lease = AgentLease("a", LIMITS, {}, ttl=ttl)
+    call = lease.begin(1, at)
+    lease.answered(call, Grant(admissions=[ADMITTED], extra=allowance, estimate=0.5))
+    return lease
+
+
+def asked(i: int) -> Ask:
+    return Ask(f"r{i}", 1000.0, 1060.0)
+
+
+def test_an_allowance_admits_until_used_up_or_its_time_is_nearly_gone() -> None:
+    lease = lease_with(2)
+    assert lease.take(asked(1), 1000.1)
+    assert lease.take(asked(2), 1000.1)
+    assert not lease.take(asked(3), 1000.1)  # used up
+    assert [(h.request_id, h.estimate) for h in lease.held] == [("r1", 0.5), ("r2", 0.5)]
+    late = lease_with(5)
+    assert not late.take(asked(1), 1000.0 + 1.0 - MARGIN)  # expiring: Postgres decides
+
+
+def test_half_an_allowance_used_or_half_its_time_gone_asks_for_more() -> None:
+    lease = lease_with(8)
+    for i in range(3):
+        lease.take(asked(i), 1000.1)
+    assert not lease.low(1000.1)
+    lease.take(asked(3), 1000.1)
+    assert lease.low(1000.1)  # 4 of 8 left
+    assert lease_with(8).low(1000.5)  # half of its second gone
+
+
+def test_a_busy_replica_asks_for_its_rate_a_quiet_one_keeps_an_idle_one_gives_back(
+) -> None:
+    busy = lease_with(100)
+    for i in range(50):
+        busy.take(asked(i), 1000.25)
+    call = busy.begin(0, 1000.25)
+    # 50 admitted in 0.25 s: 200 a second, 200 for the next second, 50 still held.
+    assert (len(call.held), call.keep, call.want) == (50, 50, 150)
+    assert busy.held == []
+    quiet = lease_with(100)  # nothing asked for half a second: renewed, nothing more
+    call = quiet.begin(0, 1000.5)
+    assert (call.keep, call.want) == (100, 0)
+    idle = lease_with(100)  # nothing asked for IDLE_LEASES periods: given back
+    call = idle.begin(0, 1000.0 + IDLE_LEASES * 1.0)
+    assert (call.held, call.keep, call.want, idle.allowance) == ([], 0, 0, 0)
+
+
+def test_admissions_of_a_call_that_failed_are_recorded_by_the_next() -> None:
+    lease = lease_with(4)
+    lease.take(asked(1), 1000.1)
+    call = lease.begin(0, 1000.2)
+    lease.take(asked(2), 1000.2)
+    lease.failed(call)
+    assert [h.request_id for h in lease.begin(0, 1000.3).held] == ["r1", "r2"]
+
+
+class _GrantingLimits:
+    """A limits store that admits every request asked about and grants `extra` more;
+    records what each call recorded in flight."""
+
+    def __init__(self, extra: int) -> None:
+        self.extra = extra
+        self.calls: list[dict[str, Any]] = []
+
+    async def lease(self, agent_id: str, *, asks: Sequence[Ask], held: Sequence[Held],
+                    keep: int, want: int, **_: Any) -> Grant:
+        self.calls.append({"asks": [a.request_id for a in asks],
+                           "held": [h.request_id for h in held], "keep": keep, "want": want})
+        return Grant(admissions=[ADMITTED] * len(asks), extra=self.extra, estimate=0.0)
+
+
+def envelope_of(request_id: str) -> Admitted:
+    return Admitted(request=AgentRequest(request_id=request_id, session_id="s", query="q",
+                                         agent_id="a"), accepted_at=100.0, deadline=220.0)
+
+
+async def test_the_gate_admits_on_its_allowance_and_records_those_at_its_next_call() -> None:
+    store = _GrantingLimits(extra=3)
+    gate = LimitGate(store, FakePolicies({"a": apply("rate=2/s")}), DEFAULTS,
+                     clock=lambda: 1000.0)
+    for i in range(4):
+        admission, _ = await gate.check(envelope_of(f"r{i}"))
+        assert admission.verdict == Verdict.ADMIT
+    # r0 asked Postgres (granted 3 more); r1, r2 and r3 used the allowance without a
+    # call (r2 left it half used: a top-up started in the background, which records
+    # the three in flight).
+    assert len(store.calls) == 1
+    await asyncio.sleep(0)
+    assert store.calls[0] == {"asks": ["r0"], "held": [], "keep": 0, "want": MIN_WANT}
+    assert [c["asks"] for c in store.calls] == [["r0"], []]
+    assert store.calls[1]["held"] == ["r1", "r2", "r3"]

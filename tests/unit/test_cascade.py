@@ -141,7 +141,7 @@ async def test_rc06_llm_sees_at_most_six_history_entries() -> None:
     assert text.count("\n") == 5
     assert "turn 3" in text
     assert "turn 2" not in text
-    prompt = render_classifier_prompt("hmm", history, "")[0]["content"]
+    prompt = render_classifier_prompt("hmm", history, "")[0].content
     assert "<history_rule>" in prompt
     assert "<platform_priority_rule>" in prompt
 

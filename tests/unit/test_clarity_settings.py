@@ -16,7 +16,7 @@ def test_the_global_clarity_policy_defaults_to_proceed_and_reads_ask() -> None:
 
 
 def test_an_unknown_clarity_policy_is_refused() -> None:
-    with pytest.raises(ValueError, match="CLARITY_POLICY='maybe'"):
+    with pytest.raises(ValueError, match=r"^CLARITY_POLICY: expected .+, got 'maybe'$"):
         ClassifierSettings.from_env({"CLARITY_POLICY": "maybe"})
 
 

@@ -244,7 +244,9 @@ async def test_search_fuses_client_side(fake_es, tmp_path) -> None:  # type: ign
     assert [s.get("knn") is not None for s in es.searches] == [False, True]
     assert all(s["_source"] is False for s in es.searches)  # ids only; mget the top k
     assert res.passages[0].doc_id == "hash.txt"
-    assert res.passages[0].score == pytest.approx(2 / 61)  # first in both rankings
+    # First in both: each method's best score over itself, weights 1 and 1.
+    assert res.passages[0].score == pytest.approx(2.0)
+    assert res.rrf_top1 == pytest.approx(2 / 61)
     assert res.dense_top1 == pytest.approx(res.dense_scores[0], abs=1e-5)
     # title "hash" + text "hash a password": three query-word hits in the fake scorer
     assert res.bm25_scores[0] == 3.0

@@ -94,6 +94,10 @@ def test_relevance_signals_from_a_search_result() -> None:
     assert relevance_signal(res, "dense_margin") == pytest.approx(0.5)
     assert relevance_signal(res, "bm25_peak") == pytest.approx(6.0 / 4.0)
     assert relevance_signal(res, "rrf_top1") == pytest.approx(2 / 61)
+    # A score-fused hybrid says its first passage's RRF score apart from its own score.
+    fused = SearchResult(passages=[Passage("a", "", "x", 2.0)], method="hybrid",
+                         rrf_top1=1 / 61 + 1 / 62)
+    assert relevance_signal(fused, "rrf_top1") == pytest.approx(1 / 61 + 1 / 62)
     # 2.741 * 1 + 2.564 * 1.5 + 2.954 * 2 - 9.693
     assert relevance_signal(res, "combined") == pytest.approx(2.802, abs=1e-3)
     ok, signal = check_relevance(res)

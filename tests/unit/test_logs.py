@@ -119,6 +119,19 @@ def test_onnxruntime_quantization_lines_on_the_root_logger_are_dropped(
     assert [r["message"] for r in lines(captured)] == ["kept"]
 
 
+def test_log_level_holds_for_a_library_with_a_level_of_its_own(
+        captured: io.StringIO) -> None:
+    """bm25s sets DEBUG on its logger at import; Alembic's INFO lines are quieted."""
+    import bm25s  # noqa: F401 - its import sets the level
+
+    bm25s_logger = logging.getLogger("bm25s")
+    assert bm25s_logger.level == logging.DEBUG
+    bm25s_logger.debug("Building index from tokens")
+    logging.getLogger("alembic.runtime.plugins").info("setup plugin alembic.ext")
+    logging.getLogger("test.own").info("kept")
+    assert [r["message"] for r in lines(captured)] == ["kept"]
+
+
 def test_progress_bars_are_off_when_stderr_is_no_terminal(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TQDM_DISABLE", raising=False)

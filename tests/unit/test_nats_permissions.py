@@ -25,6 +25,7 @@ from shared.auth.permissions import (
     agent_id_problem,
     agent_permissions,
     consumer_grants,
+    monitoring_subjects,
     ops_permissions,
     service_permissions,
 )
@@ -70,9 +71,12 @@ def test_a_worker_never_manages_streams_and_reads_only_its_inbox(worker: str) ->
     assert f"_INBOX.intentroute-{worker}.>" in perms.subscribe
     assert not any(s.startswith("_INBOX.") and worker not in s for s in perms.subscribe)
     assert not any(p.startswith("_INBOX") for p in perms.publish)
-    # Services-API requests are answered through `allow_responses` (one reply each).
+    # Services-API requests are answered through `allow_responses` (one reply each);
+    # only the gateway asks them (its dashboard's stage figures), with read-only grants.
     assert perms.allow_responses
-    assert not any(p.startswith("$SRV") for p in perms.publish)
+    asks = [p for p in perms.publish if p.startswith("$SRV")]
+    assert asks == ([p for p in monitoring_subjects() if p.startswith("$SRV")]
+                    if worker == "gateway" else [])
 
 
 @pytest.mark.parametrize("worker", list(WORKER_GRANTS))

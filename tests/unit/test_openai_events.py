@@ -4,7 +4,7 @@ ignored rather than failing the answer."""
 
 from __future__ import annotations
 
-from services.generator.backends import _sse_event
+from shared.llm.openai import _sse_event
 
 
 def test_text_deltas_and_the_usage_event_are_read() -> None:

@@ -57,3 +57,13 @@ def test_bad_assignments_are_refused_with_a_reason(assignment: str) -> None:
 def test_a_stored_policy_with_unknown_keys_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown field"):
         decode_policy('{"colour": "blue"}')
+
+
+def test_the_prices_currency_is_a_three_letter_code() -> None:
+    policy = apply("price.big=0.5,1.5", "currency=eur")
+    assert policy.currency == "EUR"
+    assert decode_policy(encode_policy(policy)) == policy
+    assert apply("currency=EUR", "currency=").currency is None
+    for bad in ("currency=euro", "currency=E1R", "currency=€"):
+        with pytest.raises(PolicyError, match="currency"):
+            apply(bad)

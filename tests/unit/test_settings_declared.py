@@ -27,6 +27,7 @@ from shared.common.settings import (
     CommonSettings,
     Env,
     EnvGroup,
+    SettingError,
     declared_variables,
     env,
     is_set,
@@ -151,15 +152,17 @@ def test_a_blank_number_or_switch_keeps_the_default(cls: type[msgspec.Struct]) -
 def test_a_bad_value_names_the_variable(cls: type[msgspec.Struct]) -> None:
     for name, _, kind in declared_fields(cls):
         if kind in (int, float, bool):
-            with pytest.raises(ValueError, match=rf"^{name}='2s': expected "):
+            with pytest.raises(SettingError, match=rf"^{name}: expected .+, got '2s'$"):
                 FROM_ENV[cls]({name: "2s"})
 
 
 @pytest.mark.parametrize(("environ", "message"), [
-    ({"STAGE_ACK_WAIT": "2s"}, "STAGE_ACK_WAIT='2s': expected a number"),
-    ({"STAGE_MAX_DELIVER": "1.5"}, "STAGE_MAX_DELIVER='1.5': expected an integer"),
-    ({"ACCOUNTING": " Maybe "}, "ACCOUNTING='maybe': expected on/off"),
-    ({"CONFIDENCE_DAILY_DECAY": "high"}, "CONFIDENCE_DAILY_DECAY='high': expected a number"),
+    ({"STAGE_ACK_WAIT": "2s"}, "STAGE_ACK_WAIT: expected seconds as a number, got '2s'"),
+    ({"STAGE_MAX_DELIVER": "1.5"}, "STAGE_MAX_DELIVER: expected an integer, got '1.5'"),
+    ({"ROLLUP_KEEP_DAYS": "1y"}, "ROLLUP_KEEP_DAYS: expected days as an integer, got '1y'"),
+    ({"ACCOUNTING": " Maybe "}, "ACCOUNTING: expected on/off, got 'maybe'"),
+    ({"CONFIDENCE_DAILY_DECAY": "high"},
+     "CONFIDENCE_DAILY_DECAY: expected a number, got 'high'"),
 ])
 def test_bad_common_values(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
@@ -167,7 +170,8 @@ def test_bad_common_values(environ: dict[str, str], message: str) -> None:
 
 
 def test_an_enum_says_its_choices() -> None:
-    with pytest.raises(ValueError, match=r"^GENERATOR_SLOT='': expected main or conversational$"):
+    with pytest.raises(SettingError,
+                       match=r"^GENERATOR_SLOT: expected main or conversational, got ''$"):
         GeneratorSettings.from_env({"GENERATOR_SLOT": ""})
     # The slot a caller gives wins: the variable is not read.
     conversational = GeneratorSettings.from_env({"GENERATOR_SLOT": "x"},

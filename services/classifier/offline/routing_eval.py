@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import statistics
 import time
 from collections import Counter
@@ -17,12 +18,12 @@ from typing import Any
 
 import msgspec
 
-from services.classifier.adapters import build_classifier
+from services.classifier.adapters import build_classifier, build_llm
 from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.deixis import is_deictic
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.predict import Prediction
-from services.classifier.llm import OllamaLabeler
+from services.classifier.llm import ModelLabeler
 from services.classifier.offline.inputs import HistoryItem, decode_jsonl, history_entries
 from services.classifier.offline.metrics import macro_f1
 from services.classifier.ports import LlmLabeler
@@ -51,16 +52,73 @@ class EvalLine(msgspec.Struct):
 
 
 class CountingLabeler:
-    """Wraps Layer 3 to count calls (RC-01: never called for a prefixed query)."""
+    """Wraps Layer 3 to count and time calls (RC-01: never called for a prefixed query)."""
 
     def __init__(self, inner: LlmLabeler) -> None:
         self.inner = inner
         self.calls = 0
+        self.last: tuple[QueryType | None, float] = (None, 0.0)  # label, milliseconds
 
     async def label(self, query: str, history: list[HistoryEntry], editor_context: str
                     ) -> QueryType | None:
         self.calls += 1
-        return await self.inner.label(query, history, editor_context)
+        started = time.perf_counter()
+        label = await self.inner.label(query, history, editor_context)
+        self.last = (label, (time.perf_counter() - started) * 1000)
+        return label
+
+
+class Layer3Stats:
+    """The messages the cascade was unsure of (decided by Layer 3, or by Layer 2's guess
+    when Layer 3 is off or gives no label): how many, how well Layer 3 labels them
+    against Layer 2's guess on the same messages, and Layer 3's time per call."""
+
+    def __init__(self) -> None:
+        self.reached = self.asked = self.answered = 0
+        self.right = self.llm_right = self.guess_right = 0
+        self.ms: list[float] = []
+
+    async def record(self, cascade: Cascade, counting: CountingLabeler | None,
+                     req: AgentRequest, history: list[HistoryEntry], line: EvalLine,
+                     dec: RoutingDecision, *, asked: bool) -> None:
+        if dec.layer not in (Layer.LLM, Layer.FALLBACK):
+            return
+        self.reached += 1
+        self.right += dec.type == line.expected
+        if not asked or counting is None:
+            self.guess_right += dec.type == line.expected
+            return
+        label, ms = counting.last
+        self.asked += 1
+        self.ms.append(ms)
+        self.answered += label is not None
+        self.llm_right += label == line.expected
+        cascade.llm = None  # the same message without Layer 3: Layer 2's own guess
+        try:
+            guess = await cascade.decide(req, history, trusted=True)
+        finally:
+            cascade.llm = counting
+        self.guess_right += guess.type == line.expected
+
+    def report(self) -> dict[str, Any]:
+        ms = sorted(self.ms)
+        return {
+            "reached": self.reached,
+            "asked": self.asked,
+            "answered": self.answered,
+            # The decisions made on these messages (Layer 3's label, or the fallback).
+            "accuracy": _ratio(self.right, self.reached),
+            # Layer 3's labels alone (a call without a label counts as wrong), and
+            # Layer 2's guess on the same messages.
+            "llm_accuracy": _ratio(self.llm_right, self.asked),
+            "layer2_accuracy": _ratio(self.guess_right, self.reached),
+            "p50_ms": round(statistics.median(ms), 1) if ms else None,
+            "p95_ms": round(ms[math.ceil(0.95 * len(ms)) - 1], 1) if ms else None,
+        }
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
 
 
 def load_lines(path: Path) -> list[EvalLine]:
@@ -79,6 +137,7 @@ async def evaluate_routing(
     y_pred: list[QueryType] = []
     invariant = considered = 0
     violations: Counter[str] = Counter()
+    layer3 = Layer3Stats()
 
     for i, line in enumerate(lines, 1):
         req = AgentRequest(
@@ -92,6 +151,8 @@ async def evaluate_routing(
         # The sets stand for platform traffic: a trusted agent (declared types, RC-01).
         dec = await cascade.decide(req, history, trusted=True)
         latencies.append((time.perf_counter() - started) * 1000)
+        llm_called = bool(counting and counting.calls > calls_before)
+        await layer3.record(cascade, counting, req, history, line, dec, asked=llm_called)
         layers[dec.layer.value] += 1
         y_true.append(line.expected)
         y_pred.append(dec.type)
@@ -102,8 +163,7 @@ async def evaluate_routing(
             "confidence": dec.confidence,
             "clarity": dec.clarity.value,
         })
-        violations.update(_violations(line, dec, llm_called=bool(
-            counting and counting.calls > calls_before)))
+        violations.update(_violations(line, dec, llm_called=llm_called))
         if not is_deictic(line.query):
             considered += 1
             if await _invariant_under_history(cascade, req, dec):
@@ -119,6 +179,9 @@ async def evaluate_routing(
         "per_type": per_type(y_true, y_pred),
         "layer_share": {name: round(layers[name] / max(1, len(lines)), 4) for name in LAYERS},
         "history_invariance": round(invariant / max(1, considered), 4),
+        # ADR-0008: Layer 3 should see under 5% of the traffic.
+        "llm_share": round(layer3.reached / max(1, len(lines)), 4),
+        "layer3": layer3.report(),
         "p50_ms": round(statistics.median(latencies), 3) if latencies else 0.0,
         "p99_ms": round(sorted(latencies)[int(0.99 * (len(latencies) - 1))], 3)
         if latencies else 0.0,
@@ -191,13 +254,18 @@ class DirectLayer2:
 def run_eval_routing(path: Path, settings: ClassifierSettings, *, threshold: float,
                      predictions_out: Path | None) -> dict[str, Any]:
     """The worker's cascade as `settings` configure it (Layer 2 from its head registry,
-    seeded like the worker's; Layer 3 when an Ollama model is set), at `threshold`."""
+    seeded like the worker's; Layer 3 on the model server they name, if any), at
+    `threshold`."""
     lines = load_lines(path)  # a malformed line fails before any model is loaded
     classifier = build_classifier(settings, threshold=threshold)
-    llm = (OllamaLabeler(settings.ollama_host, settings.llm_model)
-           if settings.ollama_host and settings.llm_model else None)
+    llm = build_llm(settings)
     cascade = Cascade(CascadeConfig(threshold=threshold),
                       layer2=DirectLayer2(classifier) if classifier is not None else None,
                       llm=llm)
-    return asyncio.run(evaluate_routing(lines, cascade,
-                                        predictions_out=predictions_out))
+
+    async def run() -> dict[str, Any]:
+        if isinstance(llm, ModelLabeler):
+            await llm.warm()  # timed as a running worker's calls are, not cold
+        return await evaluate_routing(lines, cascade, predictions_out=predictions_out)
+
+    return asyncio.run(run())

@@ -80,13 +80,14 @@ def _full_logits(model: Any, x: np.ndarray, n_classes: int) -> np.ndarray:
     return out
 
 
-def _shallow_encoder(head: EmbeddingHead, layers: int, onnx_cache_dir: Path | None
-                     ) -> Encoder:
-    """The frozen encoder of `head` (same model and precision) cut to its first `layers`."""
+def _shallow_encoder(head: EmbeddingHead, layers: int, onnx_cache_dir: Path | None,
+                     model: str | None = None) -> Encoder:
+    """`model` (default: `head`'s frozen encoder) at `head`'s precision, cut to its
+    first `layers`."""
     from shared.encoders.fast import shared_fast_encoder
 
-    return shared_fast_encoder(head.encoder, precision=head.precision or "fp32", layers=layers,
-                               onnx_cache_dir=onnx_cache_dir)
+    return shared_fast_encoder(model or head.encoder, precision=head.precision or "fp32",
+                               layers=layers, onnx_cache_dir=onnx_cache_dir)
 
 
 def _calibration_holdout(
@@ -152,6 +153,8 @@ def train_head(
     progress: Callable[[str], None] | None = None,
     lexical: dict[str, Any] | None = DEFAULT_LEXICAL,
     early_exit_layers: int | None = None,
+    early_exit_model: str | None = None,
+    on_heldout: Callable[[np.ndarray, np.ndarray], None] | None = None,
 ) -> EmbeddingHead:
     """Fit a calibrated logistic-regression head on sentence vectors (and, unless
     `lexical` is None, the texts' char n-gram block).
@@ -163,8 +166,12 @@ def train_head(
     * the final coefficients are fitted on all lines.
     * with fine-tuning, `calibration_holdout` of each label's lines is kept out of the
       fine-tune; the temperature (and the cv_* metrics) come from those lines.
-    * `early_exit_layers` also trains `head.early`, the same recipe on the encoder's
-      first layers (0: its embedding module alone; frozen encoder only).
+    * `early_exit_layers` also trains `head.early`, the same recipe on the first layers
+      of `early_exit_model` (default: the head's own encoder; 0: its embedding module
+      alone; frozen encoder only).
+    * `on_heldout(probs, y)` receives the calibrated probabilities of the held-out lines
+      (out-of-fold, or held out of the fine-tune) and their label indices (into the
+      sorted labels): what `eval intents` chooses its out-of-scope threshold on.
     * `finetune_epochs > 0` first fine-tunes the encoder (`offline.finetune`) and trains
       the head on the fine-tuned vectors; the head then carries the encoder (saved next
       to its coefficients).
@@ -211,6 +218,8 @@ def train_head(
     temperature = 1.0
     if held is not None and held_y is not None:
         temperature = _calibrate(held, held_y, classes, metrics)
+        if on_heldout is not None:
+            on_heldout(softmax(held / temperature), held_y)
     say("final fit on all lines")
     coef, intercept = _final_fit(x, y, len(classes), fit)
     metrics.update(
@@ -238,7 +247,7 @@ def train_head(
             raise ValueError("early exit needs the frozen encoder (no fine-tune)")
         _train_early_exit(head, encoder, texts, labels, early_exit_layers, seed=seed, c=c,
                           calibration_folds=calibration_folds, max_iter=max_iter,
-                          lexical=lexical, say=say)
+                          lexical=lexical, say=say, model=early_exit_model)
     return head
 
 
@@ -329,13 +338,13 @@ def _final_fit(x: Any, y: np.ndarray, n_classes: int, fit: Callable[[Any, np.nda
 def _train_early_exit(head: EmbeddingHead, encoder: Encoder | None, texts: list[str],
                       labels: list[str], layers: int, *, seed: int, c: float,
                       calibration_folds: int, max_iter: int, lexical: dict[str, Any] | None,
-                      say: Callable[[str], None]) -> None:
-    """`head.early`: the same recipe on the frozen encoder's first `layers`; its CV
-    metrics summarised in `head.metrics["early_exit"]`."""
-    say(f"early-exit head on the encoder's first {layers} layers")
+                      say: Callable[[str], None], model: str | None = None) -> None:
+    """`head.early`: the same recipe on the first `layers` of `model` (default: the
+    head's frozen encoder); its CV metrics summarised in `head.metrics["early_exit"]`."""
+    say(f"early-exit head on the first {layers} layers of {model or head.encoder}")
     head.early = train_head(
         texts, labels,
-        _shallow_encoder(head, layers, getattr(encoder, "onnx_cache_dir", None)),
+        _shallow_encoder(head, layers, getattr(encoder, "onnx_cache_dir", None), model),
         seed=seed,
         c=c, calibration_folds=calibration_folds, max_iter=max_iter, progress=say,
         lexical=lexical)

@@ -1,7 +1,14 @@
 """The dashboard's reads over a window of UTC days, every one through an index: the
-daily rollups (two statements), the feedback (one), the agents' policies for their SLOs
-and, where the accounting's `daily_agent_latency` table exists, each agent's exact
-daily percentiles. `bench dashboard` reports the scans the planner picks."""
+daily rollups (two statements), refusals and errors by code (`daily_outcomes`), the
+feedback (one), the agents' policies (SLOs, currencies, prices), the agents' scores and
+their divergence, and, where the accounting's `daily_agent_latency` table exists, each
+agent's exact daily percentiles. `bench dashboard` reports the scans the planner picks.
+
+Days whose rollups are not final (today; a day the learning job has not rolled up since
+it ended; every day while it never runs, as under `intentroute up`) are also read from
+the request log, as a refresh would compute them (`shared.accounting.rollups`), and an
+agent's day the log has rows for is shown from them (live.py): the figures are as fresh
+as the log, and `as_of` says when they were read."""
 
 from __future__ import annotations
 
@@ -11,14 +18,23 @@ import datetime as dt
 import asyncpg
 import msgspec
 
+from services.gateway.dashboard.live import LiveFigures, live_figures, overlay
+from services.gateway.dashboard.rows import (
+    PER_DAY,
+    PER_DAY_LAYER,
+    PER_DAY_MODEL,
+    PER_DAY_TYPE,
+    PER_MODEL,
+    AgentDayLatency,
+    FeedbackGroup,
+    OutcomeGroup,
+    RollupGroup,
+    ScoreRow,
+    Window,
+)
+from shared.accounting.rollups import pending_days, prices_of, read_log_rollups
 from shared.policy.agent import AgentPolicy
 from shared.store.policies import load_policies
-
-# GROUPING(day, query_type, layer, model): a set bit = that column was aggregated away.
-PER_DAY = 0b0111  # (agent_id, day): DAYS_SQL
-PER_DAY_TYPE = 0b0011  # (agent_id, day, query_type)
-PER_DAY_LAYER = 0b0101  # (agent_id, day, layer)
-PER_MODEL = 0b1110  # (agent_id, model) over the window
 
 # Rollups in two statements over the same rows (the window's days, through an index
 # that has `day`), both in `RollupGroup`'s column order. Per agent and day, every
@@ -45,7 +61,7 @@ WHERE day >= $1 AND day <= $2
 GROUP BY agent_id, day
 """
 # The breakdowns need fewer sums (the rest are zeros): requests per day by query type
-# and by layer, and requests, tokens and cost per model over the window. Two statements
+# and by layer, and requests, tokens and cost per day and model. Two statements
 # because one set of four groupings computes every sum four times (~2x slower).
 BREAKDOWN_SQL = """
 SELECT agent_id, day, query_type, layer, model,
@@ -57,7 +73,7 @@ SELECT agent_id, day, query_type, layer, model,
 FROM daily_rollups
 WHERE day >= $1 AND day <= $2
 GROUP BY GROUPING SETS ((agent_id, day, query_type), (agent_id, day, layer),
-                        (agent_id, model))
+                        (agent_id, day, model))
 """
 
 # Feedback is counted on the UTC day it was last set. The agent list lets the planner
@@ -79,43 +95,6 @@ GROUP BY 1, 2, 3
 """
 
 
-class RollupGroup(msgspec.Struct, frozen=True):
-    """One row of `DAYS_SQL` or `BREAKDOWN_SQL`, fields in their column order (built
-    positionally: ten times faster than by keyword); the key columns not in `grp`'s
-    set are None."""
-
-    agent_id: str
-    day: dt.date | None = None
-    query_type: str | None = None
-    layer: str | None = None
-    model: str | None = None
-    grp: int = 0
-    requests: int = 0
-    errors: int = 0
-    fallbacks: int = 0
-    tokens_in: int = 0
-    tokens_out: int = 0
-    compute_s: float = 0.0
-    cost: float = 0.0
-    p50_sum: float = 0.0
-    p50_n: int = 0
-    p95_sum: float = 0.0
-    p95_n: int = 0
-
-
-class FeedbackGroup(msgspec.Struct, frozen=True):
-    """One row of `FEEDBACK_SQL`, fields in its column order."""
-
-    agent_id: str
-    day: dt.date
-    outcome: str
-    n: int
-    explicit: int = 0
-    implicit: int = 0
-    quality_sum: float = 0.0
-    quality_n: int = 0
-
-
 # Exact per-agent percentiles of a day (the rollups' finer groups cannot be combined
 # exactly), written by the accounting's rollup refresh; read when the table exists.
 LATENCY_SQL = """
@@ -123,36 +102,24 @@ SELECT agent_id, day, requests, latency_p50_ms, latency_p95_ms
 FROM daily_agent_latency
 WHERE day >= $1 AND day <= $2
 """
+# Errors by code per agent and day (refusals at admission among them).
+OUTCOMES_SQL = """
+SELECT agent_id, day, outcome, sum(requests)::bigint AS requests
+FROM daily_outcomes
+WHERE day >= $1 AND day <= $2 AND outcome LIKE 'error:%'
+GROUP BY 1, 2, 3
+"""
+# Each agent's scores next to the global rate of the same (model, query type), as the
+# gateway's score refresh left them (every SCORE_FULL_REFRESH, and after feedback).
+SCORES_SQL = """
+SELECT s.agent_id, s.model, s.query_type, s.trials, s.score, g.score AS global_score,
+       s.divergence, s.diverged, s.updated_at
+FROM agent_scores s
+LEFT JOIN agent_scores g
+       ON g.agent_id = '*' AND g.model = s.model AND g.query_type = s.query_type
+WHERE s.agent_id <> '*'
+"""
 _HAS_LATENCY_SQL = "SELECT to_regclass('daily_agent_latency') IS NOT NULL"
-
-
-class AgentDayLatency(msgspec.Struct, frozen=True):
-    """One row of `LATENCY_SQL`, fields in its column order."""
-
-    agent_id: str
-    day: dt.date
-    requests: int
-    p50_ms: float | None = None
-    p95_ms: float | None = None
-
-
-class Window(msgspec.Struct, frozen=True):
-    """UTC days `since`..`until`, both included."""
-
-    since: dt.date
-    until: dt.date
-
-    @classmethod
-    def ending(cls, until: dt.date, days: int) -> Window:
-        return cls(until - dt.timedelta(days=days - 1), until)
-
-    def days(self) -> list[dt.date]:
-        count = (self.until - self.since).days + 1
-        return [self.since + dt.timedelta(days=i) for i in range(count)]
-
-    def bounds(self) -> tuple[dt.datetime, dt.datetime]:
-        start = dt.datetime.combine(self.since, dt.time(), dt.UTC)
-        return start, dt.datetime.combine(self.until, dt.time(), dt.UTC) + dt.timedelta(days=1)
 
 
 class Figures(msgspec.Struct, frozen=True):
@@ -160,41 +127,70 @@ class Figures(msgspec.Struct, frozen=True):
     feedback: list[FeedbackGroup]
     policies: dict[str, AgentPolicy]
     latency: list[AgentDayLatency] = []
+    outcomes: list[OutcomeGroup] = []
+    scores: list[ScoreRow] = []
+    # When the database was asked, and the days read from the request log.
+    as_of: dt.datetime | None = None
+    live_days: list[dt.date] = []
+
+
+__all__ = ["PER_DAY", "PER_DAY_LAYER", "PER_DAY_MODEL", "PER_DAY_TYPE", "PER_MODEL",
+           "AgentDayLatency",
+           "FeedbackGroup", "Figures", "FiguresUnavailableError", "OutcomeGroup",
+           "RollupGroup", "ScoreRow", "Window", "read_figures"]
 
 
 class FiguresUnavailableError(RuntimeError):
     """The database could not answer (down, or the queries ran past their timeout)."""
 
 
+async def _bounded(conn: asyncpg.Connection, timeout_ms: int, work_mem: str = "") -> None:
+    memory = f"SET LOCAL work_mem = '{work_mem}'; " if work_mem else ""
+    await conn.execute(f"{memory}SET LOCAL statement_timeout = {int(timeout_ms)}")
+
+
 async def read_figures(pool: asyncpg.Pool, window: Window, *,
                        timeout_ms: int = 10_000) -> Figures:
-    """The window's rollups on one connection and, concurrently, its feedback, the
-    policies and the exact daily latencies on another; each in a read-only transaction
-    bounded by `timeout_ms`."""
+    """First which days are read from the log, and the policies; then the window's
+    rollups and outcomes on one connection and, concurrently, its feedback, exact daily
+    latencies, scores and the log's figures of the days not final on another; each step
+    in a read-only transaction bounded by `timeout_ms`."""
 
-    async def rollups() -> list[RollupGroup]:
+    async def rollups() -> tuple[list[RollupGroup], list[OutcomeGroup]]:
         async with pool.acquire() as conn, conn.transaction(readonly=True):
             # Enough memory to hash every grouping set at once instead of sorting on disk.
-            await conn.execute(f"SET LOCAL work_mem = '64MB';"
-                               f" SET LOCAL statement_timeout = {int(timeout_ms)}")
+            await _bounded(conn, timeout_ms, "64MB")
             days = await conn.fetch(DAYS_SQL, window.since, window.until)
             breakdown = await conn.fetch(BREAKDOWN_SQL, window.since, window.until)
-        return [RollupGroup(*row) for rows in (days, breakdown) for row in rows]
+            outcomes = await conn.fetch(OUTCOMES_SQL, window.since, window.until)
+        return ([RollupGroup(*row) for rows in (days, breakdown) for row in rows],
+                [OutcomeGroup(*row) for row in outcomes])
 
-    async def the_rest() -> Figures:
+    async def the_rest(live: list[dt.date], policies: dict[str, AgentPolicy]
+                       ) -> tuple[Figures, LiveFigures]:
         start, end = window.bounds()
         async with pool.acquire() as conn, conn.transaction(readonly=True):
-            await conn.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+            await _bounded(conn, timeout_ms)
             rows = await conn.fetch(FEEDBACK_SQL, window.since, window.until, start, end)
-            policies = await load_policies(conn)
             latency = []
             if await conn.fetchval(_HAS_LATENCY_SQL):
                 latency = [AgentDayLatency(*row) for row in
                            await conn.fetch(LATENCY_SQL, window.since, window.until)]
-        return Figures([], [FeedbackGroup(*row) for row in rows], policies, latency)
+            scores = [ScoreRow(*row) for row in await conn.fetch(SCORES_SQL)]
+            log = await read_log_rollups(conn, live, prices_of(policies))
+        return (Figures([], [FeedbackGroup(*row) for row in rows], policies, latency,
+                        scores=scores), live_figures(log))
 
     try:
-        groups, rest = await asyncio.gather(rollups(), the_rest())
+        async with pool.acquire() as conn, conn.transaction(readonly=True):
+            await _bounded(conn, timeout_ms)
+            pending = await pending_days(conn, window.since, window.until)
+            policies = await load_policies(conn)
+        (groups, outcomes), (rest, live) = await asyncio.gather(
+            rollups(), the_rest(pending.days, policies))
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
         raise FiguresUnavailableError(f"{type(exc).__name__}: {exc}") from exc
-    return msgspec.structs.replace(rest, rollups=groups)
+    shown = overlay(LiveFigures(groups, rest.latency, outcomes), live)
+    return msgspec.structs.replace(rest, rollups=shown.rollups, latency=shown.latency,
+                                   outcomes=shown.outcomes, as_of=pending.as_of,
+                                   live_days=pending.days)

@@ -5,10 +5,14 @@
     POST {prefix}/logout          clears the cookie
     GET  {prefix}/api/data        the figures as JSON (?days=N&until=YYYY-MM-DD); the page
                                   renders from it; cookie or `Authorization: Bearer`
+    GET  {prefix}/api/stages      each stage's lag, errors, rate and p95 now (as
+                                  `intentroute status`); 503 when the bus does not answer,
+                                  404 without a bus connection
     GET  {prefix}/static/NAME     the page's script, style and the vendored Chart.js
 
 Without a configured token none of them exist (404). Every response forbids framing
-and inline scripts; figures are never cached."""
+and inline scripts; figures are never cached. The page asks for both again every
+`refresh` seconds (GATEWAY_DASHBOARD_REFRESH) and says when its figures were read."""
 
 from __future__ import annotations
 
@@ -22,10 +26,12 @@ from pathlib import Path
 import asyncpg
 import msgspec
 from aiohttp import web
+from nats.aio.client import Client
 
 from services.gateway.dashboard.auth import COOKIE, session_cookie, session_valid, token_matches
 from services.gateway.dashboard.figures import build_dashboard
 from services.gateway.dashboard.queries import FiguresUnavailableError, Window, read_figures
+from services.gateway.dashboard.stages import StageReader, StagesUnavailableError
 from services.gateway.log_budget import LogBudget
 from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle, ThrottledError
 from shared.auth.identity import bearer_value
@@ -68,8 +74,10 @@ def _guarded(handler: Handler) -> Handler:
 class _Dashboard:
     def __init__(self, pool: asyncpg.Pool, *, token: str, prefix: str, default_days: int,
                  max_days: int, session_ttl: float, clock: Callable[[], float],
-                 throttle: AuthThrottle) -> None:
+                 throttle: AuthThrottle, refresh: float, stages: StageReader | None
+                 ) -> None:
         self.pool = pool
+        self.stages = stages
         self.token = token
         self.throttle = throttle
         self.prefix = prefix
@@ -80,7 +88,8 @@ class _Dashboard:
         self.refusals = LogBudget(log)
         base = html.escape(prefix + "/", quote=True)
         self.page_html = (STATIC_DIR / "index.html").read_text("utf-8").replace(
-            "{{BASE}}", base)
+            "{{BASE}}", base).replace("{{REFRESH}}", f"{max(0.0, refresh):g}").replace(
+            "{{STAGES}}", "1" if stages is not None else "0")
         self.login_template = (STATIC_DIR / "login.html").read_text("utf-8").replace(
             "{{BASE}}", base)
         self.static = {name: (STATIC_DIR / name).read_bytes() for name in _STATIC_TYPES}
@@ -162,6 +171,23 @@ class _Dashboard:
         return web.Response(body=msgspec.json.encode(dashboard),
                             content_type="application/json", headers=_NO_STORE)
 
+    async def stage_figures(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
+            return web.json_response({"error": "dashboard token required"}, status=401,
+                                     headers={**_NO_STORE,
+                                              "WWW-Authenticate": 'Bearer realm="dashboard"'})
+        if self.stages is None:
+            return web.json_response({"error": "no bus connection here"}, status=404,
+                                     headers=_NO_STORE)
+        try:
+            view = await self.stages.view()
+        except StagesUnavailableError as exc:
+            log.warning("dashboard: stage figures unavailable: %s", exc)
+            return web.json_response({"error": "stage figures unavailable, try again"},
+                                     status=503, headers=_NO_STORE)
+        return web.Response(body=msgspec.json.encode(view), content_type="application/json",
+                            headers=_NO_STORE)
+
     async def static_file(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name not in self.static:
@@ -181,10 +207,13 @@ def add_dashboard_routes(
     session_ttl: float = 12 * 3600.0,
     clock: Callable[[], float] = time.time,
     throttle: AuthThrottle | None = None,
+    refresh: float = 20.0,
+    nc: Client | None = None,
 ) -> bool:
     """Add the dashboard under `prefix`; with an empty `token` add nothing (the dashboard
     is off and its URLs answer 404), nor with one shorter than MIN_TOKEN. True when
-    added."""
+    added. `refresh`: seconds between the page's readings (0: none); `nc`: the bus
+    connection the stage figures are read on (None: no stage figures)."""
     if not token:
         log.info("dashboard off: GATEWAY_DASHBOARD_TOKEN is not set")
         return False
@@ -195,10 +224,12 @@ def add_dashboard_routes(
     prefix = "/" + prefix.strip("/")
     dash = _Dashboard(pool, token=token, prefix=prefix, default_days=default_days,
                       max_days=max_days, session_ttl=session_ttl, clock=clock,
-                      throttle=throttle or AuthThrottle(DEFAULT_AUTH_FAILURES))
+                      throttle=throttle or AuthThrottle(DEFAULT_AUTH_FAILURES),
+                      refresh=refresh, stages=StageReader(nc) if nc is not None else None)
     app.router.add_get(prefix, _guarded(dash.page))
     app.router.add_post(prefix + "/login", _guarded(dash.login))
     app.router.add_post(prefix + "/logout", dash.logout)
     app.router.add_get(prefix + "/api/data", _guarded(dash.data))
+    app.router.add_get(prefix + "/api/stages", _guarded(dash.stage_figures))
     app.router.add_get(prefix + "/static/{name}", dash.static_file)
     return True

@@ -116,6 +116,34 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
 ADMITTED = Admission(verdict=Verdict.ADMIT)
 
 
+class Ask(msgspec.Struct, frozen=True):
+    """One request waiting for the shared state's verdict."""
+
+    request_id: str
+    accepted_at: float
+    deadline: float
+
+
+class Held(msgspec.Struct, frozen=True):
+    """One request a replica admitted on its allowance, to be recorded in flight with the
+    cost units it reserves."""
+
+    request_id: str
+    accepted_at: float
+    deadline: float
+    estimate: float
+
+
+class Grant(msgspec.Struct, frozen=True, kw_only=True):
+    """The shared state's answer to a replica: the verdict on each request it asked
+    about, in order, and `extra` more admissions it may make on its own (each reserving
+    `estimate` cost units) until its allowance expires."""
+
+    admissions: list[Admission]
+    extra: int = 0
+    estimate: float = 0.0
+
+
 class Refusal(msgspec.Struct, frozen=True):
     code: ErrorCode
     message: str

@@ -1,11 +1,19 @@
 """The global defaults of the per-agent limits (LIMIT_*), read here only; an agent's
 policy overrides each one (`intentroute agent set NAME rate=20/s ...`). "off" (or unset)
-turns a limit off. Every limit is off by default: an agent with a limit costs its
-admission one statement in Postgres (the shared count), measured at 158 req/s through
-`bench pipeline --limits` against ~400 without (p50 11.6 vs 7.7 ms), while fair share and the
-per-agent stream caps (STREAM_MAX_PER_AGENT) already keep one agent from starving the
-others at no cost. Set LIMIT_* for a global default or `agent set` per agent; budgets
-have no global default (cost units mean something only with an agent's own prices)."""
+turns a limit off.
+
+Every limit is off by default. Checking one is now nearly free for the requests
+(`bench pipeline --limits`, every limit configured far above the load, against all off:
+throughput and latency within the runs' noise, see the README's per-agent limits): a
+gateway replica admits on an allowance leased from Postgres (lease.py), one statement
+per lease instead of one per request. What stays is background work per agent with a
+limit: about two statements a second per active agent and gateway replica, and one
+statement a request near its limits. A global default would put every agent on that
+footing (a thousand active agents: ~2,000 statements a second per replica) for limits
+whose right values depend on the deployment, while fair share and the per-agent stream
+caps (STREAM_MAX_PER_AGENT) already keep one agent from starving the others at no cost.
+Set LIMIT_* for a global default or `agent set` per agent; budgets have no global
+default (cost units mean something only with an agent's own prices)."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from services.retriever.fusion import Fusion, FusionSettings
 from services.retriever.index import EmbeddedIndex
 from services.retriever.indexing.embedded_ingest import ingest
 from services.retriever.offline.beir import load_qrels, load_queries
@@ -46,14 +47,15 @@ def doc_ranking(result: SearchResult, k: int) -> list[str]:
 
 
 def open_index(corpus: Path, index_dir: Path | None, encoder: Encoder, progress: bool,
-               ingest_with: Encoder | None = None) -> tuple[EmbeddedIndex, dict[str, Any]]:
+               ingest_with: Encoder | None = None, fusion: FusionSettings | None = None
+               ) -> tuple[EmbeddedIndex, dict[str, Any]]:
     """Ingest (idempotent) with `ingest_with` (default: `encoder`), open for queries
-    with `encoder`; with the ingest's speed, or that of the run that embedded the
-    cached vectors."""
+    with `encoder` (hybrids fused by `fusion`, default the shipped one); with the
+    ingest's speed, or that of the run that embedded the cached vectors."""
     index_dir = index_dir or CACHE_ROOT / f"{Path(corpus).resolve().parent.name}-index"
     report = ingest(corpus, index_dir, ingest_with or encoder, replace=True,
                     progress=progress)
-    index = EmbeddedIndex.open(index_dir, encoder)
+    index = EmbeddedIndex.open(index_dir, encoder, fusion)
     full = index.manifest.get("full_embed") or {}
     if report.changed and report.embedded == report.chunks:
         ingest_info: dict[str, Any] = {"ingest_docs_per_s": report.docs_per_s,
@@ -85,16 +87,20 @@ def evaluate(
     progress: bool = True,
     warmup: int = 5,
     short_kb: Path | None = DEMO_KB,
+    fusion: FusionSettings | None = None,
 ) -> dict[str, Any]:
     """nDCG/Recall/MRR@k per method on the queries present in qrels, plus ingest
     throughput (the corpus, and `short_chunk_ingest` of `short_kb`) and hybrid query
     latency (query embedding included, 1 thread). The corpus is ingested with
-    `ingest_encoder` and queried with `encoder` (default: sentence-transformers)."""
+    `ingest_encoder` and queried with `encoder` (default: sentence-transformers).
+    "hybrid" fuses as `fusion` says (default: the shipped fusion); "rrf" is the hybrid
+    with plain RRF (k=60, equal weights), the reference it is measured against."""
     from shared.encoders.embeddings import pin_threads
 
     pin_threads(1)
     enc = encoder if encoder is not None else sentence_transformer()
-    index, ingest_info = open_index(corpus, index_dir, enc, progress, ingest_encoder)
+    index, ingest_info = open_index(corpus, index_dir, enc, progress, ingest_encoder, fusion)
+    plain_rrf = FusionSettings(method=Fusion.RRF)
     short = None
     if short_kb is not None and short_kb.is_dir():
         short = short_chunk_ingest(short_kb, encoder=ingest_encoder)
@@ -117,7 +123,12 @@ def evaluate(
         cpu_ms.append((time.thread_time() - c) * 1000)
         qv = res.query_vector
         for m in methods:
-            r = res if m == "hybrid" else index.search(text, k, m, query_vector=qv)
+            if m == "hybrid":
+                r = res
+            elif m == "rrf":
+                r = index.search(text, k, "hybrid", query_vector=qv, fusion=plain_rrf)
+            else:
+                r = index.search(text, k, m, query_vector=qv)
             runs[m][qid] = doc_ranking(r, k)
 
     out: dict[str, Any] = {}
@@ -137,6 +148,7 @@ def evaluate(
         "query_cpu_ms_p95": percentile(cpu_ms, 95),
         "load_avg_1m": os.getloadavg()[0],
         "bm25_config": index.manifest["bm25"],
+        "fusion": msgspec.to_builtins(index.settings),
     })
     return out
 

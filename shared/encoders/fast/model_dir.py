@@ -55,7 +55,8 @@ _EMBEDDING_PARTS = ("word_embeddings.weight", "position_embeddings.weight",
 def load_embedding_module(model_dir: Path) -> dict[str, Any]:
     """The transformer's embedding module (its "layer 0") as numpy arrays: word,
     position and token-type tables, LayerNorm weight/bias/eps and the position offset
-    (RoBERTa-style models count positions from padding_idx + 1)."""
+    (RoBERTa-style models and MPNet count positions from padding_idx + 1; MPNet has no
+    token-type table)."""
     def wanted(keys: Iterable[str]) -> dict[str, str]:  # part -> the file's key for it
         return {part: key for key in keys for part in _EMBEDDING_PARTS
                 if key.endswith(f"embeddings.{part}")}
@@ -72,20 +73,23 @@ def load_embedding_module(model_dir: Path) -> dict[str, Any]:
 
         state = torch.load(str(w), map_location="cpu", weights_only=True)
         found = {part: state[key].float().numpy() for part, key in wanted(state).items()}
-    missing = [p for p in _EMBEDDING_PARTS if p not in found]
+    cfg = json.loads((model_dir / "config.json").read_text())
+    model_type = str(cfg.get("model_type", ""))
+    optional = ("token_type_embeddings.weight",) if model_type == "mpnet" else ()
+    missing = [p for p in _EMBEDDING_PARTS if p not in found and p not in optional]
     if missing:
         raise ValueError(f"{model_dir}: no embedding module weights {missing}")
-    cfg = json.loads((model_dir / "config.json").read_text())
-    roberta = "roberta" in str(cfg.get("model_type", ""))
+    offset_positions = "roberta" in model_type or model_type == "mpnet"
+    token_type = (found["token_type_embeddings.weight"][0]
+                  if "token_type_embeddings.weight" in found else 0.0)
     return {
         "word": found["word_embeddings.weight"].astype(np.float32),
         # Position and token type 0 are added to every token: pre-add them once.
-        "position": (found["position_embeddings.weight"]
-                     + found["token_type_embeddings.weight"][0]).astype(np.float32),
+        "position": (found["position_embeddings.weight"] + token_type).astype(np.float32),
         "ln_weight": found["LayerNorm.weight"].astype(np.float32),
         "ln_bias": found["LayerNorm.bias"].astype(np.float32),
         "eps": float(cfg.get("layer_norm_eps", 1e-12)),
-        "position_offset": int(cfg.get("pad_token_id", 1)) + 1 if roberta else 0,
+        "position_offset": int(cfg.get("pad_token_id", 1)) + 1 if offset_positions else 0,
     }
 
 

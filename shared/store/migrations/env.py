@@ -22,9 +22,16 @@ def _include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to
     return not (reflected and table is not None and is_partition(table))
 
 
+def _applied(*, step: Any, **_: Any) -> None:
+    """Each revision applied, for `shared.store.migrate`'s one line."""
+    applied = config.attributes.get("applied")
+    if isinstance(applied, list) and step.up_revision_id:
+        applied.append(step.up_revision_id)
+
+
 def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=metadata,
-                      include_object=_include)
+                      include_object=_include, on_version_apply=_applied)
     with context.begin_transaction():
         context.run_migrations()
 

@@ -1,0 +1,42 @@
+"""`intentroute docs asyncapi`: the AsyncAPI document and JSON Schemas of the messages
+(intentroute.docs.asyncapi), written or checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from intentroute.cli.apps import docs_app
+
+# Where the committed copy lives (relative to the repository root, the usual cwd).
+DEFAULT_OUT = Path("docs/asyncapi")
+
+
+@docs_app.command("asyncapi")
+def asyncapi(
+    out: Annotated[Path, typer.Option(
+        "--out", help="Directory for asyncapi.json and schemas/*.json.")] = DEFAULT_OUT,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Write nothing; exit 1 if DIR differs from what would be written.")
+    ] = False,
+) -> None:
+    """Write the AsyncAPI 3.0 document of every subject and one JSON Schema per message,
+    generated from the contracts (byte-identical on every run)."""
+    from intentroute.docs.asyncapi import ASYNCAPI_FILE, SCHEMAS_DIR, differences, write
+
+    if check:
+        wrong = differences(out)
+        if wrong:
+            typer.echo(f"{out}: {', '.join(wrong)} out of date; run `intentroute docs "
+                       f"asyncapi --out {out}`", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{out}: up to date")
+        return
+    if out.exists() and not out.is_dir():
+        typer.echo(f"--out {out}: not a directory", err=True)
+        raise typer.Exit(2)
+    written = write(out)
+    typer.echo(f"wrote {out / ASYNCAPI_FILE} and {len(written) - 1} JSON Schemas in "
+               f"{out / SCHEMAS_DIR}")

@@ -1,0 +1,2 @@
+"""Documents generated from the code: the AsyncAPI 3 description of every subject and the
+JSON Schemas of the messages (`intentroute docs asyncapi`)."""

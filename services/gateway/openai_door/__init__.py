@@ -1,0 +1,1 @@
+"""The OpenAI-compatible door: `wire` (the format, pure), `routes` (the HTTP handlers)."""

@@ -1,0 +1,377 @@
+"""The OpenAI chat-completions wire format, pure: a request body into an `AgentRequest`,
+the answer's chunks into a `chat.completion` or `chat.completion.chunk` events, an error
+into OpenAI's `{"error": {...}}` body with its HTTP status.
+
+Mapping (README "OpenAI-compatible API"):
+
+* the last message, which must be the user's, is the query; `system` / `developer`
+  messages and the request's `metadata` (`key: value` lines) are `extra_context`;
+* the session: the `X-Session-Id` header, else `intentroute.session_id`, else one
+  derived from the `user` field and the conversation's first user message, which
+  every later turn of the same conversation repeats (so its turns share one session,
+  whose history the pipeline keeps: earlier turns are not sent on again);
+* the model: `intentroute` (the classifier decides) or `intentroute/<QUERY_TYPE>` (a
+  declared type, honoured for trusted agents as on the other doors);
+* `intentroute` (request, `extra_body` in the SDK): `session_id`, `request_id`,
+  `query_type`, `user_info`, `editor_context`, `timeout_ms`, as in AgentRequest;
+* responses carry the routing decision, validation status and `answered_by` in an
+  `intentroute` object (the completion; a stream's finishing chunk);
+* `usage`: the tokens the request log counts (0 when no model wrote the answer or
+  ACCOUNTING is off), once per answer: the completion's; in a stream the finishing
+  chunk's, or, with `stream_options.include_usage`, the extra chunk before `[DONE]`
+  whose `choices` is empty, as OpenAI sends it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from shared.contracts.request import AgentRequest
+from shared.contracts.response import ChunkKind, ErrorCode, ErrorInfo, ResponseChunk
+from shared.contracts.routing import QueryType, RoutingDecision
+
+MODEL = "intentroute"
+ROUTE_MODELS = {f"{MODEL}/{t.value}": t.value for t in QueryType}
+# A full request stream refused the publish (nothing queued): ask again shortly.
+QUEUE_FULL = "QUEUE_FULL"
+THROTTLED = "THROTTLED"
+UNAUTHENTICATED = "UNAUTHENTICATED"
+
+
+# -- requests ---------------------------------------------------------------------------
+
+class ContentPart(msgspec.Struct, frozen=True):
+    type: str
+    text: str = ""
+
+
+class Message(msgspec.Struct, frozen=True):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(msgspec.Struct, frozen=True):
+    include_usage: bool | None = None
+
+
+class Extension(msgspec.Struct, frozen=True):
+    """The request's `intentroute` object: AgentRequest fields OpenAI has no place for."""
+
+    session_id: str | None = None
+    request_id: str | None = None
+    query_type: str | None = None
+    user_info: str | None = None
+    editor_context: str | None = None
+    timeout_ms: int | None = None
+
+
+class ChatRequest(msgspec.Struct, frozen=True):
+    """The fields read; the others (temperature, tools, ...) are accepted and ignored."""
+
+    model: str
+    messages: list[Message]
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    n: int | None = None
+    intentroute: Extension | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class WireError(msgspec.Struct, frozen=True):
+    """A request the door answers itself: HTTP status, error code, message, parameter."""
+
+    status: int
+    code: str
+    message: str
+    param: str | None = None
+
+
+_decoder = msgspec.json.Decoder(ChatRequest)
+
+
+def decode_chat(body: bytes) -> ChatRequest | WireError:
+    try:
+        return _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        code = (ErrorCode.MISSING_FIELD if "missing required field" in text.lower()
+                else ErrorCode.INVALID_FIELD)
+        _, _, path = text.rpartition(" - at `$.")
+        return WireError(400, code, f"the body is not a chat completion request: {text}",
+                         path.rstrip("`").split("[")[0].split(".")[0] or None)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        return WireError(400, ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}")
+
+
+def text_of(message: Message) -> str | WireError:
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.type != "text":
+            return WireError(400, ErrorCode.INVALID_FIELD,
+                             f"content parts of type {part.type!r} are not supported "
+                             f"(text only)", "messages")
+        parts.append(part.text)
+    return "\n".join(parts)
+
+
+def _joined(texts: list[str], metadata: Mapping[str, str] | None) -> str:
+    lines = [f"{key}: {value}" for key, value in (metadata or {}).items()]
+    return "\n\n".join([t for t in texts if t] + (["\n".join(lines)] if lines else []))
+
+
+def derived_session(user: str, opening: str) -> str:
+    """The session of a conversation no id names: the same for every turn of it."""
+    digest = hashlib.sha256(f"{user}\x00{opening}".encode()).hexdigest()[:32]
+    return f"oai-{digest}"
+
+
+def _query_type(chat: ChatRequest, ext: Extension) -> str | WireError | None:
+    if chat.model != MODEL and chat.model not in ROUTE_MODELS:
+        return WireError(400, ErrorCode.INVALID_FIELD,
+                         f"model {chat.model!r} is not one of: "
+                         f"{', '.join([MODEL, *ROUTE_MODELS])}", "model")
+    declared = ROUTE_MODELS.get(chat.model)
+    if declared and ext.query_type and ext.query_type != declared:
+        return WireError(400, ErrorCode.INVALID_FIELD,
+                         f"model {chat.model!r} declares {declared}, intentroute.query_type "
+                         f"{ext.query_type}", "model")
+    return declared or ext.query_type or None
+
+
+def to_agent_request(chat: ChatRequest, *, session_header: str,
+                     request_id: str) -> AgentRequest | WireError:
+    """The pipeline's request for `chat` (its bounds are checked after, as any door's:
+    validation.check_request)."""
+    if chat.n not in (None, 1):
+        return WireError(400, ErrorCode.INVALID_FIELD, "only n=1 is supported", "n")
+    if not chat.messages:
+        return WireError(400, ErrorCode.MISSING_FIELD, "messages is empty", "messages")
+    last = chat.messages[-1]
+    if last.role != "user":
+        return WireError(400, ErrorCode.INVALID_FIELD,
+                         f"the last message must be the user's question, not {last.role!r}",
+                         "messages")
+    ext = chat.intentroute or Extension()
+    query_type = _query_type(chat, ext)
+    if isinstance(query_type, WireError):
+        return query_type
+    texts: dict[str, list[str]] = {"system": [], "user": []}
+    for message in chat.messages:
+        role = "system" if message.role in ("system", "developer") else message.role
+        if role in texts:
+            text = text_of(message)
+            if isinstance(text, WireError):
+                return text
+            texts[role].append(text)
+    session = (session_header or ext.session_id
+               or derived_session(chat.user or "", texts["user"][0]))
+    return AgentRequest(
+        request_id=ext.request_id or request_id, session_id=session, query=texts["user"][-1],
+        query_type=query_type, extra_context=_joined(texts["system"], chat.metadata),
+        user_info=ext.user_info or chat.user or "", editor_context=ext.editor_context or "",
+        timeout_ms=ext.timeout_ms or 0)
+
+
+# -- responses --------------------------------------------------------------------------
+
+class Usage(msgspec.Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class RouteInfo(msgspec.Struct, frozen=True):
+    """The `intentroute` object of a completion / a stream's finishing chunk."""
+
+    request_id: str
+    session_id: str
+    query_type: str
+    decision: RoutingDecision | None
+    validation_status: str
+    answered_by: str
+    avap_code: str
+    retried: bool
+    kind: str
+
+
+class Reset(msgspec.Struct, frozen=True):
+    """A streamed chunk's `intentroute` object when a redelivered stage restarted the
+    answer: the text streamed so far is to be discarded."""
+
+    reset: bool = True
+
+
+class Delta(msgspec.Struct, frozen=True, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChunkChoice(msgspec.Struct, frozen=True):
+    index: int
+    delta: Delta
+    logprobs: None
+    finish_reason: str | None
+
+
+class Chunk(msgspec.Struct, frozen=True):
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | UnsetType | None = UNSET
+    intentroute: RouteInfo | Reset | UnsetType = UNSET
+
+
+class AnswerMessage(msgspec.Struct, frozen=True):
+    role: str
+    content: str
+    refusal: None = None
+
+
+class Choice(msgspec.Struct, frozen=True):
+    index: int
+    message: AnswerMessage
+    logprobs: None
+    finish_reason: str
+
+
+class Completion(msgspec.Struct, frozen=True):
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    intentroute: RouteInfo
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    message: str
+    type: str
+    code: str
+    param: str | None = None
+
+
+class ErrorEnvelope(msgspec.Struct, frozen=True):
+    error: ErrorBody
+
+
+def usage_of(final: ResponseChunk) -> Usage:
+    used = final.usage
+    tokens_in, tokens_out = (used.tokens_in, used.tokens_out) if used else (0, 0)
+    return Usage(tokens_in, tokens_out, tokens_in + tokens_out)
+
+
+def route_info(final: ResponseChunk, req: AgentRequest) -> RouteInfo:
+    return RouteInfo(request_id=req.request_id, session_id=req.session_id,
+                     query_type=final.query_type, decision=final.decision,
+                     validation_status=final.validation_status,
+                     answered_by=final.answered_by, avap_code=final.avap_code,
+                     retried=final.retried, kind=final.kind.value)
+
+
+def completion(final: ResponseChunk, text: str, *, req: AgentRequest, model: str,
+               created: int) -> Completion:
+    return Completion(
+        id=completion_id(req.request_id), object="chat.completion", created=created,
+        model=model, choices=[Choice(0, AnswerMessage("assistant", text), None, "stop")],
+        usage=usage_of(final), intentroute=route_info(final, req))
+
+
+def completion_id(request_id: str) -> str:
+    return f"chatcmpl-{request_id}"
+
+
+def chunk(request_id: str, model: str, created: int, delta: Delta,
+          finish_reason: str | None = None, *, usage: Usage | UnsetType | None = UNSET,
+          info: RouteInfo | Reset | UnsetType = UNSET) -> Chunk:
+    return Chunk(completion_id(request_id), "chat.completion.chunk", created, model,
+                 [ChunkChoice(0, delta, None, finish_reason)], usage=usage, intentroute=info)
+
+
+def usage_chunk(request_id: str, model: str, created: int, usage: Usage) -> Chunk:
+    return Chunk(completion_id(request_id), "chat.completion.chunk", created, model, [],
+                 usage=usage)
+
+
+def headers_of(final: ResponseChunk | None, request_id: str, session_id: str
+               ) -> dict[str, str]:
+    """The `X-Intentroute-*` headers: the ids, and what is known of the answer (a stream's
+    headers go before it: the ids only)."""
+    headers = {"x-request-id": request_id, "X-Intentroute-Request-Id": request_id,
+               "X-Intentroute-Session-Id": session_id}
+    if final is not None and final.error is None:
+        headers["X-Intentroute-Query-Type"] = final.query_type
+        headers["X-Intentroute-Layer"] = final.decision.layer.value if final.decision else ""
+        headers["X-Intentroute-Validation-Status"] = final.validation_status
+        headers["X-Intentroute-Answered-By"] = final.answered_by
+    return headers
+
+
+# HTTP status per error code (the code itself is in the body, as on the other doors).
+_STATUS: Mapping[str, int] = {
+    ErrorCode.AGENT_MISMATCH: 403, ErrorCode.UNKNOWN_AGENT: 403,
+    ErrorCode.RATE_LIMITED: 429, ErrorCode.CONCURRENCY_LIMITED: 429,
+    ErrorCode.QUOTA_EXCEEDED: 429, ErrorCode.BUDGET_EXCEEDED: 429, QUEUE_FULL: 429,
+    THROTTLED: 429, UNAUTHENTICATED: 401,
+    ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.BACKEND_UNAVAILABLE: 503,
+    ErrorCode.STORE_UNAVAILABLE: 503,
+}
+_INPUT = frozenset({ErrorCode.MALFORMED_JSON, ErrorCode.MISSING_FIELD,
+                    ErrorCode.INVALID_FIELD, ErrorCode.OVERSIZED_FIELD,
+                    ErrorCode.UNKNOWN_QUERY_TYPE})
+_TYPES: Mapping[int, str] = {400: "invalid_request_error", 401: "authentication_error",
+                             403: "permission_error", 404: "invalid_request_error",
+                             413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def status_of(code: str) -> int:
+    return 400 if code in _INPUT else _STATUS.get(code, 500)
+
+
+def error_envelope(status: int, code: str, message: str, param: str | None = None
+                   ) -> ErrorEnvelope:
+    return ErrorEnvelope(ErrorBody(message=message, type=_TYPES.get(status, "server_error"),
+                                   code=code, param=param))
+
+
+def error_of(info: ErrorInfo) -> tuple[int, ErrorEnvelope]:
+    status = status_of(info.code)
+    return status, error_envelope(status, info.code, info.message)
+
+
+def is_text(piece: ResponseChunk) -> bool:
+    """Part of the answer's text (status notes are not)."""
+    return piece.kind in (ChunkKind.TEXT, ChunkKind.CLARIFICATION) or (
+        piece.is_final and bool(piece.text))
+
+
+class ModelCard(msgspec.Struct, frozen=True):
+    id: str
+    object: str
+    created: int
+    owned_by: str
+
+
+class ModelList(msgspec.Struct, frozen=True):
+    object: str
+    data: list[ModelCard]
+
+
+def model_list(created: int) -> ModelList:
+    """`intentroute` (the classifier decides the route) and one model per route."""
+    return ModelList("list", [ModelCard(model, "model", created, "intentroute")
+                              for model in (MODEL, *ROUTE_MODELS)])

@@ -1,0 +1,306 @@
+"""The OpenAI door's wire format, driven by the official `openai` SDK against the real
+aiohttp routes with a scripted pipeline (a Door whose answers are given chunks): what
+the SDK parses, the events of a stream in OpenAI's order, errors mid-stream, the
+mapping of a chat request onto AgentRequest. The real pipeline behind the same routes
+is tests/integration/test_openai_door.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from services.gateway.bridge import Door
+from services.gateway.health import Readiness, add_health_routes
+from services.gateway.openai_door import wire
+from services.gateway.openai_door.routes import add_openai_routes
+from services.gateway.throttle import AuthThrottle
+from shared.auth.ports import AgentInfo
+from shared.client.caller import AnswerTimeoutError
+from shared.contracts.request import AgentRequest
+from shared.contracts.response import (
+    ChunkKind,
+    ErrorCode,
+    ErrorInfo,
+    ResponseChunk,
+    TokenUsage,
+)
+from shared.contracts.routing import Layer, ModelSlot, QueryType, RoutingDecision
+
+DECISION = RoutingDecision(QueryType.RETRIEVAL, Layer.RULES, 0.97, ModelSlot.MAIN)
+Script = list[ResponseChunk | Exception]
+
+
+def text(seq: int, piece: str, kind: ChunkKind = ChunkKind.TEXT) -> ResponseChunk:
+    return ResponseChunk(request_id="r", seq=seq, text=piece, kind=kind)
+
+
+def final(seq: int, piece: str = "", **fields: Any) -> ResponseChunk:
+    fields.setdefault("decision", DECISION)
+    fields.setdefault("query_type", "RETRIEVAL")
+    return ResponseChunk(request_id="r", seq=seq, text=piece, kind=ChunkKind.FINAL,
+                         is_final=True, **fields)
+
+
+class ScriptedDoor(Door):
+    """The token `good` is agent `a`; each request is answered with `script`."""
+
+    def __init__(self) -> None:
+        super().__init__(None, None, AuthThrottle(""), answer_timeout=5)  # type: ignore[arg-type]
+        self.script: Script = []
+        self.asked: list[AgentRequest] = []
+
+    async def caller(self, token: str, address: str) -> AgentInfo | None:
+        return AgentInfo("a") if token == "good" else None
+
+    async def answer(self, req: AgentRequest, **tracing: Any  # type: ignore[override]
+                     ) -> AsyncGenerator[ResponseChunk, None]:
+        self.asked.append(req)
+        for item in self.script:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+
+class FakePool:
+    def __init__(self) -> None:
+        self.down = False
+
+    async def fetchval(self, query: str) -> int:
+        if self.down:
+            raise OSError("connection refused")
+        return 1
+
+
+class FakeNats:
+    is_connected = True
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[ScriptedDoor, str, dict[str, Any]]]:
+    door = ScriptedDoor()
+    app = web.Application(client_max_size=64 * 1024)  # as the gateway's (http.py)
+    add_openai_routes(app, door)
+    probes: dict[str, Any] = {"pool": FakePool(), "nc": FakeNats(), "consuming": True}
+    add_health_routes(app, Readiness(probes["nc"], probes["pool"],  # type: ignore[arg-type]
+                                     lambda: bool(probes["consuming"])))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield door, str(server.make_url("")), probes
+    await server.close()
+
+
+def client(base: str, key: str = "good") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+
+
+async def test_a_streamed_answer_reads_as_openai_chunks_with_usage_last_and_route_info(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    door, base, _ = served
+    door.script = [text(0, "checking", ChunkKind.STATUS), text(1, "Use "), text(2, "startLoop"),
+                   final(3, ".", answered_by="ollama:m", usage=TokenUsage(12, 3))]
+    stream = await client(base).chat.completions.create(
+        model="intentroute", messages=[{"role": "user", "content": "how do I loop?"}],
+        stream=True, stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "Use startLoop.")
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finish] == ["stop"]
+    assert finish[0].model_extra is not None
+    info = finish[0].model_extra["intentroute"]
+    assert info["query_type"] == "RETRIEVAL"
+    assert info["answered_by"] == "ollama:m"
+    assert info["decision"]["layer"] == "rules"
+    # OpenAI's include_usage: null usage on every chunk, then one with no choices.
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens,
+            chunks[-1].usage.total_tokens) == (12, 3, 15)
+    assert len({c.id for c in chunks}) == 1
+
+
+async def test_the_raw_stream_ends_with_done_and_carries_usage_once_without_include_usage(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    door, base, _ = served
+    door.script = [text(0, "a"), final(1, "b", usage=TokenUsage(5, 2))]
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{base}/v1/chat/completions", headers={"Authorization": "Bearer good"},
+            json={"model": "intentroute", "stream": True,
+                  "messages": [{"role": "user", "content": "q"}]}) as resp:
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        assert resp.headers["X-Intentroute-Request-Id"] == door.asked[0].request_id
+        body = (await resp.read()).decode()
+    events = [e.removeprefix("data: ") for e in body.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    assert sum('"usage"' in e for e in events) == 1
+    assert '"finish_reason":"stop"' in events[-2]
+    assert '"total_tokens":7' in events[-2]
+
+
+async def test_an_error_after_text_is_an_error_event_the_sdk_raises(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    door, base, _ = served
+    door.script = [text(0, "partial"), text(1, "", ChunkKind.RESET),
+                   final(2, error=ErrorInfo(ErrorCode.STAGE_FAILED, "the generator failed"))]
+    stream = await client(base).chat.completions.create(
+        model="intentroute", messages=[{"role": "user", "content": "q"}], stream=True)
+    seen: list[Any] = []
+
+    async def read_all() -> None:
+        async for chunk in stream:
+            seen.append(chunk)
+
+    with pytest.raises(openai.APIError) as raised:
+        await read_all()
+    assert raised.value.code == ErrorCode.STAGE_FAILED
+    # The reset told the client to drop "partial".
+    assert any(c.model_extra and c.model_extra.get("intentroute") == {"reset": True}
+               for c in seen)
+
+
+async def test_a_refusal_before_any_text_is_its_http_status_streamed_or_not(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    door, base, _ = served
+    door.script = [final(0, error=ErrorInfo(ErrorCode.QUOTA_EXCEEDED, "tokens", 1500),
+                         decision=None, query_type="")]
+    for stream in (False, True):
+        with pytest.raises(openai.RateLimitError) as raised:
+            await client(base).chat.completions.create(
+                model="intentroute", messages=[{"role": "user", "content": "q"}],
+                stream=stream)
+        assert raised.value.code == ErrorCode.QUOTA_EXCEEDED
+        assert raised.value.response.headers["Retry-After"] == "2"
+        assert raised.value.response.headers["retry-after-ms"] == "1500"
+
+
+async def test_no_final_in_time_is_504_deadline_exceeded(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    door, base, _ = served
+    door.script = [AnswerTimeoutError("no final chunk within 5s")]
+    with pytest.raises(openai.APIStatusError) as raised:
+        await client(base).chat.completions.create(
+            model="intentroute", messages=[{"role": "user", "content": "q"}])
+    assert raised.value.status_code == 504
+    assert raised.value.code == ErrorCode.DEADLINE_EXCEEDED
+
+
+async def test_bad_keys_bodies_and_models_are_openai_errors_before_the_pipeline(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    door, base, _ = served
+    with pytest.raises(openai.AuthenticationError):
+        await client(base, "wrong").models.list()
+    bad = [({"model": "gpt-4o", "messages": [{"role": "user", "content": "q"}]}, "model"),
+           ({"model": "intentroute", "messages": [{"role": "user", "content": "q"},
+                                                  {"role": "assistant", "content": "a"}]},
+            "messages"),
+           ({"model": "intentroute", "messages": []}, "messages"),
+           ({"model": "intentroute", "messages": [{"role": "user", "content": 5}]},
+            "messages")]
+    for body, param in bad:
+        with pytest.raises(openai.BadRequestError) as raised:
+            await client(base).chat.completions.create(**body)  # type: ignore[call-overload]
+        assert raised.value.param == param, body
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{base}/v1/chat/completions", data=b"{not json",
+            headers={"Authorization": "Bearer good"}) as resp:
+        assert resp.status == 400
+        assert (await resp.json())["error"]["code"] == ErrorCode.MALFORMED_JSON
+    assert door.asked == []
+
+
+async def test_a_long_conversation_is_read_past_the_feedback_limit_up_to_two_mib(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    door, base, _ = served
+    door.script = [final(0, "ok")]
+    earlier = [{"role": "user", "content": "x" * 100_000},
+               {"role": "assistant", "content": "y" * 100_000}]
+    answer = await client(base).chat.completions.create(
+        model="intentroute", messages=[*earlier, {"role": "user", "content": "q"}])
+    assert answer.choices[0].message.content == "ok"
+    with pytest.raises(openai.APIStatusError) as refused:
+        await client(base).chat.completions.create(
+            model="intentroute", messages=[{"role": "user", "content": "z" * 3_000_000}])
+    assert refused.value.status_code == 413
+    assert refused.value.code == ErrorCode.OVERSIZED_FIELD
+
+
+async def test_models_lists_the_router_and_one_model_per_route(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    _, base, _ = served
+    ids = [m.id async for m in client(base).models.list()]
+    assert ids == ["intentroute", *(f"intentroute/{t.value}" for t in QueryType)]
+    model = await client(base).models.retrieve("intentroute/CODE_GENERATION")
+    assert model.owned_by == "intentroute"
+
+
+def chat(messages: list[dict[str, Any]], **fields: Any) -> wire.ChatRequest:
+    decoded = wire.decode_chat(wire.msgspec.json.encode({"model": "intentroute",
+                                                         "messages": messages, **fields}))
+    assert isinstance(decoded, wire.ChatRequest)
+    return decoded
+
+
+def test_the_last_user_message_is_the_query_and_system_and_metadata_the_context() -> None:
+    req = wire.to_agent_request(chat(
+        [{"role": "system", "content": "plan=pro"},
+         {"role": "developer", "content": [{"type": "text", "text": "usage=20%"}]},
+         {"role": "user", "content": "first"}, {"role": "assistant", "content": "a"},
+         {"role": "user", "content": "second"}],
+        metadata={"project": "p1"}, model="intentroute/PLATFORM"),
+        session_header="", request_id="r1")
+    assert isinstance(req, AgentRequest)
+    assert (req.query, req.query_type) == ("second", "PLATFORM")
+    assert req.extra_context == "plan=pro\n\nusage=20%\n\nproject: p1"
+
+
+def test_turns_of_one_conversation_share_a_session_unless_a_header_names_one() -> None:
+    one = [{"role": "user", "content": "hello"}]
+    two = [*one, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]
+    sessions = {}
+    for name, messages, user in (("turn 1", one, None), ("turn 2", two, None),
+                                 ("other user", two, "u2")):
+        req = wire.to_agent_request(chat(messages, user=user), session_header="",
+                                    request_id="r")
+        assert isinstance(req, AgentRequest)
+        sessions[name] = req.session_id
+    assert sessions["turn 1"] == sessions["turn 2"] != sessions["other user"]
+    named = wire.to_agent_request(chat(two), session_header="s-9", request_id="r")
+    assert isinstance(named, AgentRequest)
+    assert named.session_id == "s-9"
+
+
+async def test_healthz_answers_and_readyz_names_what_is_not_ready(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    _, base, probes = served
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/healthz") as resp:
+            assert resp.status == 200
+        async with http.get(f"{base}/readyz") as resp:
+            assert resp.status == 200
+            assert (await resp.json())["checks"] == {"nats": "ok", "postgres": "ok",
+                                                     "consumers": "ok"}
+        probes["pool"].down, probes["consuming"] = True, False
+        async with http.get(f"{base}/readyz") as resp:
+            assert resp.status == 503
+            checks = (await resp.json())["checks"]
+        assert checks["postgres"].startswith("unreachable")
+        assert checks["consumers"] == "not pulling"
+        async with http.get(f"{base}/healthz") as resp:
+            assert resp.status == 200
