@@ -16,11 +16,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from intentroute.stack.auth import admin_kwargs
 from shared.auth.natsconn import write_credential
+from shared.contracts.request import STREAM, request_subject
 from tests.helpers.agents import add_agents
 
 pytestmark = pytest.mark.integration
@@ -234,7 +236,7 @@ def test_an_unknown_id_is_refused_in_one_line(
 
 
 async def test_ask_waits_for_its_answer_only_as_long_as_asked(
-    stack: tuple[str, str], home: Path, tmp_path: Path
+    stack: tuple[str, str], home: Path, tmp_path: Path, admin_nc: Any
 ) -> None:
     """Connected with a real credential, no gateway running: the answer's wait ends at
     `ask --timeout` with one line, exit 1. (An agent of its own: the question stays in
@@ -247,5 +249,7 @@ async def test_ask_waits_for_its_answer_only_as_long_as_asked(
     assert one_line(done.stderr) == (
         "no answer within 2 s: are the workers running? (`intentroute status` shows each "
         "stage; `ask --timeout N` waits longer)")
+    # The unanswered question is not left for later tests' gateways to answer.
+    await admin_nc.jetstream().purge_stream(STREAM, subject=request_subject("cli-asker"))
     assert done.returncode == 1
     assert took < 2 + START, f"{took:.1f} s"

@@ -34,13 +34,14 @@ def _platform(agent: str, i: int) -> bytes:
 class Finals:
     """Final chunks in the order they arrive, as (agent, request id)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *agents: str) -> None:
+        self.agents = set(agents)  # others' answers (earlier tests' leftovers) not counted
         self.order: list[tuple[str, str]] = []
         self.arrived = asyncio.Event()
 
     async def on_chunk(self, msg: Msg) -> None:
         chunk = decode_chunk(msg.data)
-        if chunk.is_final:
+        if chunk.is_final and msg.subject.split(".")[2] in self.agents:
             self.order.append((msg.subject.split(".")[2], chunk.request_id))
             self.arrived.set()
 
@@ -78,7 +79,7 @@ async def test_a_flood_does_not_queue_another_agents_request_behind_it(
 
     flood = await nats.connect(nats_url, **creds["flood-a"].nats)
     victim = await nats.connect(nats_url, **creds["victim-b"].nats)
-    finals = Finals()
+    finals = Finals("flood-a", "victim-b")
     sub = await admin_nc.subscribe("agent.response.*.*", cb=finals.on_chunk)
     try:
         # A's backlog of 400 is queued first, B's one request after all of it.
@@ -111,7 +112,7 @@ async def test_weights_share_admissions_and_two_replicas_answer_each_request_onc
 
     heavy = await nats.connect(nats_url, **creds["heavy"].nats)
     light = await nats.connect(nats_url, **creds["light"].nats)
-    finals = Finals()
+    finals = Finals("heavy", "light")
     sub = await admin_nc.subscribe("agent.response.*.*", cb=finals.on_chunk)
     try:
         await _queue(heavy, "heavy", 300)
