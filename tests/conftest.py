@@ -134,3 +134,12 @@ def kb_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     index_dir = tmp_path_factory.mktemp("kb-index")
     ingest(REPO / "kb" / "avap", index_dir, SentenceTransformerEncoder(), progress=False)
     return index_dir
+
+
+@pytest.fixture
+async def parser() -> AsyncIterator[Any]:
+    """The real AVAP parser on a free port, counting Validate calls: (address, servicer)."""
+    from tests.helpers.parser import serve_counting
+
+    async for served in serve_counting():
+        yield served

@@ -6,18 +6,16 @@ exactly one trace-guided retry (RC-08)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from intentroute.stack import free_port
 from intentroute.stack.llm import LOCAL_MODEL, local_server
 from services.classifier.adapters import build_llm
 from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.llm import ModelLabeler
 from services.classifier.settings import ClassifierSettings
-from services.parser.server import AvapParserService, serve
 from services.retriever.adapters import ModelRelevanceJudge
 from services.retriever.app import build_judge
 from services.retriever.settings import RetrieverSettings
@@ -26,6 +24,7 @@ from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind, ValidationStatus
 from shared.contracts.routing import HistoryEntry, Layer, QueryType
 from shared.llm.openai import LlamaCppBackend
+from tests.helpers.parser import CountingParser
 from tests.helpers.pipeline import ask_all, base_env, make_request, running
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.unit.test_cascade import TABLE, FakeLayer2
@@ -43,25 +42,6 @@ ANSWER_TIMEOUT = 600.0
 def local_env() -> Iterator[dict[str, str]]:
     with local_server(threads=1) as env:
         yield env
-
-
-class CountingParser(AvapParserService):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    async def Validate(self, request: Any, context: Any) -> Any:
-        self.calls += 1
-        return await super().Validate(request, context)
-
-
-@pytest.fixture
-async def parser() -> AsyncIterator[tuple[str, CountingParser]]:
-    port = free_port()
-    servicer = CountingParser()
-    server = await serve("127.0.0.1", port, servicer=servicer)
-    yield f"127.0.0.1:{port}", servicer
-    await server.stop(0)
 
 
 async def test_layer3_on_the_local_model_labels_an_ambiguous_message(

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from intentroute.stack import free_port
-from services.parser.server import AvapParserService, serve
 from shared.contracts.response import ChunkKind, ValidationStatus
 from tests.helpers.pipeline import ask_all, base_env, make_request, running
 
@@ -18,25 +16,6 @@ INVALID = "Here you go:\n```avap\naddParam(password, pwd)\ngetSHA256(pwd, hash)\
           "returnResult(hash)\n```\n"
 VALID = "Fixed:\n```avap\naddParam(password, pwd)\nencodeSHA256(pwd, hash)\n" \
         "addResult(hash)\n```\n"
-
-
-class CountingParser(AvapParserService):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    async def Validate(self, request: Any, context: Any) -> Any:
-        self.calls += 1
-        return await super().Validate(request, context)
-
-
-@pytest.fixture
-async def parser() -> AsyncIterator[tuple[str, CountingParser]]:
-    port = free_port()
-    servicer = CountingParser()
-    server = await serve("127.0.0.1", port, servicer=servicer)
-    yield f"127.0.0.1:{port}", servicer
-    await server.stop(0)
 
 
 def scripted(*answers: str) -> Any:
