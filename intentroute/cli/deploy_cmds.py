@@ -120,7 +120,8 @@ def k8s(
     """Render the Kubernetes manifests: a Deployment per worker type and model slot, the
     parser, jobs (db-init + migrate, streams, ingest) and KEDA ScaledObjects scaling each
     stage on its JetStream consumer lag."""
-    from intentroute.deploy.k8s import differences, options_from, write
+    from intentroute.deploy.k8s import options_from, render, write
+    from intentroute.rendered import folder_differences
 
     pairs = [v.partition("=") for v in values or []]
     bad = [key for key, sep, _ in pairs if not sep]
@@ -132,7 +133,7 @@ def k8s(
         typer.echo(f"deploy k8s: --set: {exc}", err=True)
         raise typer.Exit(2) from None
     if check:
-        wrong = differences(out, options)
+        wrong = folder_differences(render(options), out)
         if wrong:
             typer.echo(f"{out}: {', '.join(wrong)} out of date; run `intentroute deploy k8s "
                        f"--out {out}`", err=True)

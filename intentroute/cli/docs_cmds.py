@@ -24,10 +24,12 @@ def asyncapi(
 ) -> None:
     """Write the AsyncAPI 3.0 document of every subject and one JSON Schema per message,
     generated from the contracts (byte-identical on every run)."""
-    from intentroute.docs.asyncapi import ASYNCAPI_FILE, SCHEMAS_DIR, differences, write
+    from intentroute.docs.asyncapi import ASYNCAPI_FILE, SCHEMAS_DIR, SCHEMAS_GLOB, render, write
+    from intentroute.rendered import folder_differences
 
     if check:
-        wrong = differences(out)
+        # Sorted: a stale schema named among the changed ones.
+        wrong = sorted(folder_differences(render(), out, owned=SCHEMAS_GLOB))
         if wrong:
             typer.echo(f"{out}: {', '.join(wrong)} out of date; run `intentroute docs "
                        f"asyncapi --out {out}`", err=True)

@@ -117,12 +117,6 @@ def render_secrets(secrets_dir: Path) -> str:
     ])
 
 
-def differences(out: Path, options: K8sOptions | None = None) -> list[str]:
-    """The rendered files that `out` lacks or holds otherwise."""
-    return [name for name, text in render(options).items()
-            if not (out / name).is_file() or (out / name).read_text(encoding="utf-8") != text]
-
-
 class _Dumper(yaml.SafeDumper):
     """Every repeated mapping written out again: no `&id001` anchors for a reader."""
 

@@ -32,6 +32,8 @@ from shared.runtime.streams import stream_configs
 
 ASYNCAPI_FILE = "asyncapi.json"
 SCHEMAS_DIR = "schemas"
+# The generator's own files there: one no message has any more is stale.
+SCHEMAS_GLOB = f"{SCHEMAS_DIR}/*.json"
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 _COMPONENT_REF = "#/components/schemas/{name}"
 
@@ -301,24 +303,13 @@ def render() -> dict[str, bytes]:
     return files
 
 
-def differences(out: Path) -> list[str]:
-    """The files under `out` that are not what `render()` gives: missing, changed, or a
-    schema no message has any more."""
-    files = render()
-    wrong = [p for p, data in files.items()
-             if not (out / p).is_file() or (out / p).read_bytes() != data]
-    extra = [f"{SCHEMAS_DIR}/{p.name}" for p in (out / SCHEMAS_DIR).glob("*.json")
-             if f"{SCHEMAS_DIR}/{p.name}" not in files]
-    return sorted(wrong + extra)
-
-
 def write(out: Path) -> list[Path]:
     """Write the document and the schemas under `out`; a `schemas/*.json` no message has
     any more is removed (that folder is the generator's)."""
     files = render()
     (out / SCHEMAS_DIR).mkdir(parents=True, exist_ok=True)
-    for stale in (out / SCHEMAS_DIR).glob("*.json"):
-        if f"{SCHEMAS_DIR}/{stale.name}" not in files:
+    for stale in out.glob(SCHEMAS_GLOB):
+        if stale.relative_to(out).as_posix() not in files:
             stale.unlink()
     written = []
     for rel, data in files.items():

@@ -33,7 +33,7 @@ import msgspec
 
 from services.gateway.handlers import GatewayDeps
 from services.gateway.ports import FeedbackStore
-from services.gateway.validation import salvage_request_id
+from services.gateway.validation import salvage_request_id, validation_code
 from shared.auth.permissions import FEEDBACK_DURABLE
 from shared.common.settings import CommonSettings
 from shared.contracts import feedback as feedback_contract
@@ -65,11 +65,8 @@ def decode_feedback(raw: bytes) -> Feedback | FeedbackAck:
     try:
         return _decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        code = (ErrorCode.MISSING_FIELD if "missing required field" in text.lower()
-                else ErrorCode.INVALID_FIELD)
-        return refused(salvage_request_id(raw), code,
-                       f"feedback does not match the contract: {text}")
+        return refused(salvage_request_id(raw), validation_code(exc),
+                       f"feedback does not match the contract: {exc}")
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         # Not JSON, not UTF-8 (msgspec reports bad bytes in a string as a
         # UnicodeDecodeError), or nested past the decoder's depth.

@@ -43,15 +43,20 @@ def salvage_request_id(raw: bytes) -> str:
     return rid if is_valid_id(rid) else ""
 
 
+def validation_code(exc: msgspec.ValidationError) -> ErrorCode:
+    """A body that decodes but not into its contract: MISSING_FIELD where msgspec names a
+    required field it lacks, else INVALID_FIELD (every door answers the same)."""
+    missing = "missing required field" in str(exc).lower()
+    return ErrorCode.MISSING_FIELD if missing else ErrorCode.INVALID_FIELD
+
+
 def parse_request(raw: bytes, agent_id: str) -> AgentRequest | InputError:
     """The request `agent_id`'s credential published, checked; its agent is `agent_id`.
     Never raises: whatever the bytes are, the answer is a request or a typed error."""
     try:
         req = _decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        text = str(exc)
-        code = "MISSING_FIELD" if "missing required field" in text.lower() else "INVALID_FIELD"
-        return InputError(code, f"request does not match the contract: {text}",
+        return InputError(validation_code(exc), f"request does not match the contract: {exc}",
                           salvage_request_id(raw))
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         # Not JSON, not UTF-8 (msgspec reports bad bytes in a string as a

@@ -24,7 +24,7 @@ from shared.contracts.routing import HistoryEntry, Layer, QueryType
 from shared.llm.ollama import OllamaBackend
 from shared.llm.openai import LlamaCppBackend, OpenAIBackend
 from tests.helpers.fake_openai import FakeOpenAI
-from tests.unit.test_cascade import TABLE, FakeLayer2
+from tests.helpers.layer2 import TABLE, FakeLayer2
 
 pytestmark = pytest.mark.integration
 

@@ -24,10 +24,10 @@ from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind, ValidationStatus
 from shared.contracts.routing import HistoryEntry, Layer, QueryType
 from shared.llm.openai import LlamaCppBackend
+from tests.helpers.layer2 import TABLE, FakeLayer2
 from tests.helpers.parser import CountingParser
 from tests.helpers.pipeline import ask_all, base_env, make_request, running
 from tests.helpers.recording_proxy import RecordingProxy
-from tests.unit.test_cascade import TABLE, FakeLayer2
 
 pytestmark = pytest.mark.integration
 

@@ -3,8 +3,6 @@ hand-written fakes for Layer 2 and Layer 3."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 
 from services.classifier.cascade import Cascade, CascadeConfig
@@ -12,35 +10,10 @@ from services.classifier.handlers import clarification_text
 from services.classifier.llm import format_history, render_classifier_prompt
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import Clarity, HistoryEntry, Layer, ModelSlot, QueryType
+from tests.helpers.layer2 import TABLE, FakeLayer2
 
 R, C, V, P = (QueryType.RETRIEVAL, QueryType.CODE_GENERATION, QueryType.CONVERSATIONAL,
               QueryType.PLATFORM)
-
-
-@dataclass(frozen=True)
-class Pred:
-    label: str
-    confidence: float
-    alternatives: list[tuple[str, float]] = field(default_factory=list)
-
-
-class FakeLayer2:
-    """Keyword table standing in for the encoder + head."""
-
-    def __init__(self, table: dict[str, tuple[QueryType, float]],
-                 default: tuple[QueryType, float] = (R, 0.5)) -> None:
-        self.table = table
-        self.default = default
-        self.seen: list[str] = []
-
-    async def predict(self, text: str) -> Pred:
-        self.seen.append(text)
-        for key, (qt, conf) in self.table.items():
-            if key in text.lower():
-                others = [(t.value, round((1 - conf) / 3, 3)) for t in QueryType if t != qt]
-                return Pred(qt.value, conf, others)
-        qt, conf = self.default
-        return Pred(qt.value, conf, [(t.value, (1 - conf) / 3) for t in QueryType if t != qt])
 
 
 class FakeLLM:
@@ -56,17 +29,6 @@ class FakeLLM:
 
 def req(query: str, **kw: str) -> AgentRequest:
     return AgentRequest(request_id="r", session_id="s", agent_id="a", query=query, **kw)
-
-
-TABLE = {
-    "addvar": (R, 0.97),
-    "write": (C, 0.96),
-    "endpoint": (C, 0.95),
-    "invoice": (P, 0.93),
-    "summary": (V, 0.9),
-    "maybe": (R, 0.7),
-    "hmm": (R, 0.4),
-}
 
 
 def cascade(llm: FakeLLM | None = None, **cfg: object) -> Cascade:

@@ -18,8 +18,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from intentroute.deploy.k8s import LAG_THRESHOLD, K8sOptions, differences, write
+from intentroute.deploy.k8s import LAG_THRESHOLD, K8sOptions, render, write
 from intentroute.deploy.secrets import init_secrets
+from intentroute.rendered import folder_differences
 from intentroute.workers import WORKERS
 from shared.auth.permissions import WORKER_GRANTS, service_user
 from shared.store.roles import WORKER_ROLES
@@ -53,7 +54,8 @@ def objects(rendered: dict[str, list[dict[str, Any]]], kind: str = "") -> list[d
 
 
 def test_the_committed_manifests_are_the_rendered_ones() -> None:
-    assert differences(COMMITTED) == [], "run `intentroute deploy k8s` and commit deploy/k8s"
+    assert folder_differences(render(), COMMITTED) == [], (
+        "run `intentroute deploy k8s` and commit deploy/k8s")
     assert not (COMMITTED / "secrets.yaml").exists(), "secrets.yaml must not be committed"
 
 

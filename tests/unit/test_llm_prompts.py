@@ -4,25 +4,12 @@ reads the same in every server's form: JSON schema, grammar, parsed reply."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from services.classifier.llm import render_classifier_prompt
 from services.retriever.adapters import render_relevance_prompt
 from shared.contracts.pipeline import Passage
 from shared.contracts.routing import HistoryEntry, QueryType
 from shared.llm.choice import Choice
-from shared.llm.ports import ChatMessage
-
-SNAPSHOTS = Path(__file__).resolve().parent.parent / "snapshots"
-
-
-def matches_snapshot(name: str, messages: list[ChatMessage]) -> bool:
-    rendered = "\n---\n".join(f"[{m.role}]\n{m.content}" for m in messages)
-    path = SNAPSHOTS / f"{name}.txt"
-    if os.environ.get("UPDATE_SNAPSHOTS") or not path.exists():
-        path.write_text(rendered, encoding="utf-8")
-    return rendered == path.read_text(encoding="utf-8")
+from tests.helpers.snapshots import snapshot
 
 
 def test_classifier_prompt_snapshot() -> None:
@@ -35,7 +22,8 @@ def test_classifier_prompt_snapshot() -> None:
     assert "turn 2" in system
     assert "<platform_priority_rule>" in system  # RC-02
     assert "<history_rule>" in system  # RC-03
-    assert matches_snapshot("prompt_classify", messages)
+    rendered, committed = snapshot("prompt_classify", messages)
+    assert rendered == committed
 
 
 def test_relevance_prompt_snapshot() -> None:
@@ -43,7 +31,8 @@ def test_relevance_prompt_snapshot() -> None:
                 Passage("vars#1", "Variables > addVar", "addVar(name, value) sets it.", 0.5)]
     messages = render_relevance_prompt("How do I loop from 1 to 10?", passages)
     assert '{"relevant": "YES"}' in messages[0].content
-    assert matches_snapshot("prompt_relevance", messages)
+    rendered, committed = snapshot("prompt_relevance", messages)
+    assert rendered == committed
 
 
 def test_a_choice_reads_the_same_in_schema_grammar_and_reply() -> None:

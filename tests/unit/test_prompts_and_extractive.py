@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from services.generator.extractive import LABEL, extractive_answer
@@ -12,8 +9,7 @@ from services.generator.prompts import render_prompt
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import Layer, QueryType, RoutingDecision, slot_for
-
-SNAPSHOTS = Path(__file__).resolve().parent.parent / "snapshots"
+from tests.helpers.snapshots import snapshot
 
 
 def envelope(qt: QueryType, **req: str) -> Routed:
@@ -40,11 +36,8 @@ def test_prompt_snapshots(qt: QueryType) -> None:
         env.parser_feedback = ("<parser_feedback>\nLine 3: unknown command 'getSHA256' — did you "
                                "mean 'encodeSHA256'?\n</parser_feedback>")
     messages = render_prompt(env, previous_answer="Use startLoop and endLoop.")
-    rendered = "\n---\n".join(f"[{m.role}]\n{m.content}" for m in messages)
-    path = SNAPSHOTS / f"prompt_{qt.value.lower()}.txt"
-    if os.environ.get("UPDATE_SNAPSHOTS") or not path.exists():
-        path.write_text(rendered, encoding="utf-8")
-    assert rendered == path.read_text(encoding="utf-8")
+    rendered, committed = snapshot(f"prompt_{qt.value.lower()}", messages)
+    assert rendered == committed
 
 
 def test_platform_prompt_states_no_invented_account_data() -> None:

@@ -22,7 +22,8 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
-from services.gateway.dashboard.queries import (
+from services.gateway.dashboard.queries import Figures
+from services.gateway.dashboard.rows import (
     PER_DAY,
     PER_DAY_LAYER,
     PER_DAY_MODEL,
@@ -30,7 +31,6 @@ from services.gateway.dashboard.queries import (
     PER_MODEL,
     AgentDayLatency,
     FeedbackGroup,
-    Figures,
     OutcomeGroup,
     RollupGroup,
     ScoreRow,

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from services.gateway.validation import validation_code
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind, ErrorCode, ErrorInfo, ResponseChunk
 from shared.contracts.routing import QueryType, RoutingDecision
@@ -103,10 +104,9 @@ def decode_chat(body: bytes) -> ChatRequest | WireError:
         return _decoder.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        code = (ErrorCode.MISSING_FIELD if "missing required field" in text.lower()
-                else ErrorCode.INVALID_FIELD)
         _, _, path = text.rpartition(" - at `$.")
-        return WireError(400, code, f"the body is not a chat completion request: {text}",
+        return WireError(400, validation_code(exc),
+                         f"the body is not a chat completion request: {text}",
                          path.rstrip("`").split("[")[0].split(".")[0] or None)
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         return WireError(400, ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}")
