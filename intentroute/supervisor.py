@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from intentroute.stack.procs import die_with_parent
+
 log = logging.getLogger("intentroute.supervisor")
 
 # Restart delays: the first restart is quick (a killed replica's work is waiting), a
@@ -24,7 +26,9 @@ Spawn = Callable[[Sequence[str], Mapping[str, str]], "subprocess.Popen[bytes]"]
 def _spawn(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     # A session of its own: the terminal's Ctrl-C (SIGINT to the foreground process
     # group) reaches `up` alone, which stops the processes in order (intentroute.drain).
-    return subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
+    # SIGTERM (the worker drains and exits) should `up` die without stopping it.
+    return subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
+                            preexec_fn=die_with_parent(signal.SIGTERM))
 
 
 @dataclass

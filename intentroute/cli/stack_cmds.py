@@ -39,6 +39,7 @@ from intentroute.stack import (
 )
 from intentroute.stack.auth import AuthSync, admin_kwargs, auth_files, server_pids, service_env
 from intentroute.stack.keeper import ServerKeeper, stack_keeper, update_pids
+from intentroute.stack.leftovers import wait_for_leftovers
 from intentroute.stack.lock import StackLockedError, StateLock
 from intentroute.stack.pgroles import (
     DatabaseUrls,
@@ -130,6 +131,7 @@ def up(
     embedded_nats = not cli.nats_url
     _check_cluster_size(nats_cluster, embedded_nats)
     lock = _own_state_dir(state_dir)  # before anything reads or writes the state dir
+    _await_leftovers(state_dir)
     ports = _plan_ports(cli, nats_cluster if embedded_nats else 0, nats_port, postgres_port,
                         llm, grpc, metrics=_metrics_wanted(cli, counts))
     servers: list[tuple[str, NatsServer | PostgresServer]] = []
@@ -190,6 +192,19 @@ def _own_state_dir(state_dir: Path) -> StateLock:
         raise typer.Exit(1) from None
     interrupt_on_stop_signals()
     return lock
+
+
+def _await_leftovers(state_dir: Path) -> None:
+    """An `up` that died here without stopping its stack (kill -9) left its stack.json:
+    wait until its servers, signalled by the kernel as it died, have stopped and the
+    ports clients hold are free again (intentroute.stack.leftovers). One line when it
+    waited; a port still taken afterwards is refused by `_plan_ports`."""
+    left = wait_for_leftovers(state_dir)
+    if left.held:
+        still = f"; still running: {', '.join(left.holding)}" if left.holding else ""
+        typer.echo(f"intentroute up: the last up here (pid {left.dead_pid}) ended without "
+                   f"stopping its stack; waited {left.waited:.1f}s for its processes to "
+                   f"stop{still}", err=True)
 
 
 def _plan_ports(cli: CliSettings, nats_nodes: int, nats_port: int | None,

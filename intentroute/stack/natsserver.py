@@ -25,7 +25,13 @@ from intentroute.stack.natsconf import (
     ServerTls,
     server_config,
 )
-from intentroute.stack.procs import StackError, free_port, stop_process, wait_tcp
+from intentroute.stack.procs import (
+    StackError,
+    die_with_parent,
+    free_port,
+    stop_process,
+    wait_tcp,
+)
 
 
 def nats_server_binary() -> str:
@@ -118,6 +124,9 @@ class NatsServer:
                 # Not in the terminal's process group: Ctrl-C reaches `up`, which stops
                 # the server after the workers have drained (intentroute.drain).
                 start_new_session=True,
+                # ... and stopped (SIGTERM: it shuts down cleanly) should `up` die
+                # without stopping it, kill -9 included.
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
 
     def wait_ready(self, timeout: float = 10.0) -> None:

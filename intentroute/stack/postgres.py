@@ -19,7 +19,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from intentroute.stack.procs import StackError, free_port, stop_process, wait_tcp
+from intentroute.stack.procs import (
+    StackError,
+    die_with_parent,
+    free_port,
+    stop_process,
+    wait_tcp,
+)
 
 log = logging.getLogger("intentroute.stack")
 # initdb runs again, from an empty data directory, when a signal killed it.
@@ -169,6 +175,8 @@ class PostgresServer:
                  "-c", "max_connections=200", "-c", "password_encryption=scram-sha-256"],
                 stdout=log, stderr=subprocess.STDOUT, user=self._user,
                 start_new_session=True,  # as nats-server's: stopped last by `up`
+                # SIGINT, fast shutdown, should `up` die without stopping it.
+                preexec_fn=die_with_parent(signal.SIGINT),
             )
         wait_tcp("127.0.0.1", self.port, timeout, self.proc)
         if trusting:
