@@ -11,7 +11,11 @@ appear on `agent.request.<agent>` and the final chunk on its response subject, s
 `door_ms` = (request on the bus - caller sent it) + (caller has the whole answer -
 final chunk on the bus): everything but the pipeline. The watcher's own delivery delay
 is in the first term and out of the second, so it cancels. `door_overhead_ms_p50` is
-the OpenAI door's median own time (collected answers) above the NATS door's.
+the OpenAI door's median time (collected answers) above the NATS door's, as its caller
+sees it: the door's work, the HTTP client's, and the loopback hop to one more process
+and back. `door_own_ms_p50` is the door's work alone, as the gateway measures it
+(`Server-Timing: door`): from its handler's start to the request handed to the bus, and
+from the final chunk to the response.
 """
 
 from __future__ import annotations
@@ -114,15 +118,28 @@ def _nats_request(i: int) -> AgentRequest:
 
 
 async def _post(http: aiohttp.ClientSession, url: str, token: str, body: dict[str, Any],
-                *, stream: bool = False) -> float:
-    """Send one chat completion; perf_counter when the whole answer is in."""
+                *, stream: bool = False) -> tuple[float, float]:
+    """Send one chat completion: (perf_counter when the whole answer is in, the door's
+    own ms from its `Server-Timing`)."""
     async with http.post(url, json={**body, "stream": stream},
                          headers={"Authorization": f"Bearer {token}"}) as resp:
         data = await resp.read()
         done = time.perf_counter()
     if resp.status != 200 or (stream and not data.endswith(b"data: [DONE]\n\n")):
         raise RuntimeError(f"OpenAI door answered {resp.status}: {data[:300]!r}")
-    return done
+    return done, server_timing(resp.headers.get("Server-Timing", ""), "door")
+
+
+def server_timing(header: str, name: str) -> float:
+    """The `dur` of metric `name` in a `Server-Timing` header (ms), NaN when absent."""
+    for metric in header.split(","):
+        parts = [p.strip() for p in metric.split(";")]
+        if parts[0] == name:
+            for param in parts[1:]:
+                key, _, value = param.partition("=")
+                if key == "dur":
+                    return float(value)
+    return float("nan")
 
 
 async def _add_agents(db_url: str) -> dict[str, str]:
@@ -152,6 +169,7 @@ def _figures(e2e: list[float], door: list[tuple[float, float]]) -> dict[str, flo
 async def _sequential(nc: Client, http: aiohttp.ClientSession, url: str, token: str,
                       tap: Tap, requests: int) -> dict[str, dict[str, float]]:
     e2e: dict[str, list[float]] = {"nats": [], "openai": [], "openai_stream": []}
+    own: list[float] = []  # the OpenAI door's own ms, collected answers
     door: dict[str, list[tuple[float, float]]] = {name: [] for name in e2e}
     cpu: dict[str, float] = dict.fromkeys(e2e, 0.0)
     gateway = GatewayCpu()
@@ -169,13 +187,18 @@ async def _sequential(nc: Client, http: aiohttp.ClientSession, url: str, token: 
             rid, body = _sample(i)
             used = gateway.seconds()
             sent = time.perf_counter()
-            done = await _post(http, url, token, body, stream=name == "openai_stream")
+            done, door_own = await _post(http, url, token, body,
+                                         stream=name == "openai_stream")
+            if name == "openai":
+                own.append(door_own)
             e2e[name].append((done - sent) * 1000)
             door[name].append(await tap.door_ms(rid, sent, done))
             cpu[name] += gateway.seconds() - used
-    return {name: {**_figures(e2e[name], door[name]),
-                   "gateway_cpu_ms_mean": round(cpu[name] / requests * 1000, 3)}
-            for name in e2e}
+    figures = {name: {**_figures(e2e[name], door[name]),
+                      "gateway_cpu_ms_mean": round(cpu[name] / requests * 1000, 3)}
+               for name in e2e}
+    figures["openai"]["door_own_ms_p50"] = round(statistics.median(own), 3)
+    return figures
 
 
 async def _throughput(http: aiohttp.ClientSession, url: str, token: str, load: int,
@@ -219,4 +242,5 @@ async def measure_doors(servers: list[str], creds: dict[str, dict[str, Any]], db
     overhead = doors["openai"]["door_ms_p50"] - doors["nats"]["door_ms_p50"]
     cpu = doors["openai"]["gateway_cpu_ms_mean"] - doors["nats"]["gateway_cpu_ms_mean"]
     return {"doors": doors, "door_overhead_ms_p50": round(overhead, 3),
+            "door_own_ms_p50": doors["openai"]["door_own_ms_p50"],
             "door_cpu_ms_mean": round(cpu, 3), "door_overhead_target_ms": 1.0}

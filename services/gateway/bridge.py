@@ -5,7 +5,8 @@ its answer's chunks.
 The agent is its bearer token's (a wrong one counted against the client's address,
 throttle.py); the request is checked as a NATS one is (validation.check_request) and
 published on the agent's own `agent.request.<agent_id>` through the gateway's
-connection, so it takes the same durable path as a NATS caller's: the fair scheduler's
+connection (its answer followed through one subscription per agent, `AnswerRouter`),
+so it takes the same durable path as a NATS caller's: the fair scheduler's
 turns, the per-agent limits at admission (their refusals come back as final chunks with
 `REFUSALS` codes and `retry_after_ms`), the workers, one final chunk.
 
@@ -28,6 +29,7 @@ from services.gateway.limits.logic import REFUSALS
 from services.gateway.throttle import AuthThrottle
 from services.gateway.validation import InputError, check_request
 from shared.auth.ports import AgentInfo, TokenVerifier
+from shared.client.answers import AnswerRouter
 from shared.client.caller import ask
 from shared.common.otel import request_attributes
 from shared.contracts.request import AgentRequest
@@ -39,6 +41,7 @@ class Door:
     def __init__(self, nc: Client, agents: TokenVerifier, throttle: AuthThrottle, *,
                  answer_timeout: float, tracer: Tracer | None = None) -> None:
         self.nc = nc
+        self.router = AnswerRouter(nc)
         self.tracer = tracer or trace.NoOpTracer()
         self.agents = agents
         self.throttle = throttle
@@ -66,7 +69,7 @@ class Door:
                           **request_attributes(req.request_id, req.agent_id)})
         try:
             async for chunk in ask(self.nc, req, timeout=self.answer_timeout,
-                                   headers=trace_headers(span)):
+                                   headers=trace_headers(span), router=self.router):
                 if chunk.is_final:
                     _settled(span, chunk)
                 yield chunk

@@ -16,13 +16,16 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Protocol
 
 import msgspec
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.errors import APIError
 
+from shared.client.answers import AnswerRouter
 from shared.contracts import feedback as feedback_contract
 from shared.contracts import replay as replay_contract
 from shared.contracts import request as request_contract
@@ -93,12 +96,29 @@ async def publish_until_stored(nc: Client, req: AgentRequest, *, give_up_at: flo
             await asyncio.sleep(pause)
 
 
+class MsgSource(Protocol):
+    """Where one answer's messages come from: its subscription, or its queue at an
+    `AnswerRouter`."""
+
+    async def next_msg(self, timeout: float) -> Msg: ...
+
+
 async def ask(
     nc: Client, req: AgentRequest, *, timeout: float = 120.0,
-    headers: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | None = None, router: AnswerRouter | None = None,
 ) -> AsyncGenerator[ResponseChunk, None]:
     """Publish `req` (with `headers`, as `publish_request`) and yield its chunks in
-    order until the final one."""
+    order until the final one. With a `router` (a door asking for many requests of the
+    same agents) the chunks come through the agent's subscription there, not one of
+    the request's own."""
+    if router is not None:
+        async with router.waiting(req.agent_id, req.request_id) as waiting:
+            reconnects = _reconnects(nc)
+            await publish_request(nc, req, headers=headers)
+            async for chunk in follow_live(nc, waiting, req.agent_id, req.request_id,
+                                           timeout=timeout, reconnects=reconnects):
+                yield chunk
+        return
     sub = await nc.subscribe(response_subject(req.agent_id, req.request_id))
     try:
         reconnects = _reconnects(nc)
@@ -165,7 +185,7 @@ class _ReplayUnavailableError(Exception):
 
 
 async def follow_live(
-    nc: Client, sub: Subscription, agent_id: str, request_id: str, *, timeout: float,
+    nc: Client, sub: MsgSource, agent_id: str, request_id: str, *, timeout: float,
     reconnects: int | None = None,
 ) -> AsyncIterator[ResponseChunk]:
     """`follow` for a caller subscribed to its answer's subject, across reconnects: what

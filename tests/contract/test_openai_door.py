@@ -6,6 +6,7 @@ is tests/integration/test_openai_door.py."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -145,6 +146,41 @@ async def test_the_raw_stream_ends_with_done_and_carries_usage_once_without_incl
     assert sum('"usage"' in e for e in events) == 1
     assert '"finish_reason":"stop"' in events[-2]
     assert '"total_tokens":7' in events[-2]
+
+
+def _timing(header: str) -> dict[str, float]:
+    """`Server-Timing: door;dur=0.2, pipeline;dur=5` -> {"door": 0.2, "pipeline": 5.0}."""
+    metrics = (part.strip().split(";dur=") for part in header.split(","))
+    return {name: float(value) for name, value in metrics}
+
+
+async def test_server_timing_tells_the_doors_own_time_from_the_pipelines(
+    served: tuple[ScriptedDoor, str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    door, base, _ = served
+    door.script = [text(0, "a"), final(1, "b")]
+    scripted = door.answer
+
+    async def slow_pipeline(req: AgentRequest, **tracing: Any
+                            ) -> AsyncGenerator[ResponseChunk, None]:
+        await asyncio.sleep(0.2)  # the workers' time
+        async for chunk in scripted(req, **tracing):
+            yield chunk
+
+    monkeypatch.setattr(door, "answer", slow_pipeline)
+    body = {"model": "intentroute", "messages": [{"role": "user", "content": "q"}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/v1/chat/completions", json=body,
+                             headers={"Authorization": "Bearer good"}) as resp:
+            collected = _timing(resp.headers["Server-Timing"])
+        async with http.post(f"{base}/v1/chat/completions", json={**body, "stream": True},
+                             headers={"Authorization": "Bearer good"}) as resp:
+            streamed = _timing(resp.headers["Server-Timing"])
+            await resp.read()
+    assert collected["pipeline"] >= 200
+    assert 0 < collected["door"] < 100
+    assert set(streamed) == {"door"}  # sent before the answer: the door's part so far
+    assert 0 < streamed["door"] < 100
 
 
 async def test_an_error_after_text_is_an_error_event_the_sdk_raises(

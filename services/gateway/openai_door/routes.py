@@ -7,6 +7,11 @@ fair share and the per-agent limits apply. A stream's HTTP status is chosen on t
 answer's first chunk: a request refused at admission, or answered with an error before
 any text, gets its error status and body; an error after text went out is an
 `data: {"error": ...}` event (the SDK raises APIError), with no `[DONE]` after it.
+
+Every answer says what the door itself took, in W3C `Server-Timing` (which browsers'
+developer tools and most HTTP tooling show): `door` = from the handler's start to the
+request handed to the bus, plus (collected answers) from the final chunk to the response;
+`pipeline` = the rest, the workers' time. `bench pipeline --door openai` reports both.
 """
 
 from __future__ import annotations
@@ -124,6 +129,7 @@ async def _read(request: web.Request) -> bytes | web.Response:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()
     agent = await _agent(request)
     if isinstance(agent, web.Response):
         return agent
@@ -145,6 +151,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # The door's span continues the caller's `traceparent` header (bridge.Door).
     answer = door.answer(checked, span_name=f"POST {CHAT_PATH}", carrier=request.headers,
                          attributes={"http.request.method": "POST", "http.route": CHAT_PATH})
+    clock = _Clock(started)
     async with aclosing(answer):
         try:
             first = await anext(answer)
@@ -153,25 +160,46 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if first.is_final and first.error is not None:
             return _answer_error(first.error, ids)
         if chat.stream:
-            return await _stream(request, checked, chat, first, answer)
-        return await _collect(checked, chat, first, answer)
+            return await _stream(request, checked, chat, first, answer, clock)
+        return await _collect(checked, chat, first, answer, clock)
+
+
+class _Clock:
+    """The door's own time (`Server-Timing`), apart from the pipeline's: started is the
+    handler's start, handed when the request goes to the bus (perf_counter seconds)."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.handed = time.perf_counter()
+
+    def header(self, answered: float | None = None) -> dict[str, str]:
+        """`door` (ms): up to the handoff, plus since `answered` (the final chunk in);
+        `pipeline` (ms): from the handoff to `answered`."""
+        door = self.handed - self.started
+        value = ""
+        if answered is not None:
+            door += time.perf_counter() - answered
+            value = f", pipeline;dur={(answered - self.handed) * 1000:.3f}"
+        return {"Server-Timing": f"door;dur={door * 1000:.3f}{value}"}
 
 
 async def _collect(req: AgentRequest, chat: wire.ChatRequest, first: ResponseChunk,
-                   answer: AsyncIterator[ResponseChunk]) -> web.Response:
+                   answer: AsyncIterator[ResponseChunk], clock: _Clock) -> web.Response:
     chunks = [first]
     try:
         while not chunks[-1].is_final:
             chunks.append(await anext(answer))
     except (AnswerTimeoutError, RequestRefusedError) as exc:
         return _unavailable(exc, wire.headers_of(None, req.request_id, req.session_id))
+    answered = time.perf_counter()
     final = chunks[-1]
     headers = wire.headers_of(final, req.request_id, req.session_id)
     if final.error is not None:
         return _answer_error(final.error, headers)
-    body = wire.completion(final, assemble(chunks), req=req, model=chat.model,
-                           created=int(time.time()))
-    return web.Response(body=_encode(body), content_type="application/json", headers=headers)
+    body = _encode(wire.completion(final, assemble(chunks), req=req, model=chat.model,
+                                   created=int(time.time())))
+    return web.Response(body=body, content_type="application/json",
+                        headers={**headers, **clock.header(answered)})
 
 
 class _Events:
@@ -217,10 +245,10 @@ class _Events:
 
 
 async def _stream(request: web.Request, req: AgentRequest, chat: wire.ChatRequest,
-                  first: ResponseChunk, answer: AsyncIterator[ResponseChunk]
+                  first: ResponseChunk, answer: AsyncIterator[ResponseChunk], clock: _Clock
                   ) -> web.StreamResponse:
     resp = web.StreamResponse(headers={
-        **wire.headers_of(None, req.request_id, req.session_id),
+        **wire.headers_of(None, req.request_id, req.session_id), **clock.header(),
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no"})  # nginx and the like: pass each event on at once
     await resp.prepare(request)
