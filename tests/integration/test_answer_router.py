@@ -24,7 +24,8 @@ async def test_requests_share_one_subscription_and_get_only_their_own_chunks(
         await admin_nc.flush()
         assert (await one.next_msg(2)).data == b"one"
         assert (await two.next_msg(2)).data == b"two"
-        assert one.queue.empty() and two.queue.empty()
+        assert one.queue.empty()
+        assert two.queue.empty()
     assert router.subscribed() == {AGENT}  # lingers for the next request
     await asyncio.sleep(0.5)
     assert router.subscribed() == set()
