@@ -39,6 +39,7 @@ from shared.contracts import response
 from shared.contracts.codec import decode_chunk
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import agent_responses
+from testkit.procs import process_gone
 
 QUERIES = ["What does addParam do?", "how do I loop from 1 to 10 in AVAP?",
            "en menos palabras", "write an endpoint that returns the user id"]
@@ -128,13 +129,6 @@ def command(pid: int) -> str:
         return ""
 
 
-def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie waiting for its parent to reap it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 class DeathWatch:
@@ -153,7 +147,7 @@ class DeathWatch:
     def _run(self) -> None:
         while not self._stop.is_set() and len(self.died) < len(self.pids):
             for pid in self.pids:
-                if pid not in self.died and _gone(pid):
+                if pid not in self.died and process_gone(pid):
                     self.died[pid] = time.monotonic()
             time.sleep(0.01)
 

@@ -20,7 +20,6 @@ from bench.sigint import (
     Finals,
     Up,
     _answered,
-    _gone,
     _quiet,
     _request,
     children,
@@ -34,6 +33,7 @@ from shared.auth.natsconn import read_credential
 from shared.client.caller import publish_until_stored
 from shared.common.settings import nats_servers
 from shared.contracts.response import agent_responses
+from testkit.procs import process_gone
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +94,7 @@ async def test_kill_9_of_up_stops_its_children_and_the_next_up_answers_what_it_l
         left = tree
         while left and time.monotonic() - killed < GONE_WITHIN:
             await asyncio.sleep(0.05)
-            left = [pid for pid in left if not _gone(pid)]
+            left = [pid for pid in left if not process_gone(pid)]
         gone_s = time.monotonic() - killed
         answered_before = sum(1 for rid in ids if rid in finals.finals)
         print(f"{len(tree)} processes gone {gone_s:.2f}s after the kill; "

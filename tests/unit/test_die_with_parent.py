@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from intentroute.stack.procs import die_with_parent
+from testkit.procs import process_gone
 
 # The child writes the signal it got into `got`, then exits; `ready` once its handler is
 # installed.
@@ -44,13 +45,6 @@ time.sleep(60)
 """
 
 
-def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie its new parent has not reaped."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def _until(check: Callable[[], bool], timeout: float) -> bool:
@@ -77,11 +71,11 @@ def test_the_child_gets_its_stop_signal_when_its_parent_is_killed(
         assert _until(ready.exists, 30)
         parent.kill()
         parent.wait(10)
-        assert _until(lambda: _gone(child), 10)
+        assert _until(lambda: process_gone(child), 10)
         assert got.read_text() == str(int(sig))
     finally:
         parent.kill()
-        if child and not _gone(child):
+        if child and not process_gone(child):
             os.kill(child, signal.SIGKILL)
 
 
