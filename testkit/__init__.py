@@ -8,7 +8,8 @@ What belongs here:
 * `wire`: a stage's logic run on wire bytes (`run_on_wire`) and the builders of what it
   is fed (stamped envelope bytes, requests, routing decisions);
 * `fuzzing`: the fuzz targets, hostile-input strategies and the oracle that judges what
-  a stage published (tests/fuzz and `intentroute bench fuzz` run the same targets).
+  a stage published (tests/fuzz and `intentroute bench fuzz` run the same targets);
+* `procs`: checks on processes the tests and benchmarks kill.
 
 Imported by tests/ and bench/ only, never by serving code (shared/, services/, the
 stack, the supervisor, the workers, status): import-linter gates it (make lint).
