@@ -104,14 +104,15 @@ def parser(
 @app.command("llm-server")
 def llm_server(
     port: Annotated[int, typer.Option()] = 8081,
-    threads: Annotated[int, typer.Option(help="CPU threads for the model")] = 2,
+    threads: Annotated[int | None, typer.Option(
+        help="CPU threads for the model (default: all cores but one)")] = None,
 ) -> None:
     """Serve the local model (SmolLM2-135M, OpenAI-compatible chat API) on 127.0.0.1;
     every call needs OPENAI_API_KEY from the environment as its bearer token."""
-    from intentroute.stack.llm import serve
+    from intentroute.stack.llm import default_threads, serve
 
     key = settings().openai_api_key
     if not key:
         raise typer.BadParameter("set OPENAI_API_KEY: the model server takes no "
                                  "anonymous calls")
-    serve(port, api_key=key, threads=threads)
+    serve(port, api_key=key, threads=threads or default_threads())
