@@ -69,3 +69,8 @@ def test_eval_intents_chooses_the_oos_threshold_on_train_lines_only(tmp_path: Pa
     assert 0.0 <= a["threshold"] < 0.96
     assert a["threshold"] == b["threshold"]
     assert a["in_scope_accuracy"] > 0.8
+    # The head mixed with the TF-IDF and kNN members, weights chosen on train lines too.
+    assert a["mixture"] == b["mixture"]
+    assert set(a["mixture"]["weights"]) == {"head", "tfidf", "knn"}
+    assert sum(a["mixture"]["weights"].values()) == pytest.approx(1.0)
+    assert a["cv_accuracy"] >= a["mixture"]["member_cv_accuracy"]["head"]

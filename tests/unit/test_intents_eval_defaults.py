@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.classifier.offline.intents_eval import oos_threshold
+from services.classifier.offline.intents_eval import mix_members, oos_threshold
 from shared.encoders.concat import ConcatEncoder
 
 LABELS = ["a", "b", "oos"]
@@ -72,3 +72,29 @@ def test_concatenated_encoders_give_one_unit_vector_per_text() -> None:
     assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0)
     # Cosines average the members': identical texts 1, these two 0.
     assert vecs[0] @ vecs[1] == pytest.approx(0.0)
+
+
+def test_the_mixture_takes_the_weights_that_fix_the_most_held_out_lines() -> None:
+    # Each member is sure and right on its own half of the lines and unsure and wrong
+    # (0.4 for the right class, 0.55 for a wrong one) on the other half: only a mixture
+    # of both gets every line right.
+    y = np.array([0, 0, 1, 1])
+    sure = {0: [0.9, 0.05, 0.05], 1: [0.05, 0.9, 0.05]}
+    unsure_wrong = {0: [0.4, 0.55, 0.05], 1: [0.55, 0.4, 0.05]}
+    a = np.array([sure[0], unsure_wrong[0], sure[1], unsure_wrong[1]])
+    b = np.array([unsure_wrong[0], sure[0], unsure_wrong[1], sure[1]])
+    weights, held, test = mix_members([a, b], [a[:1], b[:1]], y)
+    assert sum(weights) == pytest.approx(1.0)
+    assert 0.0 < weights[0] < 1.0
+    assert (held.argmax(axis=1) == y).all()
+    assert np.allclose(held.sum(axis=1), 1.0)
+    assert test.shape == (1, 3)
+
+
+def test_a_member_that_adds_nothing_gets_no_weight() -> None:
+    y = np.array([0, 1, 2, 0])
+    head = _probs([(0, 0.9), (1, 0.8), (2, 0.7), (0, 0.6)])
+    useless = np.full((4, 3), 1 / 3)
+    weights, held, _ = mix_members([head, useless], [head, useless], y)
+    assert weights == (1.0, 0.0)
+    assert (held.argmax(axis=1) == y).all()

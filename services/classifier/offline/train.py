@@ -57,7 +57,7 @@ def data_hash(texts: Sequence[str], labels: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def _fit_logreg(x: np.ndarray, y: np.ndarray, *, c: float, seed: int, max_iter: int) -> Any:
+def fit_logreg(x: np.ndarray, y: np.ndarray, *, c: float, seed: int, max_iter: int) -> Any:
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
@@ -68,7 +68,7 @@ def _fit_logreg(x: np.ndarray, y: np.ndarray, *, c: float, seed: int, max_iter: 
         return LogisticRegression(C=c, max_iter=max_iter, random_state=seed).fit(x, y)
 
 
-def _full_logits(model: Any, x: np.ndarray, n_classes: int) -> np.ndarray:
+def full_logits(model: Any, x: np.ndarray, n_classes: int) -> np.ndarray:
     """decision_function as (n, n_classes) logits; classes absent from the fit get -1e4."""
     d = np.asarray(model.decision_function(x), dtype=np.float64)
     out = np.full((x.shape[0], n_classes), -1e4, dtype=np.float64)
@@ -211,7 +211,7 @@ def train_head(
         "lexical": lexical,
         "data_hash": data_hash(texts, labels),
     }
-    fit = partial(_fit_logreg, c=c, seed=seed, max_iter=max_iter)
+    fit = partial(fit_logreg, c=c, seed=seed, max_iter=max_iter)
     held, held_y = _calibration_logits(
         x, y, len(classes), calib_idx, min(calibration_folds, int(counts.min())),
         fit=fit, seed=seed, metrics=metrics, say=say)
@@ -285,7 +285,7 @@ def _calibration_logits(
         fit_mask[calib_idx] = False
         m = fit(x[fit_mask], y[fit_mask])
         metrics["cv_folds"] = "holdout"
-        return _full_logits(m, x[calib_idx], n_classes), y[calib_idx]
+        return full_logits(m, x[calib_idx], n_classes), y[calib_idx]
     if folds >= 2:
         from sklearn.model_selection import StratifiedKFold
 
@@ -295,7 +295,7 @@ def _calibration_logits(
         for tr, te in skf.split(x, y):
             m = fit(x[tr], y[tr])
             # A fold may miss a class only when counts < folds, excluded above.
-            held[te] = _full_logits(m, x[te], n_classes)
+            held[te] = full_logits(m, x[te], n_classes)
         metrics["cv_folds"] = folds
         return held, y
     return None, None
