@@ -76,7 +76,8 @@ FINAL_MSG_ID = Header(
     "On the final chunk only: `<agent_id>:<request_id>:final:<run>` (the stream stores one "
     "final chunk per run of a request).")
 STAGE_MSG_ID = Header(
-    "Nats-Msg-Id", "`<agent_id>:<request_id>:<step>`: a re-publish after a crash is a no-op.",
+    "Nats-Msg-Id", "`<agent_id>:<request_id>:<run>:<step>`: a re-publish after a crash is a "
+    "no-op; a request id asked again is a new run.",
     required=True)
 ROWS_MSG_ID = Header("Nats-Msg-Id", "`rows:<blake2b-128 of the payload, hex>`.", required=True)
 DEAD_LETTER_HEADERS = (

@@ -38,6 +38,7 @@ from services.gateway.throttle import AuthThrottle, ThrottledError, grpc_peer_ad
 from services.gateway.validation import InputError
 from shared.auth.identity import bearer_value
 from shared.auth.ports import AgentInfo, TokenVerifier
+from shared.client.answers import RequestInFlightError
 from shared.client.caller import AnswerTimeoutError, RequestRefusedError, assemble
 from shared.contracts.feedback import (
     Feedback,
@@ -188,6 +189,8 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except RequestRefusedError as exc:  # the request stream is full (for this agent)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except RequestInFlightError as exc:  # its id is in flight: nothing was published
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
 
     async def AskAgentStream(
         self, request: agent_pb2.AgentRequest | Undecodable,

@@ -29,6 +29,11 @@ from shared.contracts.response import SUBJECT_PREFIX, response_subject
 LINGER = 10.0
 
 
+class RequestInFlightError(Exception):
+    """The agent has a request with this id waiting for its answer already: both would
+    read one subject's chunks (a door's caller may choose the id)."""
+
+
 class Waiting:
     """One request's chunks, as a subscription's `next_msg` gives them."""
 
@@ -59,8 +64,15 @@ class AnswerRouter:
 
     @contextlib.asynccontextmanager
     async def waiting(self, agent_id: str, request_id: str) -> AsyncIterator[Waiting]:
-        """The request's queue, subscribed before this yields (publish inside)."""
+        """The request's queue, subscribed before this yields (publish inside).
+        RequestInFlightError, before anything is subscribed, when the agent's request
+        of that id is waiting still (two such callers mixed their chunks in one queue,
+        and the second to leave failed on the entry the first had removed)."""
         subject = response_subject(agent_id, request_id)
+        if subject in self._waiting:
+            raise RequestInFlightError(
+                f"request {request_id!r} of agent {agent_id!r} is waiting for its answer "
+                f"already: one request at a time per id")
         waiting = self._waiting[subject] = Waiting()
         agent = self._agents.get(agent_id)
         if agent is None:

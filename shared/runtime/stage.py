@@ -275,9 +275,12 @@ async def _run_checked(stage: Stage[E, D], msg: Delivery, deps: D, env: E) -> Ou
             if stage.timed:
                 call.mark(handoff.envelope, handoff.timing)
             deps.admission.stamp(handoff.envelope)
+            # The run in the key: a request id the agent asks with again is a new run,
+            # whose handoffs the stream's 120 s duplicate window dropped without it
+            # (asked again through the OpenAI door: no answer, a 504 at its timeout).
             await publish_stage(
                 deps.bus, handoff.subject, encode(handoff.envelope),
-                msg_id=f"{req.agent_id}:{req.request_id}:{handoff.step}",
+                msg_id=f"{req.agent_id}:{req.request_id}:{env.run}:{handoff.step}",
             )
     except PermanentError as exc:
         log.warning("[%s] %s permanent error %s: %s", stage.name, req.request_id,

@@ -40,7 +40,7 @@ async def test_classifier_routes_platform_past_the_retriever_despite_history() -
 
     assert bus.subjects() == [
         ("intentroute.stage.generate.conversational", "INTENTROUTE_PIPELINE")]
-    assert bus.sent[0][2] == "a:p-1:classified"
+    assert bus.sent[0][2] == "a:p-1::classified"  # agent:request:run:step (no run here)
     out = decode_routed(bus.on("intentroute.stage.generate.conversational")[0])
     assert out.decision.type == QueryType.PLATFORM
     assert {"classify", "classify.at"} <= set(out.timings)

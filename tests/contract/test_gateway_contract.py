@@ -43,8 +43,8 @@ async def test_gateway_forwards_valid_and_answers_invalid() -> None:
                  if subj.startswith("intentroute")]
     assert forwarded == [("intentroute.stage.classify", "INTENTROUTE_PIPELINE")]
     ((_, _, msg_id, payload),) = [s for s in bus.sent if s[0] == "intentroute.stage.classify"]
-    assert msg_id == "a:ok-1:accepted"
     admitted = decode_admitted(payload)
+    assert msg_id == f"a:ok-1:{admitted.run}:accepted"  # the run: see the OpenAI door's test
     assert admitted.request == ok
     assert not admitted.trusted
     (error,) = bus.on("agent.response.a.bad-1")

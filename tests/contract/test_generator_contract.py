@@ -102,7 +102,7 @@ async def test_code_is_collected_and_handed_to_the_validator_not_streamed() -> N
                       deps_for(bus, store, Scripted("```avap\n", "addResult(1)\n```")))
 
     assert bus.subjects() == [("intentroute.stage.validate", "INTENTROUTE_PIPELINE")]
-    assert bus.sent[0][2] == "a:g-1:generated:0"
+    assert bus.sent[0][2] == "a:g-1::generated:0"  # agent:request:run:step (no run here)
     out = decode_routed(bus.sent[0][3])
     assert out.answer == "```avap\naddResult(1)\n```"
     assert out.answered_by == "fake:m"

@@ -7,10 +7,13 @@ is tests/integration/test_openai_door.py."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import aiohttp
+import nats.errors
 import openai
 import pytest
 from aiohttp import web
@@ -18,11 +21,14 @@ from aiohttp.test_utils import TestServer
 
 from services.gateway.bridge import Door
 from services.gateway.health import Readiness, add_health_routes
+from services.gateway.http import start_http
 from services.gateway.openai_door import wire
 from services.gateway.openai_door.routes import add_openai_routes
 from services.gateway.throttle import AuthThrottle
 from shared.auth.ports import AgentInfo
+from shared.client.answers import RequestInFlightError
 from shared.client.caller import AnswerTimeoutError
+from shared.contracts.codec import encode
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import (
     ChunkKind,
@@ -30,6 +36,7 @@ from shared.contracts.response import (
     ErrorInfo,
     ResponseChunk,
     TokenUsage,
+    response_subject,
 )
 from shared.contracts.routing import Layer, ModelSlot, QueryType, RoutingDecision
 
@@ -232,6 +239,130 @@ async def test_no_final_in_time_is_504_deadline_exceeded(
     assert raised.value.status_code == 504
     assert raised.value.code == ErrorCode.DEADLINE_EXCEEDED
 
+
+
+async def test_a_client_gone_before_the_doors_timeout_ends_its_stream_without_a_traceback(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    # Served as the gateway serves (start_http: a handler is not cancelled when its
+    # client leaves; aiohttp's TestServer cancels it, which hid this).
+    door = ScriptedDoor()
+    app = web.Application()
+    add_openai_routes(app, door)
+    runner, base = await start_http(app, "127.0.0.1:0")
+    left = asyncio.Event()
+
+    async def stalled(req: AgentRequest, **tracing: Any) -> AsyncGenerator[ResponseChunk, None]:
+        yield text(0, "partial")
+        await left.wait()
+        await asyncio.sleep(0.2)  # the server sees the connection closed (one loop turn)
+        raise AnswerTimeoutError("no final chunk within 5s")  # the pipeline stalled
+
+    door.answer = stalled  # type: ignore[method-assign]
+    caplog.set_level(logging.DEBUG, logger="intentroute.gateway.openai")
+    try:
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(f"{base}/v1/chat/completions",
+                                   headers={"Authorization": "Bearer good"},
+                                   json={"model": "intentroute", "stream": True,
+                                         "messages": [{"role": "user", "content": "q"}]})
+            assert b"partial" in await resp.content.readuntil(b"partial")
+            resp.close()  # the client leaves mid-stream
+            left.set()
+        for _ in range(100):
+            if any("the client left" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await runner.cleanup()
+    # Before the fix: "Error handling request" (aiohttp.server) and the traceback of the
+    # 504 event written to the closed connection.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert any("the client left" in r.getMessage() for r in caplog.records)
+
+
+async def test_nats_failing_the_request_is_a_503_bus_unavailable_before_or_after_text(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    door, base, _ = served
+    door.script = [nats.errors.TimeoutError()]  # the publish's JetStream ack never came
+    for stream in (False, True):
+        with pytest.raises(openai.APIStatusError) as raised:
+            await client(base).chat.completions.create(
+                model="intentroute", messages=[{"role": "user", "content": "q"}],
+                stream=stream)
+        assert raised.value.status_code == 503
+        assert raised.value.code == wire.BUS_UNAVAILABLE
+        assert raised.value.response.headers["Retry-After"] == "1"
+    door.script = [text(0, "partial"), nats.errors.ConnectionClosedError()]
+    events = await client(base).chat.completions.create(
+        model="intentroute", messages=[{"role": "user", "content": "q"}], stream=True)
+    with pytest.raises(openai.APIError) as mid:
+        async for _ in events:
+            pass
+    assert mid.value.code == wire.BUS_UNAVAILABLE
+
+
+
+async def test_a_request_id_in_flight_already_is_a_409_conflict(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    door, base, _ = served
+    door.script = [RequestInFlightError("request 'dup' of agent 'a' is waiting already")]
+    for stream in (False, True):
+        with pytest.raises(openai.ConflictError) as raised:
+            await client(base).chat.completions.create(
+                model="intentroute", messages=[{"role": "user", "content": "q"}],
+                stream=stream, extra_body={"intentroute": {"request_id": "dup"}})
+        assert raised.value.code == ErrorCode.INVALID_FIELD
+        assert raised.value.param == "intentroute"
+
+async def test_a_body_missing_messages_or_not_an_object_names_the_right_param(
+    served: tuple[ScriptedDoor, str, dict[str, Any]]
+) -> None:
+    _, base, _ = served
+    params = {}
+    async with aiohttp.ClientSession() as http:
+        for name, body in (("missing", {"model": "intentroute"}), ("array", [1, 2])):
+            async with http.post(f"{base}/v1/chat/completions", json=body,
+                                 headers={"Authorization": "Bearer good"}) as resp:
+                assert resp.status == 400
+                params[name] = (await resp.json())["error"]["param"]
+    assert params == {"missing": "messages", "array": None}
+
+
+class _Sub:
+    async def unsubscribe(self) -> None:
+        pass
+
+
+class _Nats:
+    """Enough of a NATS client for Door.answer: publishes go nowhere."""
+
+    stats: ClassVar[dict[str, int]] = {"reconnects": 0}
+
+    async def subscribe(self, subject: str, **kwargs: Any) -> _Sub:
+        return _Sub()
+
+    def jetstream(self) -> Any:
+        async def publish(*args: Any, **kwargs: Any) -> None:
+            pass
+        return SimpleNamespace(publish=publish)
+
+
+async def test_a_caller_gone_mid_answer_leaves_the_answer_router_at_once() -> None:
+    door = Door(_Nats(), None, AuthThrottle(""), answer_timeout=5)  # type: ignore[arg-type]
+    answer = door.answer(AgentRequest(request_id="r1", session_id="s", query="q",
+                                      agent_id="a"))
+    chunk = ResponseChunk(request_id="r1", seq=0, text="x", kind=ChunkKind.TEXT)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, lambda: loop.create_task(door.router._deliver(
+        SimpleNamespace(subject=response_subject("a", "r1"),  # type: ignore[arg-type]
+                        data=encode(chunk)))))
+    assert (await anext(answer)).text == "x"
+    await answer.aclose()  # the door's handler done with it (the client left)
+    # Before the fix the queue stayed until the loop finalized the abandoned `ask`.
+    assert door.router._waiting == {}
 
 async def test_bad_keys_bodies_and_models_are_openai_errors_before_the_pipeline(
     served: tuple[ScriptedDoor, str, dict[str, Any]]

@@ -53,7 +53,7 @@ async def test_code_request_is_handed_to_the_main_slot_with_its_passages() -> No
     await run_on_wire(build_stage(settings()), env, deps)
 
     assert bus.subjects() == [("intentroute.stage.generate.main", "INTENTROUTE_PIPELINE")]
-    assert bus.sent[0][2] == "a:c-1:retrieved"
+    assert bus.sent[0][2] == "a:c-1::retrieved"  # agent:request:run:step (no run here)
     out = decode_routed(bus.sent[0][3])
     assert out.passages == [PASSAGE]
     assert out.retrieval_query == env.request.query

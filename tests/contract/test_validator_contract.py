@@ -55,7 +55,7 @@ async def test_invalid_code_goes_back_once_with_the_parser_trace() -> None:
     assert statuses == ["validating AVAP code",
                         "the parser rejected the code; regenerating with its trace"]
     (retry,) = [s for s in bus.sent if s[0] == "intentroute.stage.generate.main"]
-    assert (retry[1], retry[2]) == ("INTENTROUTE_PIPELINE", "a:i-1:parser-retry")
+    assert (retry[1], retry[2]) == ("INTENTROUTE_PIPELINE", "a:i-1::parser-retry")
     out = decode_routed(retry[3])
     assert out.attempt == 1
     assert out.seq == 2

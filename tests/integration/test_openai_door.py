@@ -151,6 +151,21 @@ async def test_the_turns_of_one_conversation_share_a_session_a_header_names_anot
     assert sessions[2] == "oai-named"
 
 
+@pytest.mark.timeout(120)
+async def test_a_request_id_asked_again_after_its_answer_is_answered_again(
+    door: Stack
+) -> None:
+    # The second run's handoffs used to share the first's Nats-Msg-Id: dropped by the
+    # pipeline stream's duplicate window, no answer, a 504 at the door's timeout.
+    client = openai.AsyncOpenAI(base_url=f"{door.url}/v1", api_key=door.tokens["oai-t"],
+                                max_retries=0, timeout=30)
+    for _ in range(2):
+        answer = await client.chat.completions.create(
+            model="intentroute", messages=[{"role": "user", "content": "how do I count?"}],
+            extra_body={"intentroute": {"request_id": "oai-again-1"}})
+        assert answer.choices[0].message.content == "".join(PIECES)
+
+
 async def test_a_rate_limit_refusal_is_a_rate_limit_error_with_retry_after(door: Stack) -> None:
     client = door.client("oai-rate")
     ok = await client.chat.completions.create(

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import msgspec
+import nats.errors
 from aiohttp import web
 from msgspec import UNSET, UnsetType
 
@@ -33,6 +34,7 @@ from services.gateway.throttle import ThrottledError
 from services.gateway.validation import InputError
 from shared.auth.identity import bearer_value
 from shared.auth.ports import AgentInfo
+from shared.client.answers import RequestInFlightError
 from shared.client.caller import AnswerTimeoutError, RequestRefusedError, assemble
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind, ErrorCode, ErrorInfo, ResponseChunk
@@ -79,11 +81,24 @@ def _answer_error(error: ErrorInfo, headers: dict[str, str]) -> web.Response:
                         content_type="application/json", headers=headers)
 
 
+# What ends an answer before its final chunk: no final in time, the request stream full,
+# NATS failing the publish or the follow (a JetStream ack lost to a paused or restarting
+# server: nats.errors.TimeoutError after 5 s, seen with nats-server SIGSTOPped 8 s).
+UNANSWERED = (AnswerTimeoutError, RequestRefusedError, nats.errors.Error)
+
+
 def _unavailable(exc: Exception, headers: dict[str, str]) -> web.Response:
-    """The answer did not come: no final chunk in time, or the request stream full."""
+    """The answer did not come (UNANSWERED), as its OpenAI error."""
     if isinstance(exc, RequestRefusedError):
         return _error(429, wire.QUEUE_FULL, str(exc), headers={**headers, "Retry-After": "1"})
+    if isinstance(exc, nats.errors.Error):
+        return _error(503, wire.BUS_UNAVAILABLE, _bus_failed(exc),
+                      headers={**headers, "Retry-After": "1"})
     return _error(504, ErrorCode.DEADLINE_EXCEEDED, str(exc), headers=headers)
+
+
+def _bus_failed(exc: nats.errors.Error) -> str:
+    return f"the message bus failed the request ({type(exc).__name__}: {exc}); ask again"
 
 
 async def _agent(request: web.Request) -> AgentInfo | web.Response:
@@ -155,8 +170,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     async with aclosing(answer):
         try:
             first = await anext(answer)
-        except (AnswerTimeoutError, RequestRefusedError) as exc:
+        except UNANSWERED as exc:
             return _unavailable(exc, ids)
+        except RequestInFlightError as exc:  # nothing was published
+            return _error(409, ErrorCode.INVALID_FIELD, str(exc), "intentroute",
+                          headers=ids)
         if first.is_final and first.error is not None:
             return _answer_error(first.error, ids)
         if chat.stream:
@@ -189,7 +207,7 @@ async def _collect(req: AgentRequest, chat: wire.ChatRequest, first: ResponseChu
     try:
         while not chunks[-1].is_final:
             chunks.append(await anext(answer))
-    except (AnswerTimeoutError, RequestRefusedError) as exc:
+    except UNANSWERED as exc:
         return _unavailable(exc, wire.headers_of(None, req.request_id, req.session_id))
     answered = time.perf_counter()
     final = chunks[-1]
@@ -254,14 +272,20 @@ async def _stream(request: web.Request, req: AgentRequest, chat: wire.ChatReques
     await resp.prepare(request)
     events = _Events(resp, req, chat)
     piece = first
+    # A client gone (ConnectionResetError on a write) ends the stream quietly, the
+    # error event's write included: a client that left while the pipeline stalled
+    # made the door's 504 event a traceback in the log.
     try:
-        await events.delta(Delta(role="assistant", content=""))
-        await events.relay(piece)
-        while not piece.is_final:
-            piece = await anext(answer)
+        try:
+            await events.delta(Delta(role="assistant", content=""))
             await events.relay(piece)
-    except AnswerTimeoutError as exc:
-        await events.send(wire.error_envelope(504, ErrorCode.DEADLINE_EXCEEDED, str(exc)))
+            while not piece.is_final:
+                piece = await anext(answer)
+                await events.relay(piece)
+        except AnswerTimeoutError as exc:
+            await events.send(wire.error_envelope(504, ErrorCode.DEADLINE_EXCEEDED, str(exc)))
+        except nats.errors.Error as exc:
+            await events.send(wire.error_envelope(503, wire.BUS_UNAVAILABLE, _bus_failed(exc)))
     except ConnectionResetError:
         log.debug("[%s] the client left mid-stream", req.request_id)
     return resp

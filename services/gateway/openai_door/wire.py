@@ -39,6 +39,8 @@ MODEL = "intentroute"
 ROUTE_MODELS = {f"{MODEL}/{t.value}": t.value for t in QueryType}
 # A full request stream refused the publish (nothing queued): ask again shortly.
 QUEUE_FULL = "QUEUE_FULL"
+# NATS failed the publish or the answer's follow (a server paused or restarting).
+BUS_UNAVAILABLE = "BUS_UNAVAILABLE"
 THROTTLED = "THROTTLED"
 UNAUTHENTICATED = "UNAUTHENTICATED"
 
@@ -104,12 +106,23 @@ def decode_chat(body: bytes) -> ChatRequest | WireError:
         return _decoder.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        _, _, path = text.rpartition(" - at `$.")
         return WireError(400, validation_code(exc),
                          f"the body is not a chat completion request: {text}",
-                         path.rstrip("`").split("[")[0].split(".")[0] or None)
+                         _param_of(text))
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         return WireError(400, ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}")
+
+
+def _param_of(text: str) -> str | None:
+    """The top-level field a msgspec error names: its path's first step (`... - at
+    `$.messages[0].content``), else the missing top-level field (`Object missing required
+    field `messages``), else None (the body itself is wrong: `Expected `object`, got
+    `array``)."""
+    _, at, path = text.rpartition(" - at `$.")
+    if at:
+        return path.rstrip("`").split("[")[0].split(".")[0] or None
+    _, missing, field = text.partition("missing required field `")
+    return (field.split("`")[0] or None) if missing else None
 
 
 def text_of(message: Message) -> str | WireError:
@@ -328,13 +341,14 @@ _STATUS: Mapping[str, int] = {
     ErrorCode.QUOTA_EXCEEDED: 429, ErrorCode.BUDGET_EXCEEDED: 429, QUEUE_FULL: 429,
     THROTTLED: 429, UNAUTHENTICATED: 401,
     ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.BACKEND_UNAVAILABLE: 503,
-    ErrorCode.STORE_UNAVAILABLE: 503,
+    ErrorCode.STORE_UNAVAILABLE: 503, BUS_UNAVAILABLE: 503,
 }
 _INPUT = frozenset({ErrorCode.MALFORMED_JSON, ErrorCode.MISSING_FIELD,
                     ErrorCode.INVALID_FIELD, ErrorCode.OVERSIZED_FIELD,
                     ErrorCode.UNKNOWN_QUERY_TYPE})
 _TYPES: Mapping[int, str] = {400: "invalid_request_error", 401: "authentication_error",
                              403: "permission_error", 404: "invalid_request_error",
+                             409: "invalid_request_error",
                              413: "invalid_request_error", 429: "rate_limit_error"}
 
 
