@@ -49,7 +49,15 @@ LIMITS_NOT_REACHED = {"LIMIT_RATE": "100000/s", "LIMIT_MAX_INFLIGHT": "100000",
 LIMITS_OFF = {name: "off" for name in ("LIMIT_RATE", "LIMIT_MAX_INFLIGHT",
                                        "LIMIT_TOKENS_PER_MIN", "LIMIT_BUDGET_DAY",
                                        "LIMIT_BUDGET_MONTH")}
-AGENTS = ("bench-load", "bench-seq")
+AGENTS = ("bench-load", "bench-seq", "bench-limited")
+# The agent whose own policy configures every limit far above this load (whatever the
+# global defaults say), asked in turn with bench-seq in the sequential run: the two
+# agents' latencies compare a limited request with an unlimited one under the same
+# conditions, which runs of their own cannot (one configuration's e2e p50 spread
+# over 5.1-9.4 ms across runs here, on a machine with nothing else to do).
+LIMITED_AGENT = "bench-limited"
+LIMITED_POLICY = ["rate=100000/s", "burst=100000", "max_inflight=100000",
+                  "tokens_per_min=1000000000", "budget_day=1e9", "budget_month=1e9"]
 # One of each type; CODE_GENERATION adds the validator hop.
 MIX: list[dict[str, str | None]] = [
     {"query": "What does addParam do?"},
@@ -130,7 +138,14 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
     # Warm-up: every worker has fetched, connected its pool and filled caches.
     for i in range(40):
         await ask(_request(i))
-    latencies = [await ask(_request(i, "bench-seq")) for i in range(requests)]
+    latencies: list[float] = []
+    limited: list[float] = []
+    for i in range(requests):  # in turn, each first every other time: alike conditions
+        if i % 2:
+            limited.append(await ask(_request(i, LIMITED_AGENT)))
+        latencies.append(await ask(_request(i, "bench-seq")))
+        if not i % 2:
+            limited.append(await ask(_request(i, LIMITED_AGENT)))
     sem = asyncio.Semaphore(window)
 
     async def one(i: int) -> None:
@@ -155,6 +170,9 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
         "floor_rtt_ms_p50": floor,
         "e2e_ms_p50": _pct(latencies, 0.5),
         "e2e_ms_p99": _pct(latencies, 0.99),
+        # The same requests from the agent whose policy sets every limit (LIMITED_AGENT).
+        "limited_agent_e2e_ms_p50": _pct(limited, 0.5),
+        "limited_agent_e2e_ms_p99": _pct(limited, 0.99),
         "throughput_rps": round(load / elapsed, 1),
         "requests": requests,
         "load": load,
@@ -191,14 +209,22 @@ async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool, repli
                       ) -> dict[str, dict[str, Any]]:
     """The bench's agents (trusted: the mix declares types), added as users add them,
     and the connect kwargs of each caller and of the admin."""
+    import asyncpg
+
     from intentroute.stack.auth import admin_kwargs, sync_agents
     from shared.store.agents import AgentStore
+    from shared.store.policies import update_policy
 
     store = await AgentStore.connect(db_url)
     try:
         creds = {agent: await store.add(agent, trusted=True) for agent in AGENTS}
     finally:
         await store.close()
+    pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
+    try:
+        await update_policy(pool, LIMITED_AGENT, LIMITED_POLICY)
+    finally:
+        await pool.close()
     kwargs: dict[str, dict[str, Any]] = {name: {} for name in (*AGENTS, "admin")}
     servers = nats_servers(nats_url)
     if auth:
