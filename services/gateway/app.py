@@ -20,7 +20,7 @@ from services.gateway.openai_door.routes import add_openai_routes
 from services.gateway.replay import ReplayService
 from services.gateway.scoring import ScoreRefresher
 from services.gateway.settings import GatewaySettings
-from services.gateway.throttle import AuthThrottle
+from services.gateway.throttle import AuthThrottle, BodyBudget
 from shared.auth.identity import CachedAgents
 from shared.runtime.worker import Consumes, Wiring, build_app
 from shared.store import asyncpg_dsn
@@ -71,7 +71,8 @@ def create_app(
             # The OpenAI-compatible door: bridged to the pipeline as gRPC is (bridge.py).
             add_openai_routes(http_app, Door(wiring.nc, agents, throttle,
                                              answer_timeout=settings.answer_timeout,
-                                             tracer=wiring.base.tracer))
+                                             tracer=wiring.base.tracer),
+                              BodyBudget(settings.door_body_rate))
             add_health_routes(http_app, readiness)
             board = settings.dashboard
             if board.token:

@@ -8,7 +8,7 @@ import msgspec
 
 from services.gateway.dashboard.settings import DashboardSettings
 from services.gateway.limits.settings import LimitSettings
-from services.gateway.throttle import DEFAULT_AUTH_FAILURES, DEFAULT_AUTH_HASHES
+from services.gateway.throttle import DEFAULT_AUTH_FAILURES, DEFAULT_AUTH_HASHES, DEFAULT_BODY_RATE
 from shared.common.settings import CommonSettings, env, read_env
 from shared.learning.settings import LearnSettings
 
@@ -66,6 +66,10 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     # seconds"); "off" disables it.
     auth_failures: Annotated[str, env("GATEWAY_AUTH_FAILURES",
                                       parse=_unless_off)] = DEFAULT_AUTH_FAILURES
+    # KiB of chat bodies one agent may send the OpenAI door a second (throttle.py
+    # BodyBudget): past it 429 RATE_LIMITED before the body is parsed; "off": no bound.
+    door_body_rate: Annotated[str, env("GATEWAY_DOOR_BODY_RATE",
+                                       parse=_unless_off)] = DEFAULT_BODY_RATE
     # bcrypt checks (agents whose fast digest is not written yet) per window, over all
     # addresses together; past it such tokens are refused unchecked; "off": no bound.
     auth_hashes: Annotated[str, env("GATEWAY_AUTH_HASHES",

@@ -28,7 +28,7 @@ import time
 
 import limits
 from limits.storage import MemoryStorage
-from limits.strategies import MovingWindowRateLimiter
+from limits.strategies import MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
 
 from services.gateway.log_budget import LogBudget
 from shared.auth.ports import AgentInfo, TokenVerifier
@@ -39,6 +39,11 @@ DEFAULT_AUTH_FAILURES = "20/minute"
 # bcrypt cost 10 took 63 ms of one core here (2 cores): 8 a second is half a core at
 # most, whatever the number of addresses.
 DEFAULT_AUTH_HASHES = "8/second"
+# KiB of chat bodies one agent may have the OpenAI door read and parse a second: twice
+# the largest body (2 MiB). Reading and converting a 2 MB body took the gateway's loop
+# 10-15 ms here (50-65 ms under load); unbounded, six loops of such bodies from one
+# agent (~18 a second) raised another agent's p50 from 0.54 to 1.01 s.
+DEFAULT_BODY_RATE = "4096/second"
 _HASHES = "bcrypt"
 
 
@@ -123,3 +128,25 @@ def grpc_peer_address(peer: str) -> str:
     if kind in ("ipv4", "ipv6"):
         return rest.rpartition(":")[0].strip("[]") or rest
     return peer
+
+
+class BodyBudget:
+    """The OpenAI door's per-agent budget of request bytes read and parsed, checked on
+    the body's declared length before it is read (a body with none is charged once
+    read, before it is parsed): one agent's large bodies cannot take the gateway's loop
+    from the others. A sliding-window counter (`limits`), kept per replica."""
+
+    def __init__(self, rate: str = DEFAULT_BODY_RATE) -> None:
+        self._item = _rule(rate, "GATEWAY_DOOR_BODY_RATE", DEFAULT_BODY_RATE)
+        self._limiter = SlidingWindowCounterRateLimiter(MemoryStorage())
+
+    def spend(self, agent_id: str, size: int) -> int:
+        """0 when `agent_id` may have `size` more bytes parsed now; else the whole
+        seconds to wait (nothing is spent)."""
+        if self._item is None:
+            return 0
+        cost = max(1, math.ceil(size / 1024))
+        if self._limiter.hit(self._item, agent_id, cost=cost):
+            return 0
+        reset = self._limiter.get_window_stats(self._item, agent_id).reset_time
+        return max(1, math.ceil(reset - time.time()))

@@ -24,7 +24,7 @@ from services.gateway.health import Readiness, add_health_routes
 from services.gateway.http import start_http
 from services.gateway.openai_door import wire
 from services.gateway.openai_door.routes import add_openai_routes
-from services.gateway.throttle import AuthThrottle
+from services.gateway.throttle import AuthThrottle, BodyBudget
 from shared.auth.ports import AgentInfo
 from shared.client.answers import RequestInFlightError
 from shared.client.caller import AnswerTimeoutError
@@ -153,6 +153,35 @@ async def test_the_raw_stream_ends_with_done_and_carries_usage_once_without_incl
     assert sum('"usage"' in e for e in events) == 1
     assert '"finish_reason":"stop"' in events[-2]
     assert '"total_tokens":7' in events[-2]
+
+
+async def test_one_agents_bytes_past_its_body_budget_are_429_before_they_are_parsed(
+) -> None:
+    door = ScriptedDoor()
+    door.script = [final(0, "ok")]
+    app = web.Application(client_max_size=64 * 1024)
+    add_openai_routes(app, door, BodyBudget("4/second"))  # 4 KiB a second
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    body = {"model": "intentroute", "messages": [{"role": "user", "content": "q" * 3000}]}
+    try:
+        sdk = client(str(server.make_url("")))
+        await sdk.chat.completions.create(**body)  # ~3 KiB: within the budget
+        with pytest.raises(openai.RateLimitError) as raised:
+            await sdk.chat.completions.create(**body)
+        assert raised.value.code == "RATE_LIMITED"
+        assert int(raised.value.response.headers["Retry-After"]) >= 1
+        assert len(door.asked) == 1  # the refused body went no further
+    finally:
+        await server.close()
+
+
+def test_the_body_budget_is_each_agents_own() -> None:
+    budget = BodyBudget("4/second")
+    assert budget.spend("a", 3 * 1024) == 0
+    assert budget.spend("a", 3 * 1024) >= 1
+    assert budget.spend("b", 3 * 1024) == 0
+    assert BodyBudget("").spend("a", 10**9) == 0  # off
 
 
 def _timing(header: str) -> dict[str, float]:

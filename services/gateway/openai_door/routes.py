@@ -30,7 +30,7 @@ from msgspec import UNSET, UnsetType
 from services.gateway.bridge import Door, is_refusal, retry_after_seconds
 from services.gateway.openai_door import wire
 from services.gateway.openai_door.wire import Delta, Usage, WireError
-from services.gateway.throttle import ThrottledError
+from services.gateway.throttle import BodyBudget, ThrottledError
 from services.gateway.validation import InputError
 from shared.auth.identity import bearer_value
 from shared.auth.ports import AgentInfo
@@ -49,14 +49,17 @@ SESSION_HEADER = "X-Session-Id"
 MAX_CHAT_BODY = 2 * 1024 * 1024
 
 DOOR_KEY = web.AppKey("openai_door", Door)
+BODY_BUDGET_KEY = web.AppKey("openai_body_budget", BodyBudget)
 CREATED_KEY = web.AppKey("openai_created", int)
 
 _encode = msgspec.json.Encoder().encode
 _DONE = b"data: [DONE]\n\n"
 
 
-def add_openai_routes(app: web.Application, door: Door) -> None:
+def add_openai_routes(app: web.Application, door: Door,
+                      body_budget: BodyBudget | None = None) -> None:
     app[DOOR_KEY] = door
+    app[BODY_BUDGET_KEY] = body_budget or BodyBudget()
     app[CREATED_KEY] = int(time.time())
     app.router.add_post(CHAT_PATH, chat_completions)
     app.router.add_get(MODELS_PATH, list_models)
@@ -136,11 +139,32 @@ async def get_model(request: web.Request) -> web.Response:
     return _error(404, ErrorCode.INVALID_FIELD, f"no model {name!r}", "model")
 
 
-async def _read(request: web.Request) -> bytes | web.Response:
+async def _read(request: web.Request, agent_id: str) -> bytes | web.Response:
+    """The body, within the agent's budget of bytes parsed (BodyBudget): its declared
+    length is charged before reading, an undeclared one once read."""
+    budget = request.app[BODY_BUDGET_KEY]
+    declared = request.content_length
+    if declared is not None and declared <= MAX_CHAT_BODY:
+        refused = _over_budget(budget, agent_id, declared)
+        if refused is not None:
+            return refused
     try:
-        return await request.clone(client_max_size=MAX_CHAT_BODY).read()
+        raw = await request.clone(client_max_size=MAX_CHAT_BODY).read()
     except web.HTTPRequestEntityTooLarge:
         return _error(413, ErrorCode.OVERSIZED_FIELD, f"body exceeds {MAX_CHAT_BODY} bytes")
+    if declared is None:
+        return _over_budget(budget, agent_id, len(raw)) or raw
+    return raw
+
+
+def _over_budget(budget: BodyBudget, agent_id: str, size: int) -> web.Response | None:
+    wait = budget.spend(agent_id, size)
+    if not wait:
+        return None
+    return _error(429, ErrorCode.RATE_LIMITED,
+                  f"more request bytes a second than this door parses for one agent; "
+                  f"retry in {wait} s", headers={"Retry-After": str(wait),
+                                                  "retry-after-ms": str(wait * 1000)})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -148,7 +172,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     agent = await _agent(request)
     if isinstance(agent, web.Response):
         return agent
-    raw = await _read(request)
+    raw = await _read(request, agent.agent_id)
     if isinstance(raw, web.Response):
         return raw
     chat = wire.decode_chat(raw)
