@@ -144,17 +144,24 @@ async def _read(request: web.Request, agent_id: str) -> bytes | web.Response:
     length is charged before reading, an undeclared one once read."""
     budget = request.app[BODY_BUDGET_KEY]
     declared = request.content_length
-    if declared is not None and declared <= MAX_CHAT_BODY:
-        refused = _over_budget(budget, agent_id, declared)
+    if declared is not None:
+        refused = (_too_large() if declared > MAX_CHAT_BODY
+                   else _over_budget(budget, agent_id, declared))
         if refused is not None:
+            # Closed, not drained: the body refused unread costs nothing more to skip.
+            refused.force_close()
             return refused
     try:
         raw = await request.clone(client_max_size=MAX_CHAT_BODY).read()
     except web.HTTPRequestEntityTooLarge:
-        return _error(413, ErrorCode.OVERSIZED_FIELD, f"body exceeds {MAX_CHAT_BODY} bytes")
+        return _too_large()
     if declared is None:
         return _over_budget(budget, agent_id, len(raw)) or raw
     return raw
+
+
+def _too_large() -> web.Response:
+    return _error(413, ErrorCode.OVERSIZED_FIELD, f"body exceeds {MAX_CHAT_BODY} bytes")
 
 
 def _over_budget(budget: BodyBudget, agent_id: str, size: int) -> web.Response | None:
