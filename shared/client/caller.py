@@ -293,14 +293,18 @@ async def send_feedback(
         await sub.unsubscribe()
 
 
+def is_text(chunk: ResponseChunk) -> bool:
+    """Part of the answer's text (status notes are not)."""
+    return chunk.kind in (ChunkKind.TEXT, ChunkKind.CLARIFICATION) or (
+        chunk.is_final and bool(chunk.text))
+
+
 def assemble(chunks: list[ResponseChunk]) -> str:
     """The answer text, honouring RESET chunks from a redelivered stage."""
     parts: list[str] = []
     for chunk in chunks:
         if chunk.kind == ChunkKind.RESET:
             parts.clear()
-        elif chunk.kind in (ChunkKind.TEXT, ChunkKind.CLARIFICATION) or (
-            chunk.is_final and chunk.text
-        ):
+        elif is_text(chunk):
             parts.append(chunk.text)
     return "".join(parts)

@@ -35,7 +35,7 @@ from services.gateway.validation import InputError
 from shared.auth.identity import bearer_value
 from shared.auth.ports import AgentInfo
 from shared.client.answers import RequestInFlightError
-from shared.client.caller import AnswerTimeoutError, RequestRefusedError, assemble
+from shared.client.caller import AnswerTimeoutError, RequestRefusedError, assemble, is_text
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind, ErrorCode, ErrorInfo, ResponseChunk
 
@@ -277,7 +277,7 @@ class _Events:
     async def relay(self, piece: ResponseChunk) -> None:
         if piece.kind == ChunkKind.RESET:
             await self.delta(Delta(), info=wire.Reset())
-        elif wire.is_text(piece) and piece.text:
+        elif is_text(piece) and piece.text:
             await self.delta(Delta(content=piece.text))
         if not piece.is_final:
             return

@@ -32,7 +32,7 @@ from msgspec import UNSET, UnsetType
 
 from services.gateway.validation import validation_code
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import ChunkKind, ErrorCode, ErrorInfo, ResponseChunk
+from shared.contracts.response import ErrorCode, ErrorInfo, ResponseChunk
 from shared.contracts.routing import QueryType, RoutingDecision
 
 MODEL = "intentroute"
@@ -365,12 +365,6 @@ def error_envelope(status: int, code: str, message: str, param: str | None = Non
 def error_of(info: ErrorInfo) -> tuple[int, ErrorEnvelope]:
     status = status_of(info.code)
     return status, error_envelope(status, info.code, info.message)
-
-
-def is_text(piece: ResponseChunk) -> bool:
-    """Part of the answer's text (status notes are not)."""
-    return piece.kind in (ChunkKind.TEXT, ChunkKind.CLARIFICATION) or (
-        piece.is_final and bool(piece.text))
 
 
 class ModelCard(msgspec.Struct, frozen=True):
