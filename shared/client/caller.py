@@ -13,6 +13,7 @@ its subscription missed while the connection was away (`follow_live`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -111,21 +112,22 @@ async def ask(
     order until the final one. With a `router` (a door asking for many requests of the
     same agents) the chunks come through the agent's subscription there, not one of
     the request's own."""
-    if router is not None:
-        async with router.waiting(req.agent_id, req.request_id) as waiting:
-            reconnects = _reconnects(nc)
-            await publish_request(nc, req, headers=headers)
-            async for chunk in follow_live(nc, waiting, req.agent_id, req.request_id,
-                                           timeout=timeout, reconnects=reconnects):
-                yield chunk
-        return
-    sub = await nc.subscribe(response_subject(req.agent_id, req.request_id))
-    try:
+    source = (router.waiting(req.agent_id, req.request_id) if router is not None
+              else _subscribed(nc, response_subject(req.agent_id, req.request_id)))
+    async with source as messages:
         reconnects = _reconnects(nc)
         await publish_request(nc, req, headers=headers)
-        async for chunk in follow_live(nc, sub, req.agent_id, req.request_id, timeout=timeout,
-                                       reconnects=reconnects):
+        async for chunk in follow_live(nc, messages, req.agent_id, req.request_id,
+                                       timeout=timeout, reconnects=reconnects):
             yield chunk
+
+
+@contextlib.asynccontextmanager
+async def _subscribed(nc: Client, subject: str) -> AsyncIterator[Subscription]:
+    """The request's own subscription, for as long as its answer is followed."""
+    sub = await nc.subscribe(subject)
+    try:
+        yield sub
     finally:
         await sub.unsubscribe()
 
