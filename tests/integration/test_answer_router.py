@@ -11,6 +11,7 @@ import pytest
 
 from shared.client.answers import AnswerRouter, RequestInFlightError
 from shared.contracts.response import response_subject
+from tests.helpers.nats_sync import flushed
 
 AGENT = "tests"
 
@@ -20,7 +21,7 @@ async def test_requests_share_one_subscription_and_get_only_their_own_chunks(
     router = AnswerRouter(nc, linger=0.2)
     async with router.waiting(AGENT, "r1") as one, router.waiting(AGENT, "r2") as two:
         assert router.subscribed() == {AGENT}
-        await nc.flush()
+        await flushed(nc)
         for rid, text in (("r2", b"two"), ("r0", b"nobody's"), ("r1", b"one")):
             await admin_nc.publish(response_subject(AGENT, rid), text)
         await admin_nc.flush()
@@ -32,7 +33,7 @@ async def test_requests_share_one_subscription_and_get_only_their_own_chunks(
     await asyncio.sleep(0.5)
     assert router.subscribed() == set()
     async with router.waiting(AGENT, "r3") as three:  # subscribed again
-        await nc.flush()
+        await flushed(nc)
         await admin_nc.publish(response_subject(AGENT, "r3"), b"three")
         await admin_nc.flush()
         assert (await three.next_msg(5)).data == b"three"
@@ -45,7 +46,7 @@ async def test_a_request_asking_again_within_the_linger_keeps_the_subscription(
     router = AnswerRouter(nc, linger=0.3)
     for i in range(3):
         async with router.waiting(AGENT, f"again-{i}") as waiting:
-            await nc.flush()
+            await flushed(nc)
             await admin_nc.publish(response_subject(AGENT, f"again-{i}"), b"x")
             await admin_nc.flush()
             assert (await waiting.next_msg(5)).data == b"x"
@@ -63,7 +64,7 @@ async def test_a_second_request_of_an_id_in_flight_is_refused_and_the_first_read
         with pytest.raises(RequestInFlightError):
             async with router.waiting(AGENT, "same"):
                 pass
-        await nc.flush()
+        await flushed(nc)
         await admin_nc.publish(response_subject(AGENT, "same"), b"one")
         await admin_nc.flush()
         assert (await first.next_msg(5)).data == b"one"
