@@ -37,6 +37,12 @@ from shared.contracts.request import AgentRequest
 from shared.contracts.response import ErrorInfo, ResponseChunk
 from shared.runtime.telemetry import door_span, trace_headers
 
+# Seconds a door waits past the caller's own `timeout_ms` before it ends the answer
+# itself: the pipeline's deadline runs from admission, a few ms after the publish, so its
+# typed DEADLINE_EXCEEDED final comes first while its workers run; with them down or
+# hung the caller still hears within its timeout (not the door's ANSWER_TIMEOUT).
+DEADLINE_GRACE = 2.0
+
 
 class Door:
     def __init__(self, nc: Client, agents: TokenVerifier, throttle: AuthThrottle, *,
@@ -62,7 +68,8 @@ class Door:
                      attributes: Mapping[str, str] | None = None,
                      ) -> AsyncGenerator[ResponseChunk, None]:
         """The answer's chunks, to its final one. AnswerTimeoutError when none comes
-        within the door's timeout; RequestRefusedError when the request stream is full.
+        within the door's timeout (or the request's `timeout_ms` and DEADLINE_GRACE,
+        when shorter); RequestRefusedError when the request stream is full.
         The door's span (`span_name`, its `attributes`) continues the `traceparent` of
         `carrier` (the call's headers or metadata) and ends with the answer."""
         span = door_span(self.tracer, span_name, carrier or {},
@@ -71,7 +78,7 @@ class Door:
         # `ask` closed here, not left to the loop's finalizer of abandoned generators:
         # a caller gone mid-answer (this generator closed) leaves its AnswerRouter
         # queue at once (it stayed one loop turn and more without, measured).
-        chunks = ask(self.nc, req, timeout=self.answer_timeout,
+        chunks = ask(self.nc, req, timeout=self.waits(req),
                      headers=trace_headers(span), router=self.router)
         try:
             async with aclosing(chunks):
@@ -85,6 +92,13 @@ class Door:
             raise
         finally:
             span.end()
+
+
+    def waits(self, req: AgentRequest) -> float:
+        """Seconds the door follows `req`'s answer before it gives up."""
+        if req.timeout_ms > 0:
+            return min(self.answer_timeout, req.timeout_ms / 1000 + DEADLINE_GRACE)
+        return self.answer_timeout
 
 
 def _settled(span: Span, final: ResponseChunk) -> None:
