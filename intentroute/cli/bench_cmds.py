@@ -352,9 +352,13 @@ def eval_intents(
     test: Annotated[Path, typer.Option(help="Same formats; `oos` lines count as out-of-scope")],
     json_out: JsonFlag = False,
     threshold: Annotated[float | None, typer.Option(
-        help="Out-of-scope threshold (default: chosen by cross-validation on the train "
-             "file's `oos` lines, else the clarity threshold 0.85)")] = None,
-    finetune_epochs: Annotated[int, typer.Option(help="Fine-tune the encoder first")] = 0,
+        help="Out-of-scope threshold (default: none when the train file has `oos` "
+             "lines, their share shifted to 10% of traffic; else the clarity threshold "
+             "0.85)")] = None,
+    finetune_epochs: Annotated[int, typer.Option(
+        help="Fine-tune the head's own encoder first (no mixture)")] = 0,
+    tune_epochs: Annotated[float | None, typer.Option(
+        help="Epochs of the fine-tuned MiniLM mixed in (0: none; default 4)")] = None,
     embed_cache: Annotated[Path | None, typer.Option(
         help="Directory caching the frozen encoder's vectors between runs")] = None,
     encoder: Annotated[list[str] | None, typer.Option(
@@ -365,9 +369,11 @@ def eval_intents(
     is not kept (the running one is unchanged)."""
     from services.classifier.offline.intents_eval import INTENT_ENCODERS
     from services.classifier.offline.intents_eval import eval_intents as run_eval
+    from services.classifier.offline.mixture import TUNE_EPOCHS
 
     with _input_errors():
         report = run_eval(train, test, threshold=threshold, finetune_epochs=finetune_epochs,
+                          tune_epochs=TUNE_EPOCHS if tune_epochs is None else tune_epochs,
                           embed_cache=embed_cache, encoders=tuple(encoder or INTENT_ENCODERS),
                           onnx_cache_dir=settings().common.onnx_cache_dir)
     emit(report, json_out)

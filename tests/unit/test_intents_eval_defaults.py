@@ -1,12 +1,12 @@
-"""`eval intents`' defaults: the out-of-scope threshold chosen on held-out train lines
-only, and several encoders read side by side as one unit vector."""
+"""`eval intents`' defaults: out of scope at the traffic's prior, several encoders read
+side by side as one unit vector, and the mixture's weights."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from services.classifier.offline.intents_eval import mix_members, oos_threshold
+from services.classifier.offline.mixture import mix_members, prior_shift
 from shared.encoders.concat import ConcatEncoder
 
 LABELS = ["a", "b", "oos"]
@@ -21,32 +21,24 @@ def _probs(rows: list[tuple[int, float]]) -> np.ndarray:
     return out
 
 
-def test_threshold_rejects_unsure_out_of_scope_lines_and_keeps_sure_in_scope_ones() -> None:
-    # In scope: right and sure (0.9) or wrong and unsure (0.35); out of scope: mistaken
-    # for "a" at 0.4. Any threshold in (0.4, 0.9] rejects every oos line and no right one.
-    probs = _probs([(0, 0.9)] * 8 + [(1, 0.35)] * 2 + [(0, 0.4)] * 4)
-    y = np.array([0] * 8 + [0] * 2 + [2] * 4)
-    th = oos_threshold(probs, y, LABELS, "oos", prior=0.1)
-    assert th is not None
-    assert 0.4 < th <= 0.9
+def test_the_prior_shift_moves_unsure_lines_out_of_scope_and_keeps_sure_ones() -> None:
+    # oos lines were 1% of the train split; at 10% of the traffic an "a" at 0.5 against
+    # "oos" at 0.3 becomes out of scope, an "a" at 0.9 against 0.05 stays "a".
+    probs = np.array([[0.5, 0.2, 0.3], [0.9, 0.05, 0.05]])
+    shifted = prior_shift(probs, LABELS, "oos", train_share=0.01, prior=0.1)
+    assert list(shifted.argmax(axis=1)) == [2, 0]
+    assert np.allclose(shifted.sum(axis=1), 1.0)
+    # Bayes' rule: the in-scope classes keep their ratio, oos gains the odds' ratio.
+    assert shifted[0, 0] / shifted[0, 1] == pytest.approx(0.5 / 0.2)
+    odds = (0.1 / 0.9) / (0.01 / 0.99)
+    assert (shifted[0, 2] / shifted[0, 0]) == pytest.approx(odds * 0.3 / 0.5)
 
 
-def test_a_small_prior_keeps_in_scope_lines_that_a_large_one_would_reject() -> None:
-    # Right in-scope lines at 0.45, oos lines mistaken for "a" at 0.5: rejecting the oos
-    # lines rejects the in-scope ones too; the weight oos lines get decides.
-    probs = _probs([(0, 0.45)] * 10 + [(0, 0.5)] * 10)
-    y = np.array([0] * 10 + [2] * 10)
-    low = oos_threshold(probs, y, LABELS, "oos", prior=0.1)
-    high = oos_threshold(probs, y, LABELS, "oos", prior=0.9)
-    assert low is not None
-    assert high is not None
-    assert low <= 0.45 < 0.5 < high
-
-
-def test_no_threshold_is_chosen_without_out_of_scope_lines() -> None:
-    probs = _probs([(0, 0.9), (1, 0.8)])
-    assert oos_threshold(probs, np.array([0, 1]), LABELS, "oos") is None
-    assert oos_threshold(probs, np.array([0, 1]), ["a", "b"], "oos") is None
+def test_no_shift_without_out_of_scope_lines_or_at_their_own_share() -> None:
+    probs = _probs([(0, 0.6), (1, 0.5)])
+    assert prior_shift(probs, ["a", "b", "c"], "oos", train_share=0.01) is probs
+    assert prior_shift(probs, LABELS, "oos", train_share=0.0) is probs
+    assert np.allclose(prior_shift(probs, LABELS, "oos", train_share=0.1, prior=0.1), probs)
 
 
 class _Fixed:

@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,11 +68,13 @@ def finetune_encoder(
     seed: int = 0,
     max_seconds: float | None = None,
     progress: Callable[[str], None] | None = None,
+    progress_bar: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune `base_model` on (texts, labels); write the encoder to `out_dir`.
 
     `epochs` may be fractional. `max_seconds` bounds the wall time (training stops
-    early, the schedule is not stretched). Returns a small report dict.
+    early, the schedule is not stretched). `progress_bar`: a bar of the steps on stderr
+    (tqdm). Returns a small report dict.
     """
     # Read by torch / Hugging Face when they load: idle OpenMP threads must not spin on
     # the shared cores, and the packaged model must never trigger a download.
@@ -105,13 +108,18 @@ def finetune_encoder(
     model.train()
     started = time.perf_counter()
     run = _Run(total)
-    while run.step < total:
-        _epoch(run, embed, weight, model, opt, sched, texts, y, rng.permutation(len(texts)),
-               batch_size=batch_size, scale=scale, label_smoothing=label_smoothing,
-               started=started, max_seconds=max_seconds, say=say)
-        if run.stopped_early:
-            say(f"time budget reached at step {run.step}/{total}")
-            break
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, desc="fine-tune", unit="step", disable=not progress_bar,
+              file=sys.stderr) as bar:
+        while run.step < total:
+            _epoch(run, embed, weight, model, opt, sched, texts, y,
+                   rng.permutation(len(texts)), batch_size=batch_size, scale=scale,
+                   label_smoothing=label_smoothing, started=started,
+                   max_seconds=max_seconds, say=say, tick=bar.update)
+            if run.stopped_early:
+                say(f"time budget reached at step {run.step}/{total}")
+                break
 
     model.eval()
     _save(model, weight, src, Path(out_dir), classes)
@@ -200,7 +208,8 @@ class _Run:
 def _epoch(run: _Run, embed: Callable[[list[str]], Any], weight: Any, model: Any, opt: Any,
            sched: Any, texts: list[str], y: np.ndarray, perm: np.ndarray, *,
            batch_size: int, scale: float, label_smoothing: float, started: float,
-           max_seconds: float | None, say: Callable[[str], None]) -> None:
+           max_seconds: float | None, say: Callable[[str], None],
+           tick: Callable[[], object]) -> None:
     """One pass over the lines in `perm`'s order, a step per batch, until the last step
     or the time budget."""
     for i in range(0, len(perm), batch_size):
@@ -211,6 +220,7 @@ def _epoch(run: _Run, embed: Callable[[list[str]], Any], weight: Any, model: Any
                    scale=scale, label_smoothing=label_smoothing)
         run.step += 1
         run.seen += len(idx)
+        tick()
         run.loss_ema = lv if run.loss_ema is None else 0.95 * run.loss_ema + 0.05 * lv
         if run.step % 50 == 0 or run.step == run.total:
             el = time.perf_counter() - started

@@ -5,20 +5,21 @@ Protocol
   `oos` lines being one more class), with the `train_head` that trains the worker's
   heads (logistic regression + temperature scaling; optional encoder fine-tune), on
   the vectors of `INTENT_ENCODERS` side by side (see below) unless told otherwise.
-* Without a fine-tune, the head's calibrated probabilities are mixed (weighted
-  geometric mean, `mix_members`) with those of `ENSEMBLE_MEMBERS`: logistic regression
-  on TF-IDF n-grams of the text and a cosine kNN over the same vectors, each fitted on
-  the head's cross-validation folds; the weights are those that maximise the
-  out-of-fold accuracy on the train split, and the threshold below is chosen on the
-  out-of-fold mixture.
-* The out-of-scope threshold: `threshold` when given; otherwise, when the train file
-  has `oos_label` lines, the one that maximises the accuracy of the out-of-fold
-  predictions on the train split (calibrated, the same folds the temperature is
-  fitted on) with its `oos_label` lines weighted as `OOS_PRIOR` of the traffic; else
-  the clarity gate's `DECIDE_THRESHOLD`. The test split chooses nothing.
+* Without a fine-tune of the head's encoder, the head's calibrated probabilities are
+  mixed (offline.mixture) with `ENSEMBLE_MEMBERS`, logistic regression on TF-IDF n-grams
+  of the text and a cosine kNN over the same vectors, each fitted on the head's
+  cross-validation folds at the weights that maximise the out-of-fold accuracy; then
+  (`tune_epochs`, on by default) with a fine-tuned MiniLM's cosine classifier, trained
+  on the lines outside the first fold, at the weight that maximises that fold's
+  accuracy. A progress bar of the fine-tune's steps goes to stderr.
+* Out of scope: when the train file has `oos_label` lines, they are one more class and
+  the probabilities are shifted to the traffic `OOS_PRIOR` (10% out of scope) assumes
+  (Bayes' rule, `prior_shift`) before the argmax: no threshold (`threshold` when given
+  instead). Else a prediction below the clarity gate's `DECIDE_THRESHOLD` is out of
+  scope. The test split chooses nothing.
 * Open-set scoring applies when the test file has `oos_label` lines: a prediction
-  whose calibrated confidence is below the threshold becomes `oos_label` (as does a
-  predicted `oos` class). Then
+  whose confidence is below the threshold becomes `oos_label` (as does a predicted
+  `oos` class). Then
   - in_scope_accuracy = share of in-scope test lines predicted exactly right,
   - oos_recall        = share of oos test lines predicted `oos`,
   - accuracy/macro_f1 over all test lines (oos counted as one class).
@@ -39,11 +40,17 @@ from typing import Any
 
 import numpy as np
 
-from services.classifier.layer2.head import softmax
-from services.classifier.offline.calibration import expected_calibration_error, fit_temperature
+from services.classifier.offline.calibration import expected_calibration_error
 from services.classifier.offline.labelled import load_labelled
 from services.classifier.offline.metrics import macro_f1
-from services.classifier.offline.train import fit_logreg, full_logits, train_head
+from services.classifier.offline.mixture import (
+    ENSEMBLE_MEMBERS,
+    TUNE_EPOCHS,
+    mix_frozen,
+    mix_tuned,
+    prior_shift,
+)
+from services.classifier.offline.train import train_head
 from shared.encoders.embeddings import DEFAULT_MODEL, Encoder
 from shared.policy.clarity import DECIDE_THRESHOLD
 
@@ -51,24 +58,6 @@ from shared.policy.clarity import DECIDE_THRESHOLD
 # HWU64: MiniLM 0.972 / 0.900, mpnet 0.977 / 0.904, both 0.978 / 0.914 (README
 # "Encoders"; on the test splits 95.2 / 96.6 / 96.9% in-scope argmax, 90.9 / 90.8 / 92.3%).
 INTENT_ENCODERS: tuple[str, ...] = (DEFAULT_MODEL, "all-mpnet-base-v2")
-# The share of out-of-scope traffic the threshold is chosen for (see the module doc):
-# CLINC150's own oos_train lines are 0.7% of its train split, too few to say.
-OOS_PRIOR = 0.1
-# The members mixed with the head (see `mix_members`): logistic regression on TF-IDF word
-# 1-2grams + char_wb 2-5grams of the text (C = 10), and a cosine kNN over the head's
-# vectors (k = 10, weights exp((cos - 1) / 0.05)). Train CV on HWU64 / CLINC150: the
-# head 0.914 / 0.978, TF-IDF 0.879 / 0.949, kNN 0.874 / 0.947; mixed (weights chosen by
-# that CV: 0.5/0.3/0.2 and 0.6/0.3/0.1) 0.926 / 0.981. On the test splits HWU64 went from
-# 92.6 to 93.1%; CLINC150 from in-scope 96.7% / OOS recall 59.6% (threshold 0.38) to
-# 96.2% / 71.7% (0.53), ahead of the head alone at equal thresholds from 0.5 up (README
-# "Encoders"). Nearest centroids (CV 0.863 on HWU64) added nothing the kNN did not; a
-# linear head with label smoothing on the vectors was below the head (0.906).
-ENSEMBLE_MEMBERS: tuple[str, ...] = ("tfidf", "knn")
-TFIDF_C = 10.0
-KNN_K, KNN_TAU = 10, 0.05
-# The grid of the mixture's weights (each a multiple of it, summing to 1).
-MIX_STEP = 0.1
-
 
 def _encode_cached(encoder: Encoder, texts: list[str], cache_dir: Path | None) -> np.ndarray:
     """Frozen-encoder vectors, cached as .npy keyed by encoder + texts (eval only)."""
@@ -103,140 +92,6 @@ def intent_encoder(models: Sequence[str], *, onnx_cache_dir: Path | None = None)
     return members[0] if len(members) == 1 else ConcatEncoder(members, list(models))
 
 
-def oos_threshold(probs: np.ndarray, y: np.ndarray, labels: Sequence[str], oos_label: str,
-                  prior: float = OOS_PRIOR) -> float | None:
-    """The threshold maximising held-out accuracy with `oos_label` lines weighted as
-    `prior` of all lines (in-scope as 1 - prior); None without such lines."""
-    if oos_label not in labels:
-        return None
-    names = np.asarray(labels)[y]
-    is_oos = names == oos_label
-    if not is_oos.any() or is_oos.all():
-        return None
-    pred = np.asarray(labels)[probs.argmax(axis=1)]
-    conf = probs.max(axis=1)
-    best, best_th = -1.0, DECIDE_THRESHOLD
-    for th in np.round(np.arange(0.0, 0.96, 0.01), 2):
-        final = np.where(conf < th, oos_label, pred)
-        score = ((1 - prior) * (final[~is_oos] == names[~is_oos]).mean()
-                 + prior * (final[is_oos] == oos_label).mean())
-        if score > best + 1e-12:
-            best, best_th = float(score), float(th)
-    return best_th
-
-
-def _tfidf_logits(tr_texts: Sequence[str], y: np.ndarray, te_texts: Sequence[str],
-                  folds: list[tuple[np.ndarray, np.ndarray]], n_classes: int, seed: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Out-of-fold and test logits of logistic regression on TF-IDF n-grams."""
-    from scipy import sparse
-    from sklearn.feature_extraction.text import TfidfVectorizer
-
-    def fit_predict(a: Sequence[str], ya: np.ndarray, b: Sequence[str]) -> np.ndarray:
-        vecs = (TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),
-                TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True,
-                                min_df=2))
-        xa = sparse.hstack([v.fit_transform(a) for v in vecs], format="csr")
-        xb = sparse.hstack([v.transform(b) for v in vecs], format="csr")
-        m = fit_logreg(xa, ya, c=TFIDF_C, seed=seed, max_iter=300)
-        return full_logits(m, xb, n_classes)
-
-    texts = np.asarray(tr_texts, dtype=object)
-    oof = np.zeros((len(y), n_classes))
-    for tr, te in folds:
-        oof[te] = fit_predict(list(texts[tr]), y[tr], list(texts[te]))
-    return oof, fit_predict(list(tr_texts), y, list(te_texts))
-
-
-def _knn_logits(x_tr: np.ndarray, y: np.ndarray, x_te: np.ndarray,
-                folds: list[tuple[np.ndarray, np.ndarray]], n_classes: int
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """Out-of-fold and test log-scores of a cosine kNN (each of the `KNN_K` nearest
-    lines adds exp((cos - 1) / `KNN_TAU`) to its label)."""
-
-    def unit(x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float32)
-        return np.asarray(x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12))
-
-    def scores(a: np.ndarray, ya: np.ndarray, b: np.ndarray) -> np.ndarray:
-        out = np.zeros((len(b), n_classes))
-        k = min(KNN_K, len(a))
-        for i in range(0, len(b), 1024):  # bounded memory: 1024 x len(a) cosines
-            sim = b[i:i + 1024] @ a.T
-            idx = np.argpartition(-sim, k - 1, axis=1)[:, :k]
-            rows = np.arange(len(idx))[:, None]
-            np.add.at(out[i:i + 1024], (rows, ya[idx]), np.exp((sim[rows, idx] - 1) / KNN_TAU))
-        return np.asarray(np.log(out + 1e-6))
-
-    a, b = unit(x_tr), unit(x_te)
-    oof = np.zeros((len(y), n_classes))
-    for tr, te in folds:
-        oof[te] = scores(a[tr], y[tr], a[te])
-    return oof, scores(a, y, b)
-
-
-def mix_members(held: Sequence[np.ndarray], test: Sequence[np.ndarray], y: np.ndarray,
-                step: float = MIX_STEP) -> tuple[tuple[float, ...], np.ndarray, np.ndarray]:
-    """A weighted geometric mean of calibrated probabilities: the weights (multiples of
-    `step` summing to 1; the first member's largest on ties) that maximise the held-out
-    accuracy, then one temperature fitted on the held-out mixture. Returns the weights
-    and the mixture's held-out and test probabilities."""
-    import itertools
-
-    logs = [np.log(np.clip(p, 1e-12, None)) for p in held]
-    n = round(1 / step)
-    grid = sorted((w for w in itertools.product(range(n + 1), repeat=len(held))
-                   if sum(w) == n), reverse=True)
-    best: tuple[float, tuple[int, ...]] = (-1.0, grid[0])
-    for w in grid:
-        acc = float((sum(wi * lp for wi, lp in zip(w, logs, strict=True)).argmax(axis=1)
-                     == y).mean())
-        if acc > best[0] + 1e-12:
-            best = (acc, w)
-    weights = tuple(wi / n for wi in best[1])
-    mixed = sum(wi * lp for wi, lp in zip(weights, logs, strict=True))
-    mixed_test = sum(wi * np.log(np.clip(p, 1e-12, None))
-                     for wi, p in zip(weights, test, strict=True))
-    temperature = fit_temperature(np.asarray(mixed), y)
-    return (weights, softmax(np.asarray(mixed) / temperature),
-            softmax(np.asarray(mixed_test) / temperature))
-
-
-def _mixture(members: Sequence[str], head_held: np.ndarray, head_test: np.ndarray,
-             y: np.ndarray, tr_texts: Sequence[str], te_texts: Sequence[str],
-             vectors: np.ndarray, test_vecs: np.ndarray, *, calibration_folds: int,
-             seed: int) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """The head mixed with `members` (each on the head's folds, temperature-scaled on its
-    out-of-fold logits; see `mix_members`): a summary and the held-out and test
-    probabilities."""
-    from sklearn.model_selection import StratifiedKFold
-
-    n_classes = head_held.shape[1]
-    # The folds train_head's out-of-fold logits came from (they depend on y alone).
-    n_folds = min(calibration_folds, int(np.bincount(y, minlength=n_classes).min()))
-    folds = list(StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
-                 .split(np.zeros(len(y)), y))
-    held, test = [head_held], [head_test]
-    for name in members:
-        if name == "tfidf":
-            oof, te = _tfidf_logits(tr_texts, y, te_texts, folds, n_classes, seed)
-        elif name == "knn":
-            oof, te = _knn_logits(vectors, y, test_vecs, folds, n_classes)
-        else:
-            raise ValueError(f"unknown ensemble member {name!r} (tfidf, knn)")
-        t = fit_temperature(oof, y)
-        held.append(softmax(oof / t))
-        test.append(softmax(te / t))
-    weights, mixed_held, mixed_test = mix_members(held, test, y)
-    summary = {
-        "weights": dict(zip(("head", *members), weights, strict=True)),
-        "member_cv_accuracy": {name: float((p.argmax(axis=1) == y).mean())
-                               for name, p in zip(("head", *members), held, strict=True)},
-        "cv_accuracy": float((mixed_held.argmax(axis=1) == y).mean()),
-    }
-    return summary, mixed_held, mixed_test
-
-
 def eval_intents(
     train_path: Path,
     test_path: Path,
@@ -254,6 +109,8 @@ def eval_intents(
     onnx_cache_dir: Path | None = None,
     lexical: dict[str, Any] | None = None,
     members: Sequence[str] = ENSEMBLE_MEMBERS,
+    tune_epochs: float = TUNE_EPOCHS,
+    progress_bar: bool = True,
     sweep: tuple[float, ...] = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9),
 ) -> dict[str, Any]:
     """Train on `train_path`, evaluate on `test_path`; see the module doc for the protocol.
@@ -264,7 +121,8 @@ def eval_intents(
     `encoders` by name; a fine-tune starts from the first) gives the vectors;
     `lexical`: the head's char n-gram block (off: on HWU64 it took ~9x the training
     time for a lower train CV, 0.911 against 0.914). `members`: what the head is mixed
-    with (() for the head alone; no mixture with a fine-tune). `embed_cache`: a directory
+    with (() for the head alone; no mixture with a fine-tune); `tune_epochs`: the
+    fine-tuned member's epochs (0: none), `progress_bar` its bar. `embed_cache`: a directory
     caching the frozen vectors between runs; `onnx_cache_dir`: where the encoders keep
     their exported graphs.
     """
@@ -309,17 +167,27 @@ def eval_intents(
         test_vecs = _encode_cached(encoder, te_texts, embed_cache)
     probs = head.predict_proba(test_vecs, te_texts)
     mixture: dict[str, Any] | None = None
+    tuned: dict[str, Any] | None = None
     if members and heldout and vectors is not None:
         started = time.perf_counter()
-        mixture, heldout["probs"], probs = _mixture(
+        mixture, heldout["probs"], probs = mix_frozen(
             members, heldout["probs"], probs, heldout["y"], tr_texts, te_texts, vectors,
             test_vecs, calibration_folds=calibration_folds, seed=seed)
+        if tune_epochs:
+            stage = mix_tuned(heldout["probs"], probs, heldout["y"], head.labels, tr_texts,
+                              te_texts, calibration_folds=calibration_folds,
+                              seed=seed, epochs=tune_epochs, progress_bar=progress_bar)
+            tuned, probs = stage.summary, stage.test
+            heldout = {"probs": stage.held, "y": heldout["y"][stage.held_idx]}
         train_seconds += time.perf_counter() - started
-    chosen = (oos_threshold(heldout["probs"], heldout["y"], head.labels, oos_label)
-              if threshold is None and heldout else None)
-    how = "given" if threshold is not None else "train-cv" if chosen is not None else "clarity"
-    threshold = threshold if threshold is not None else chosen if chosen is not None \
-        else DECIDE_THRESHOLD
+    calibrated = probs
+    oos_share = float(np.mean(np.asarray(tr_labels) == oos_label))
+    if oos_label in head.labels and threshold is None:
+        probs = prior_shift(probs, head.labels, oos_label, oos_share)
+    how = ("given" if threshold is not None else "oos-prior" if oos_label in head.labels
+           else "clarity")
+    threshold = (threshold if threshold is not None else 0.0 if how == "oos-prior"
+                 else DECIDE_THRESHOLD)
     labels = np.array(head.labels)
     pred = labels[probs.argmax(axis=1)]
     conf = probs.max(axis=1)
@@ -356,10 +224,12 @@ def eval_intents(
         accuracy_when_decided=float((pred[decided] == te_labels[decided]).mean())
         if decided.any()
         else 0.0,
-        test_ece=expected_calibration_error(probs[known], y_idx[known]) if known.any() else None,
+        test_ece=expected_calibration_error(calibrated[known], y_idx[known])
+        if known.any() else None,
         temperature=head.temperature,
         cv_accuracy=mixture["cv_accuracy"] if mixture else head.metrics.get("cv_accuracy"),
         mixture=mixture,
+        tuned=tuned,
         cv_ece_calibrated=head.metrics.get("ece_calibrated"),
         finetune_seconds=head.metrics.get("finetune_seconds"),
     )
