@@ -133,7 +133,10 @@ async def start_http(app: web.Application, listen: str) -> tuple[web.AppRunner, 
     one port (SO_REUSEPORT: the kernel spreads connections among them). Returns the
     runner (its `cleanup` stops the server) and the bound URL."""
     host, port = split_listen(listen)
-    runner = web.AppRunner(app, access_log=None)
+    # A client gone cancels its handler: its answer is no longer followed (the door's
+    # hold on it, up to GATEWAY_ANSWER_TIMEOUT, was kept for nobody). The request itself
+    # runs on (stored, replayable).
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=True)
     await site.start()

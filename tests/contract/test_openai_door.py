@@ -310,6 +310,37 @@ async def test_a_client_gone_before_the_doors_timeout_ends_its_stream_without_a_
     assert any("the client left" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_client_gone_mid_stream_stops_its_answer_being_followed_at_once() -> None:
+    # A pipeline that never ends the answer: the door used to follow it for its whole
+    # timeout (120 s) for a client long gone; served as the gateway serves, the handler
+    # is now cancelled when the connection closes and the answer's follower closed.
+    door = ScriptedDoor()
+    app = web.Application()
+    add_openai_routes(app, door)
+    runner, base = await start_http(app, "127.0.0.1:0")
+    followed_until = asyncio.Event()
+
+    async def endless(req: AgentRequest, **tracing: Any) -> AsyncGenerator[ResponseChunk, None]:
+        try:
+            yield text(0, "partial")
+            await asyncio.Event().wait()
+        finally:
+            followed_until.set()
+
+    door.answer = endless  # type: ignore[method-assign]
+    try:
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(f"{base}/v1/chat/completions",
+                                   headers={"Authorization": "Bearer good"},
+                                   json={"model": "intentroute", "stream": True,
+                                         "messages": [{"role": "user", "content": "q"}]})
+            assert b"partial" in await resp.content.readuntil(b"partial")
+            resp.close()
+        await asyncio.wait_for(followed_until.wait(), 10)
+    finally:
+        await runner.cleanup()
+
+
 async def test_nats_failing_the_request_is_a_503_bus_unavailable_before_or_after_text(
     served: tuple[ScriptedDoor, str, dict[str, Any]]
 ) -> None:

@@ -16,6 +16,7 @@ request handed to the bus, plus (collected answers) from the final chunk to the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -319,4 +320,7 @@ async def _stream(request: web.Request, req: AgentRequest, chat: wire.ChatReques
             await events.send(wire.error_envelope(503, wire.BUS_UNAVAILABLE, _bus_failed(exc)))
     except ConnectionResetError:
         log.debug("[%s] the client left mid-stream", req.request_id)
+    except asyncio.CancelledError:  # the server saw the connection close (start_http)
+        log.debug("[%s] the client left mid-stream", req.request_id)
+        raise
     return resp
