@@ -46,6 +46,11 @@ class RequestRefusedError(Exception):
     (STREAM_MAX_MSGS, STREAM_MAX_BYTES). Nothing was queued; ask again later."""
 
 
+# How long `ask` publishes its request again (the same msg id: stored once) when no ack
+# comes, through a server restart or a leader election, before its caller hears the bus
+# failed: a caller that then asks again under a new id gets a second run if a lost ack's
+# publish was stored after all, so the retry is here, where the id is kept.
+PUBLISH_PATIENCE = 5.0
 # JetStream's "could not store" (maximum messages, per subject, or bytes exceeded).
 _JS_STORE_FAILED = 10077
 
@@ -79,7 +84,8 @@ async def publish_request(nc: Client, req: AgentRequest, *, msg_id: str = "",
 
 
 async def publish_until_stored(nc: Client, req: AgentRequest, *, give_up_at: float,
-                               pause: float = 0.2) -> None:
+                               pause: float = 0.2,
+                               headers: Mapping[str, str] | None = None) -> None:
     """Publish again until the stream acknowledges the request (through a server
     restart or a stream's leader election): the same msg id, so it is stored once.
     After `give_up_at` (time.monotonic()) the last error is raised; a full stream's
@@ -87,7 +93,7 @@ async def publish_until_stored(nc: Client, req: AgentRequest, *, give_up_at: flo
     msg_id = request_msg_id(req)
     while True:
         try:
-            await publish_request(nc, req, msg_id=msg_id)
+            await publish_request(nc, req, msg_id=msg_id, headers=headers)
             return
         except RequestRefusedError:
             raise
@@ -108,15 +114,17 @@ async def ask(
     nc: Client, req: AgentRequest, *, timeout: float = 120.0,
     headers: Mapping[str, str] | None = None, router: AnswerRouter | None = None,
 ) -> AsyncGenerator[ResponseChunk, None]:
-    """Publish `req` (with `headers`, as `publish_request`) and yield its chunks in
-    order until the final one. With a `router` (a door asking for many requests of the
+    """Publish `req` (with `headers`, as `publish_request`; again with the same msg id
+    for up to PUBLISH_PATIENCE while no ack comes) and yield its chunks in order until
+    the final one. With a `router` (a door asking for many requests of the
     same agents) the chunks come through the agent's subscription there, not one of
     the request's own."""
     source = (router.waiting(req.agent_id, req.request_id) if router is not None
               else _subscribed(nc, response_subject(req.agent_id, req.request_id)))
     async with source as messages:
         reconnects = _reconnects(nc)
-        await publish_request(nc, req, headers=headers)
+        await publish_until_stored(nc, req, headers=headers,
+                                   give_up_at=time.monotonic() + PUBLISH_PATIENCE)
         async for chunk in follow_live(nc, messages, req.agent_id, req.request_id,
                                        timeout=timeout, reconnects=reconnects):
             yield chunk

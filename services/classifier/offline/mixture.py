@@ -177,8 +177,6 @@ def mix_frozen(members: Sequence[str], head_held: np.ndarray, head_test: np.ndar
     return summary, mixed_held, mixed_test
 
 
-
-
 @dataclass
 class Tuned:
     """The mixture with the fine-tuned member: its summary, the held fold's line indices
