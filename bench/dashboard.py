@@ -130,12 +130,8 @@ async def seed(pool: asyncpg.Pool, *, agents: int, history_days: int, feedback_d
 
 async def index_use(pool: asyncpg.Pool, until: dt.date, days: int) -> dict[str, list[str]]:
     """The scans the planner picks for the dashboard's queries (EXPLAIN)."""
-    from services.gateway.dashboard.queries import (
-        BREAKDOWN_SQL,
-        DAYS_SQL,
-        FEEDBACK_SQL,
-        Window,
-    )
+    from services.gateway.dashboard.queries import BREAKDOWN_SQL, DAYS_SQL, FEEDBACK_SQL
+    from services.gateway.dashboard.rows import Window
 
     window = Window.ending(until, days)
     start, end = window.bounds()

@@ -30,11 +30,8 @@ from services.gateway.dashboard.queries import (
     FEEDBACK_SQL,
     OUTCOMES_SQL,
     SCORES_SQL,
-    FeedbackGroup,
-    OutcomeGroup,
-    RollupGroup,
-    ScoreRow,
 )
+from services.gateway.dashboard.rows import FeedbackGroup, OutcomeGroup, RollupGroup, ScoreRow
 from shared.policy.agent import AgentPolicy, apply_assignment
 from shared.store import asyncpg_dsn
 from shared.store.policies import save_policy

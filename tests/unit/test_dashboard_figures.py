@@ -9,14 +9,14 @@ import pytest
 
 from services.gateway.dashboard.auth import session_cookie, session_valid, token_matches
 from services.gateway.dashboard.figures import build_dashboard
-from services.gateway.dashboard.queries import (
+from services.gateway.dashboard.queries import Figures
+from services.gateway.dashboard.rows import (
     PER_DAY,
     PER_DAY_LAYER,
     PER_DAY_MODEL,
     PER_DAY_TYPE,
     PER_MODEL,
     FeedbackGroup,
-    Figures,
     RollupGroup,
     Window,
 )
@@ -125,7 +125,7 @@ def test_dashboard_is_off_unless_a_token_is_set() -> None:
 
 
 def test_a_days_exact_percentiles_replace_the_rollup_estimate() -> None:
-    from services.gateway.dashboard.queries import AgentDayLatency
+    from services.gateway.dashboard.rows import AgentDayLatency
 
     figures = Figures(
         rollups=[day("ide", D1, 100, p95=(90.0 * 100, 100)),  # estimate 90: no breach
@@ -175,7 +175,7 @@ def test_days_read_from_the_log_give_the_groups_the_rollup_statements_would() ->
 
 
 def test_refusals_are_counted_by_code_apart_from_errors_and_rates() -> None:
-    from services.gateway.dashboard.queries import OutcomeGroup
+    from services.gateway.dashboard.rows import OutcomeGroup
 
     figures = Figures(
         rollups=[RollupGroup(agent_id="a", day=D2, grp=PER_DAY, requests=20, errors=9,
@@ -210,7 +210,7 @@ def test_models_add_up_across_rollups_and_live_days_in_the_agents_currency() -> 
 
 
 def test_scores_show_their_divergence_largest_first_and_count_the_flagged() -> None:
-    from services.gateway.dashboard.queries import ScoreRow
+    from services.gateway.dashboard.rows import ScoreRow
 
     figures = Figures(rollups=[day("a", D1, 1)], feedback=[], policies={}, scores=[
         ScoreRow("a", "big", "RETRIEVAL", 12.0, 0.55, 0.5, 0.05, False),
@@ -225,7 +225,7 @@ def test_scores_show_their_divergence_largest_first_and_count_the_flagged() -> N
 
 def test_an_agents_day_in_the_log_replaces_its_rollups_and_only_that_one() -> None:
     from services.gateway.dashboard.live import LiveFigures, overlay, rollup_groups
-    from services.gateway.dashboard.queries import AgentDayLatency, OutcomeGroup
+    from services.gateway.dashboard.rows import AgentDayLatency, OutcomeGroup
 
     rolled = LiveFigures(
         rollups=[day("a", D3, 5), day("b", D3, 7), day("a", D2, 1),

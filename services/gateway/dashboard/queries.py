@@ -21,10 +21,6 @@ import msgspec
 from services.gateway.dashboard.live import LiveFigures, live_figures, overlay
 from services.gateway.dashboard.rows import (
     PER_DAY,
-    PER_DAY_LAYER,
-    PER_DAY_MODEL,
-    PER_DAY_TYPE,
-    PER_MODEL,
     AgentDayLatency,
     FeedbackGroup,
     OutcomeGroup,
@@ -132,12 +128,6 @@ class Figures(msgspec.Struct, frozen=True):
     # When the database was asked, and the days read from the request log.
     as_of: dt.datetime | None = None
     live_days: list[dt.date] = []
-
-
-__all__ = ["PER_DAY", "PER_DAY_LAYER", "PER_DAY_MODEL", "PER_DAY_TYPE", "PER_MODEL",
-           "AgentDayLatency",
-           "FeedbackGroup", "Figures", "FiguresUnavailableError", "OutcomeGroup",
-           "RollupGroup", "ScoreRow", "Window", "read_figures"]
 
 
 class FiguresUnavailableError(RuntimeError):

@@ -30,7 +30,8 @@ from nats.aio.client import Client
 
 from services.gateway.dashboard.auth import COOKIE, session_cookie, session_valid, token_matches
 from services.gateway.dashboard.figures import build_dashboard
-from services.gateway.dashboard.queries import FiguresUnavailableError, Window, read_figures
+from services.gateway.dashboard.queries import FiguresUnavailableError, read_figures
+from services.gateway.dashboard.rows import Window
 from services.gateway.dashboard.stages import StageReader, StagesUnavailableError
 from services.gateway.log_budget import LogBudget
 from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle, ThrottledError
