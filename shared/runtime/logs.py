@@ -75,6 +75,21 @@ class LibraryNoiseFilter(logging.Filter):
                     and "site-packages" in record.pathname)
 
 
+class PoolRetryLines(logging.Filter):
+    """asyncpg's pool logs every failed attempt to restore its connections (Postgres
+    restarting, or gone) as a WARNING with a traceback of its own code: one line naming
+    the error instead, as often as it retries."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "asyncpg.pool" and record.exc_info and record.exc_info[1]:
+            exc = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: time (UTC, ISO 8601), level, logger, message, worker,
     and request_id / agent_id when known; `exc` holds a traceback when there is one."""
@@ -131,6 +146,7 @@ def configure_logging(*, level: str, fmt: LogFormat = LogFormat.TEXT, worker: st
     handler._intentroute = True  # type: ignore[attr-defined]
     handler.addFilter(ContextFilter(worker or "-"))
     handler.addFilter(LibraryNoiseFilter())
+    handler.addFilter(PoolRetryLines())
     handler.setFormatter(JsonFormatter() if fmt is LogFormat.JSON else logging.Formatter(_TEXT))
     # LOG_LEVEL holds for loggers with a level of their own too (bm25s sets DEBUG on
     # import: a "Building index from tokens" line in every `up`).

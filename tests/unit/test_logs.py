@@ -191,3 +191,23 @@ def test_log_format_is_read_from_the_environment() -> None:
     assert read_env(CommonSettings, {}).log_format is LogFormat.TEXT
     with pytest.raises(ValueError, match="LOG_FORMAT"):
         read_env(CommonSettings, {"LOG_FORMAT": "xml"})
+
+
+def test_asyncpgs_reconnect_attempts_are_one_line_each() -> None:
+    # Postgres gone (a kill -9 of `up`, a restart): the pool retries and logged each
+    # attempt with a traceback of its own code.
+    out = io.StringIO()
+    handler = configure_logging(level="INFO", worker="gateway", stream=out)
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except ConnectionRefusedError:
+            logging.getLogger("asyncpg.pool").warning(
+                "Failed to restore the pool connection floor; retrying", exc_info=True)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    text = out.getvalue()
+    assert "Traceback" not in text
+    assert text.count("\n") == 1
+    assert ("asyncpg.pool Failed to restore the pool connection floor; retrying: "
+            "ConnectionRefusedError: [Errno 111] Connection refused") in text
