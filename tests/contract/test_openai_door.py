@@ -7,6 +7,7 @@ is tests/integration/test_openai_door.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from types import SimpleNamespace
@@ -270,15 +271,35 @@ async def test_no_final_in_time_is_504_deadline_exceeded(
 
 
 
-async def test_a_client_gone_before_the_doors_timeout_ends_its_stream_without_a_traceback(
-    caplog: pytest.LogCaptureFixture
-) -> None:
-    # Served as the gateway serves (start_http: a handler is not cancelled when its
-    # client leaves; aiohttp's TestServer cancels it, which hid this).
+@contextlib.asynccontextmanager
+async def gateway_served(answer: Any) -> AsyncIterator[str]:
+    """A door whose answers come from `answer`, served as the gateway serves it
+    (start_http: aiohttp's TestServer treats a client that leaves otherwise); its URL."""
     door = ScriptedDoor()
+    door.answer = answer  # type: ignore[method-assign]
     app = web.Application()
     add_openai_routes(app, door)
     runner, base = await start_http(app, "127.0.0.1:0")
+    try:
+        yield base
+    finally:
+        await runner.cleanup()
+
+
+async def leave_mid_stream(base: str) -> None:
+    """Ask for a stream, read up to its first text ("partial"), and leave."""
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(f"{base}/v1/chat/completions",
+                               headers={"Authorization": "Bearer good"},
+                               json={"model": "intentroute", "stream": True,
+                                     "messages": [{"role": "user", "content": "q"}]})
+        assert b"partial" in await resp.content.readuntil(b"partial")
+        resp.close()
+
+
+async def test_a_client_gone_before_the_doors_timeout_ends_its_stream_without_a_traceback(
+    caplog: pytest.LogCaptureFixture
+) -> None:
     left = asyncio.Event()
 
     async def stalled(req: AgentRequest, **tracing: Any) -> AsyncGenerator[ResponseChunk, None]:
@@ -287,23 +308,14 @@ async def test_a_client_gone_before_the_doors_timeout_ends_its_stream_without_a_
         await asyncio.sleep(0.2)  # the server sees the connection closed (one loop turn)
         raise AnswerTimeoutError("no final chunk within 5s")  # the pipeline stalled
 
-    door.answer = stalled  # type: ignore[method-assign]
     caplog.set_level(logging.DEBUG, logger="intentroute.gateway.openai")
-    try:
-        async with aiohttp.ClientSession() as http:
-            resp = await http.post(f"{base}/v1/chat/completions",
-                                   headers={"Authorization": "Bearer good"},
-                                   json={"model": "intentroute", "stream": True,
-                                         "messages": [{"role": "user", "content": "q"}]})
-            assert b"partial" in await resp.content.readuntil(b"partial")
-            resp.close()  # the client leaves mid-stream
-            left.set()
+    async with gateway_served(stalled) as base:
+        await leave_mid_stream(base)
+        left.set()
         for _ in range(100):
             if any("the client left" in r.getMessage() for r in caplog.records):
                 break
             await asyncio.sleep(0.05)
-    finally:
-        await runner.cleanup()
     # Before the fix: "Error handling request" (aiohttp.server) and the traceback of the
     # 504 event written to the closed connection.
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
@@ -312,12 +324,8 @@ async def test_a_client_gone_before_the_doors_timeout_ends_its_stream_without_a_
 
 async def test_a_client_gone_mid_stream_stops_its_answer_being_followed_at_once() -> None:
     # A pipeline that never ends the answer: the door used to follow it for its whole
-    # timeout (120 s) for a client long gone; served as the gateway serves, the handler
-    # is now cancelled when the connection closes and the answer's follower closed.
-    door = ScriptedDoor()
-    app = web.Application()
-    add_openai_routes(app, door)
-    runner, base = await start_http(app, "127.0.0.1:0")
+    # timeout (120 s) for a client long gone; the handler is now cancelled when the
+    # connection closes, and the answer's follower closed with it.
     followed_until = asyncio.Event()
 
     async def endless(req: AgentRequest, **tracing: Any) -> AsyncGenerator[ResponseChunk, None]:
@@ -327,18 +335,9 @@ async def test_a_client_gone_mid_stream_stops_its_answer_being_followed_at_once(
         finally:
             followed_until.set()
 
-    door.answer = endless  # type: ignore[method-assign]
-    try:
-        async with aiohttp.ClientSession() as http:
-            resp = await http.post(f"{base}/v1/chat/completions",
-                                   headers={"Authorization": "Bearer good"},
-                                   json={"model": "intentroute", "stream": True,
-                                         "messages": [{"role": "user", "content": "q"}]})
-            assert b"partial" in await resp.content.readuntil(b"partial")
-            resp.close()
+    async with gateway_served(endless) as base:
+        await leave_mid_stream(base)
         await asyncio.wait_for(followed_until.wait(), 10)
-    finally:
-        await runner.cleanup()
 
 
 async def test_nats_failing_the_request_is_a_503_bus_unavailable_before_or_after_text(
