@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from services.classifier.offline.finetune import finetune_encoder
+from services.classifier.offline.finetune import finetune_encoder, load_cosine_head
 from services.classifier.offline.labelled import load_labelled
 
 
@@ -65,8 +65,7 @@ def run(train: Path, val: Path, test: Path, *, epochs: float, label_smoothing: f
     finetune_encoder([t for t, _ in rows], [lab for _, lab in rows], out_dir, epochs=epochs,
                      label_smoothing=label_smoothing, threads=os.cpu_count() or 1, seed=seed)
     seconds = time.perf_counter() - started
-    weights = np.load(out_dir / "cosine_head.npy")
-    classes = (out_dir / "cosine_head_labels.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    weights, classes = load_cosine_head(out_dir)
     encoder = FastEncoder(out_dir, threads=os.cpu_count() or 1, cache_size=0)
 
     def cosines(path: Path) -> tuple[np.ndarray, np.ndarray]:

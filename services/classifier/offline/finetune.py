@@ -265,3 +265,10 @@ def _save(model: Any, weight: Any, src: Path, out: Path, classes: list[str]) -> 
             shutil.copytree(src / name, out / name, dirs_exist_ok=True)
     np.save(out / "cosine_head.npy", nnf.normalize(weight.detach(), dim=-1).numpy())
     (out / "cosine_head_labels.txt").write_text("\n".join(classes) + "\n", encoding="utf-8")
+
+
+def load_cosine_head(encoder_dir: Path) -> tuple[np.ndarray, list[str]]:
+    """The cosine classifier `_save` wrote beside the encoder: unit class weights (one row
+    per label) and the labels in their order."""
+    labels = (encoder_dir / "cosine_head_labels.txt").read_text(encoding="utf-8")
+    return np.load(encoder_dir / "cosine_head.npy"), labels.split("\n")[:-1]

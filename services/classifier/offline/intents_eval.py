@@ -174,16 +174,14 @@ def eval_intents(
             members, heldout["probs"], probs, heldout["y"], tr_texts, te_texts, vectors,
             test_vecs, calibration_folds=calibration_folds, seed=seed)
         if tune_epochs:
-            stage = mix_tuned(heldout["probs"], probs, heldout["y"], head.labels, tr_texts,
-                              te_texts, calibration_folds=calibration_folds,
-                              seed=seed, epochs=tune_epochs, progress_bar=progress_bar)
-            tuned, probs = stage.summary, stage.test
-            heldout = {"probs": stage.held, "y": heldout["y"][stage.held_idx]}
+            tuned, probs = mix_tuned(heldout["probs"], probs, heldout["y"], head.labels,
+                                     tr_texts, te_texts, calibration_folds=calibration_folds,
+                                     seed=seed, epochs=tune_epochs, progress_bar=progress_bar)
         train_seconds += time.perf_counter() - started
     calibrated = probs
-    oos_share = float(np.mean(np.asarray(tr_labels) == oos_label))
-    if oos_label in head.labels and threshold is None:
-        probs = prior_shift(probs, head.labels, oos_label, oos_share)
+    if threshold is None:  # no-op without oos lines in the train file
+        probs = prior_shift(probs, head.labels, oos_label,
+                            float(np.mean(np.asarray(tr_labels) == oos_label)))
     how = ("given" if threshold is not None else "oos-prior" if oos_label in head.labels
            else "clarity")
     threshold = (threshold if threshold is not None else 0.0 if how == "oos-prior"

@@ -21,7 +21,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -177,26 +176,16 @@ def mix_frozen(members: Sequence[str], head_held: np.ndarray, head_test: np.ndar
     return summary, mixed_held, mixed_test
 
 
-@dataclass
-class Tuned:
-    """The mixture with the fine-tuned member: its summary, the held fold's line indices
-    and their probabilities, the test split's probabilities."""
-
-    summary: dict[str, Any]
-    held_idx: np.ndarray
-    held: np.ndarray
-    test: np.ndarray
-
-
 def mix_tuned(frozen_held: np.ndarray, frozen_test: np.ndarray, y: np.ndarray,
               labels: Sequence[str], tr_texts: Sequence[str], te_texts: Sequence[str], *,
               calibration_folds: int, seed: int, epochs: float = TUNE_EPOCHS,
-              progress_bar: bool = True) -> Tuned:
+              progress_bar: bool = True) -> tuple[dict[str, Any], np.ndarray]:
     """`frozen_held` / `frozen_test` (the frozen mixture's out-of-fold and test
     probabilities) mixed with a fine-tuned encoder's cosine classifier: fine-tuned on the
     lines outside the first of the head's folds, its temperature and its weight in the
-    mixture chosen on that fold's lines (`mix_members`)."""
-    from services.classifier.offline.finetune import finetune_encoder
+    mixture chosen on that fold's lines (`mix_members`). Returns a summary and the test
+    split's probabilities."""
+    from services.classifier.offline.finetune import finetune_encoder, load_cosine_head
     from shared.encoders.fast import FastEncoder
 
     fit_idx, held_idx = head_folds(y, calibration_folds, seed)[0]
@@ -208,9 +197,7 @@ def mix_tuned(frozen_held: np.ndarray, frozen_test: np.ndarray, y: np.ndarray,
             base_model=DEFAULT_MODEL, epochs=epochs, label_smoothing=TUNE_SMOOTHING,
             scale=TUNE_SCALE, threads=max(1, os.cpu_count() or 1), seed=seed,
             progress=lambda _: None, progress_bar=progress_bar)
-        weights = np.load(out_dir / "cosine_head.npy")
-        tuned_labels = (out_dir / "cosine_head_labels.txt").read_text(
-            encoding="utf-8").split("\n")[:-1]
+        weights, tuned_labels = load_cosine_head(out_dir)
         encoder = FastEncoder(out_dir, threads=max(1, os.cpu_count() or 1), cache_size=0,
                               onnx_cache_dir=out_dir / "onnx")
         logits_of = {}
@@ -234,7 +221,7 @@ def mix_tuned(frozen_held: np.ndarray, frozen_test: np.ndarray, y: np.ndarray,
         "fold_lines": len(held_idx),
         "finetune": report,
     }
-    return Tuned(summary, held_idx, held, test)
+    return summary, test
 
 
 def prior_shift(probs: np.ndarray, labels: Sequence[str], oos_label: str,
