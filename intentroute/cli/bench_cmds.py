@@ -356,9 +356,9 @@ def eval_intents(
              "lines, their share shifted to 10% of traffic; else the clarity threshold "
              "0.85)")] = None,
     finetune_epochs: Annotated[int, typer.Option(
-        help="Fine-tune the head's own encoder first (no mixture)")] = 0,
+        min=0, help="Fine-tune the head's own encoder first (no mixture)")] = 0,
     tune_epochs: Annotated[float | None, typer.Option(
-        help="Epochs of the fine-tuned MiniLM mixed in (0: none; default 4)")] = None,
+        min=0, help="Epochs of the fine-tuned MiniLM mixed in (0: none; default 4)")] = None,
     embed_cache: Annotated[Path | None, typer.Option(
         help="Directory caching the frozen encoder's vectors between runs")] = None,
     encoder: Annotated[list[str] | None, typer.Option(

@@ -214,20 +214,12 @@ async def follow_live(
     owed_at: float | None = None  # when a replay is owed (a reconnect was seen)
     while not merged.done:
         remaining = deadline - loop.time()
-        if remaining <= 0:
-            # Past the deadline (a frozen process wakes late): what already came is read
-            # before giving up, the final among it above all.
-            try:
-                msg = await sub.next_msg(timeout=BUFFERED_POLL)
-            except nats.errors.TimeoutError:
-                raise AnswerTimeoutError(f"no final chunk within {timeout}s") from None
-            chunk = decode_chunk(msg.data)
-            if merged.take(chunk):
-                yield chunk
-            continue
-        if _reconnects(nc) != seen:
+        # Past the deadline (a frozen process wakes late) what already came is still read
+        # before giving up, the final among it above all; no replay is started then.
+        late = remaining <= 0
+        if not late and _reconnects(nc) != seen:
             seen, owed_at = _reconnects(nc), loop.time()
-        if owed_at is not None and loop.time() >= owed_at:
+        if not late and owed_at is not None and loop.time() >= owed_at:
             try:
                 async for chunk in _replay_stored(nc, agent_id, request_id, remaining):
                     if merged.take(chunk):
@@ -237,8 +229,11 @@ async def follow_live(
                 owed_at = loop.time() + REPLAY_RETRY
             continue
         try:
-            msg = await sub.next_msg(timeout=min(remaining, RECONNECT_POLL))
+            msg = await sub.next_msg(timeout=BUFFERED_POLL if late
+                                     else min(remaining, RECONNECT_POLL))
         except nats.errors.TimeoutError:
+            if late:
+                raise AnswerTimeoutError(f"no final chunk within {timeout}s") from None
             continue
         chunk = decode_chunk(msg.data)
         if merged.take(chunk):

@@ -174,11 +174,15 @@ async def test_a_budget_holds_across_two_gateways_streamed_and_collected_alike(
     fake_ollama.token_delay = 0.05
     async with running(env, WORKERS):
         nc = await connect("lim-budget")
-        # The first request's cost (4) becomes the estimate reserved for each later one.
-        warm = make_request("how do I count?", agent_id="lim-budget", query_type="RETRIEVAL")
-        assert final_of(await ask_all(nc, warm)).error is None
-        # 12 at once, streamed (RETRIEVAL) and collected (CODE_GENERATION) answers mixed,
-        # taken by either gateway: 4 spent + 4 reserved each < 20 admits 4 of them.
+        # One streamed (RETRIEVAL) and one collected (CODE_GENERATION) answer first, so
+        # both kinds are paid for whichever of the burst is admitted (which ones win is
+        # a race); their cost (4) becomes the estimate reserved for each later one.
+        for query_type, text in (("RETRIEVAL", "how do I count?"),
+                                 ("CODE_GENERATION", "write an endpoint that returns a total")):
+            warm = make_request(text, agent_id="lim-budget", query_type=query_type)
+            assert final_of(await ask_all(nc, warm)).error is None
+        # 12 at once, both kinds mixed, taken by either gateway: 8 spent + 4 reserved
+        # each <= 20 admits 3 of them.
         burst = [make_request("write an endpoint that returns a total" if i % 2 else
                               "how do I count?", agent_id="lim-budget",
                               query_type="CODE_GENERATION" if i % 2 else "RETRIEVAL")
@@ -187,9 +191,9 @@ async def test_a_budget_holds_across_two_gateways_streamed_and_collected_alike(
                   await asyncio.gather(*(ask_all(nc, req) for req in burst))]
         answered = [f for f in finals if f.error is None]
         refused = [f for f in finals if f.error is not None]
-        # 4 when every answer costs its estimate; a model step that times out on a loaded
+        # 3 when every answer costs its estimate; a model step that times out on a loaded
         # machine answers extractively at cost 0, which lowers the estimate (more fit).
-        assert len(answered) >= 4
+        assert len(answered) >= 3
         assert refused
         assert {f.error.code for f in refused if f.error} == {ErrorCode.BUDGET_EXCEEDED}
         assert all(f.error and f.error.retry_after_ms > 0 for f in refused)

@@ -117,3 +117,13 @@ def test_a_missing_file_is_one_line_too(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "absent.jsonl" in result.output
     assert result.output.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["--tune-epochs", "--finetune-epochs"])
+def test_negative_epochs_are_refused_in_one_line(tmp_path: Path, flag: str) -> None:
+    path = _write(tmp_path, "i.jsonl", {"text": "fine", "label": "a"})
+    result = CliRunner().invoke(app, ["eval", "intents", "--train", str(path), "--test",
+                                      str(path), flag, "-1"])
+    assert result.exit_code == 2
+    assert flag in result.output
+    assert result.output.count("\n") == 1
