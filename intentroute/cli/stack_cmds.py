@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
@@ -49,6 +49,8 @@ from intentroute.stack.pgroles import (
     role_passwords,
 )
 from intentroute.stack.ports import PortPlan, PortTakenError, StackPorts, Wanted, plan_ports
+from intentroute.stack.scrape import METRICS_TARGETS, metrics_ports, write_targets
+from intentroute.stack.sidecars import llm_argv, parser_argv, runs_parser
 from intentroute.stack.state import (
     DEFAULT_GATEWAY_GRPC_LISTEN,
     DEFAULT_GATEWAY_HTTP_LISTEN,
@@ -219,7 +221,7 @@ def _plan_ports(cli: CliSettings, nats_nodes: int, nats_port: int | None,
         nats_nodes=nats_nodes, nats_port=cli.nats_port if nats_port is None else nats_port,
         postgres=not cli.database_url,
         postgres_port=cli.postgres_port if postgres_port is None else postgres_port,
-        gateway_http=listen.endswith(":0"), parser=_runs_parser(os.environ), llm=llm,
+        gateway_http=listen.endswith(":0"), parser=runs_parser(os.environ), llm=llm,
         gateway_grpc=(grpc and not grpc_listen) or grpc_listen.endswith(":0"),
         metrics=metrics[0], metrics_port=metrics[1])
     try:
@@ -362,11 +364,11 @@ def _start_processes(cli: CliSettings, env: dict[str, str], counts: dict[str, in
     state_dir = cli.state_dir
     supervisor = Supervisor()
     chosen = stack_ports or StackPorts()
-    parser_argv = _parser_argv(env, chosen.parser)
-    if parser_argv:
-        supervisor.add("parser", parser_argv, env)
+    parser_cmd = parser_argv(env, chosen.parser)
+    if parser_cmd:
+        supervisor.add("parser", parser_cmd, env)
     if llm:
-        supervisor.add("llm", _llm_argv(env, chosen.llm), env)
+        supervisor.add("llm", llm_argv(env, chosen.llm), env)
     plan = metrics_ports(counts, chosen.metrics)
     ports = iter(plan)
     for name, count in counts.items():
@@ -428,29 +430,6 @@ def _run_until_stopped(supervisor: Supervisor, sync: AuthSync | None, state_dir:
         (state_dir / METRICS_TARGETS).unlink(missing_ok=True)
 
 
-METRICS_TARGETS = "metrics_targets.json"
-
-
-def metrics_ports(counts: dict[str, int], base: int) -> list[tuple[str, int]]:
-    """(worker, port) per worker process, in start order: each process of `up` serves
-    its metrics on the next port from `base` (0: none)."""
-    if not base:
-        return []
-    names = [name for name, count in counts.items() for _ in range(count)]
-    return [(name, base + i) for i, name in enumerate(names)]
-
-
-def write_targets(path: Path, ports: list[tuple[str, int]], host: str) -> None:
-    """The scrape targets as a Prometheus `file_sd_configs` file (a restarted worker
-    keeps its port, so the file stays true while `up` runs)."""
-    import json
-
-    scrape_host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
-    groups = [{"targets": [f"{scrape_host}:{port}"], "labels": {"worker": name}}
-              for name, port in ports]
-    path.write_text(json.dumps(groups, indent=2) + "\n", encoding="utf-8")
-
-
 def _redacted(url: str) -> str:
     """A database URL for a log line: the password left out."""
     from urllib.parse import urlsplit
@@ -482,39 +461,6 @@ async def _prepare_agents(state_dir: Path, db_url: str, nats_pids: list[int], *,
         await apply_agents(store, state_dir, pids=nats_pids)
     finally:
         await store.close()
-
-
-def _runs_parser(env: Mapping[str, str]) -> bool:
-    """Whether `up` runs the parser: not when AVAP_PARSER_URL points elsewhere or
-    validation is off."""
-    return not (env.get("AVAP_PARSER_URL")
-                or env.get("AVAP_PARSER_TIMEOUT", "").strip() in ("0", "0.0"))
-
-
-def _parser_argv(env: dict[str, str], port: int = 0) -> list[str]:
-    """The reference AVAP parser service's command (it listens on `port`, else one
-    chosen here, which the workers' env names), unless it runs elsewhere."""
-    if not _runs_parser(env):
-        return []
-    port = port or free_port()
-    env["AVAP_PARSER_URL"] = f"127.0.0.1:{port}"
-    return [sys.executable, "-m", "intentroute.cli", "parser", "--port", str(port)]
-
-
-def _llm_argv(env: dict[str, str], port: int = 0) -> list[str]:
-    """The local model server's command; the generators' env points at it (its API key
-    travels in the env, never on a command line)."""
-    from intentroute.stack.llm import LOCAL_MODEL, local_model_path, new_api_key, server_env
-
-    local_model_path()  # a missing model is an error now, not a restart loop later
-    port = port or free_port()
-    env.update(server_env(port, new_api_key()))
-    env.setdefault("OLLAMA_MODEL_NAME", LOCAL_MODEL)
-    # Layer 3 stays off on it unless asked for (CLASSIFIER_LLM_MODEL=smollm2-135m-instruct):
-    # on the messages Layer 2 was unsure of in the blind and fresh routing sets,
-    # SmolLM2-135M's labels were right 0 times in 5, Layer 2's own guess 4 times.
-    env.setdefault("CLASSIFIER_LLM_MODEL", "")
-    return [sys.executable, "-m", "intentroute.cli", "llm-server", "--port", str(port)]
 
 
 async def _declare_streams(

@@ -6,7 +6,9 @@ nats-servers as one cluster; `natsconf` renders the NATS config (pure); `auth` k
 the users' files in the state directory and reloads the servers when agents change;
 `state` is `stack.json`; `pgroles` makes the Postgres roles each worker connects as
 (`embedded_stack` yields the superuser's URL, which only that init uses); `ports` keeps a
-state directory's ports across runs of `up`, `keeper` restarts a server that died.
+state directory's ports across runs of `up`, `keeper` restarts a server that died;
+`sidecars` are the commands of the parser and local model server `up` runs beside the
+workers, `scrape` the workers' Prometheus scrape targets.
 """
 
 from __future__ import annotations

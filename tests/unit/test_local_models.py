@@ -33,15 +33,15 @@ def test_up_llm_keeps_layer3_off_unless_asked() -> None:
     """`up --llm`: every role may reach the local model, but Layer 3 labels worse on it
     than Layer 2's guess (README, Layer 3 measured): off unless CLASSIFIER_LLM_MODEL
     names a model."""
-    from intentroute.cli.stack_cmds import _llm_argv
+    from intentroute.stack.sidecars import llm_argv
     from services.classifier.adapters import build_llm
     from services.classifier.settings import ClassifierSettings
 
     env: dict[str, str] = {}
-    _llm_argv(env, port=8124)
+    llm_argv(env, port=8124)
     assert env["OPENAI_SERVER"] == "llamacpp"
     assert build_llm(ClassifierSettings.from_env(env)) is None
     asked = {"CLASSIFIER_LLM_MODEL": LOCAL_MODEL}
-    _llm_argv(asked, port=8124)
+    llm_argv(asked, port=8124)
     assert asked["CLASSIFIER_LLM_MODEL"] == LOCAL_MODEL
     assert build_llm(ClassifierSettings.from_env(asked)) is not None

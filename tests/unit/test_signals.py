@@ -110,7 +110,7 @@ def test_a_services_api_stats_reply_parses_into_instances() -> None:
 def test_up_gives_each_worker_process_its_own_metrics_port(tmp_path: Path) -> None:
     import json
 
-    from intentroute.cli.stack_cmds import metrics_ports, write_targets
+    from intentroute.stack.scrape import metrics_ports, write_targets
 
     counts = {"gateway": 1, "classifier": 2, "validator": 0}
     assert metrics_ports(counts, 0) == []
