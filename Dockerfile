@@ -17,4 +17,16 @@ COPY testkit testkit
 COPY kb kb
 # torch is installed: pip keeps it (the same pin) and takes the rest from PyPI.
 RUN pip install --no-cache-dir .
+# The processes run as this user, not root (its uid is the one deploy/k8s runs as).
+# The code and packages stay root's, read-only to it; it owns only what it writes: its
+# state directory (INTENTROUTE_HOME and HOME: credentials, the classifier's heads,
+# caches) and the index directory (a volume: ingest writes it, retrievers read it).
+# Compose and Kubernetes mount tmpfs / emptyDirs there and on /tmp over a read-only root.
+RUN groupadd --gid 10001 intentroute \
+ && useradd --uid 10001 --gid 10001 --no-log-init --no-create-home \
+      --home-dir /var/lib/intentroute --shell /usr/sbin/nologin intentroute \
+ && install -d -o 10001 -g 10001 -m 0750 /var/lib/intentroute \
+ && install -d -o 10001 -g 10001 -m 0755 /data/index
+ENV HOME=/var/lib/intentroute INTENTROUTE_HOME=/var/lib/intentroute
+USER 10001:10001
 ENTRYPOINT ["intentroute"]

@@ -101,8 +101,11 @@ class RecordingBus:
         return self.claims.setdefault(subject, payload)
 
     async def stored(self, subject: str, *, stream: str, msg_id: str) -> bytes | None:
+        """The last message on `subject` when it was sent under `msg_id` (the real bus
+        reads the subject's last message by subject, as a worker's grant allows)."""
         self._connected()
-        return next((p for s, _, m, p in self.sent if s == subject and m == msg_id), None)
+        last = next((sent for sent in reversed(self.sent) if sent[0] == subject), None)
+        return last[3] if last is not None and last[2] == msg_id else None
 
     async def claimed(self, subject: str, *, stream: str) -> bytes | None:
         self._connected()

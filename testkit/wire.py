@@ -49,11 +49,14 @@ def stamped(env: Admitted | Routed) -> bytes:
 
 
 async def run_on_wire(stage: Bindable[D_contra], message: bytes | Admitted | Routed,
-                      deps: D_contra, *, subject: str = "", deliveries: int = 1) -> Handled:
+                      deps: D_contra, *, subject: str = "", deliveries: int = 1,
+                      stream_seq: int = 1) -> Handled:
     """`message` through `stage` with `deps` as one delivery (its `deliveries`-th) on
-    `subject`: an envelope `stamped`, bytes as they are."""
+    `subject`, stored at `stream_seq` of its stream: an envelope `stamped`, bytes as
+    they are."""
     data = message if isinstance(message, bytes) else stamped(message)
-    delivery = FakeDelivery(data, subject=subject, deliveries=deliveries)
+    delivery = FakeDelivery(data, subject=subject, deliveries=deliveries,
+                            stream_seq=stream_seq)
     outcome = await stage.bind(deps)(delivery)
     return Handled(outcome, delivery)
 

@@ -92,6 +92,23 @@ def fresh_run(payload: bytes, budget: float, dlq_id: int) -> bytes:
     return payload
 
 
+async def readmit(js: Any, subject: str, payload: bytes) -> None:
+    """A request the gateway dead-lettered is replayed as a new message naming its
+    request id, which the gateway admits once (its admission claim, ANSWER_CLAIMS): the
+    claim is removed first, by the operator's hand, so this replay runs."""
+    from shared.contracts import request, response
+
+    agent = request.agent_of(subject)
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return
+    rid = body.get("request_id") if isinstance(body, dict) else None
+    if agent and isinstance(rid, str) and rid:
+        await js.purge_stream(response.CLAIM_STREAM,
+                              subject=response.admission_subject(agent, rid))
+
+
 @dlq_app.command("replay")
 def dlq_replay(
     dlq_id: Annotated[int, typer.Argument(metavar="ID", help="The id `dlq list` shows")],
@@ -120,6 +137,7 @@ def dlq_replay(
             subject = headers.get(deadletter.SUBJECT_HEADER, "")
             if not subject:
                 raise typer.BadParameter(f"dead letter {dlq_id} names no original subject")
+            await readmit(js, subject, msg.data or b"")
             ack = await js.publish(subject, fresh_run(msg.data or b"", budget, dlq_id),
                                    headers={"Nats-Msg-Id": f"dlq-replay:{dlq_id}"})
             await js.delete_msg(deadletter.STREAM, dlq_id)

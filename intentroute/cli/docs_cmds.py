@@ -1,5 +1,6 @@
 """`intentroute docs asyncapi`: the AsyncAPI document and JSON Schemas of the messages
-(intentroute.docs.asyncapi), written or checked."""
+(intentroute.docs.asyncapi); `intentroute docs permissions-postgres`: every Postgres
+role's privileges on a live server (intentroute.docs.pg_permissions); written or checked."""
 
 from __future__ import annotations
 
@@ -42,3 +43,36 @@ def asyncapi(
     written = write(out)
     typer.echo(f"wrote {out / ASYNCAPI_FILE} and {len(written) - 1} JSON Schemas in "
                f"{out / SCHEMAS_DIR}")
+
+
+@docs_app.command("permissions-postgres")
+def permissions_postgres(
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="The Markdown file (default docs/reference/permissions-postgres.md)."),
+    ] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Write nothing; exit 1 if FILE differs from what would be written.")
+    ] = False,
+) -> None:
+    """Write the table of every Postgres role's privileges (tables, columns, sequences,
+    functions and which run as SECURITY DEFINER, the database, schemas, role attributes
+    and memberships), read from a throwaway embedded Postgres deployed as `up` deploys
+    it: the superuser's init, then every migration as the owner."""
+    from intentroute.docs.pg_permissions import DEFAULT_OUT as PERMISSIONS_OUT
+    from intentroute.docs.pg_permissions import generate
+
+    path = out or PERMISSIONS_OUT
+    if path.is_dir():
+        typer.echo(f"--out {path}: a directory", err=True)
+        raise typer.Exit(2)
+    text = generate()
+    if check:
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            typer.echo(f"{path}: out of date; run `intentroute docs permissions-postgres "
+                       f"--out {path}`", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{path}: up to date")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {path}")

@@ -49,11 +49,13 @@ def worker(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(WORKERS
 @app.command()
 def migrate() -> None:
     """Apply the Alembic migrations to DATABASE_URL: creates or alters the tables, keeps
-    their rows (idempotent)."""
+    their rows (idempotent); then store the limits only the owner may set
+    (MAX_SESSIONS_PER_AGENT, REQUEST_LOG_HOT_DAYS: shared.store.owner_settings)."""
     from intentroute.cli.apps import require_db
     from shared.store import migrate as run_migrate
+    from shared.store.owner_settings import OwnerSettings
 
-    run_migrate(require_db())
+    run_migrate(require_db(), OwnerSettings.of_common(settings().common))
 
 
 @app.command("db-init")

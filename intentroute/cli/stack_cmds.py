@@ -144,10 +144,11 @@ def up(
                         sync_interval=cli.nats_sync_interval, ports=ports.ports,
                         servers=servers) as (nats_url, server_url):
         from shared.store import migrate
+        from shared.store.owner_settings import OwnerSettings
 
         db = _database_roles(cli, server_url)
         db_url = db.owner
-        migrate(db_url)
+        migrate(db_url, OwnerSettings.of_common(cli.common))
         stream_replicas = cli.common.replicas(len(nats_servers(nats_url)))
         env, http = _stack_env(cli, nats_url, stream_replicas, ports.ports.gateway_http)
         grpc_address = _gateway_grpc(env, grpc, ports.ports.gateway_grpc)

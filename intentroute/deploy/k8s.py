@@ -13,6 +13,9 @@ given `auth.conf` of the `intentroute-nats-auth` Secret) and Postgres (a managed
 external, named in the ConfigMap. Scaling (KEDA): each pipeline stage on its JetStream
 consumer's lag (`nats-jetstream` scaler: pending + ack pending); the gateway (one
 consumer per agent, which the scaler cannot sum) and the parser (no queue) on CPU.
+Hardened (k8s_hardening.py): non-root, read-only, capability-less pods writing only to
+emptyDirs, secrets as files, a NetworkPolicy per component, a PodDisruptionBudget per
+Deployment.
 """
 
 from __future__ import annotations
@@ -24,30 +27,44 @@ from typing import Any, NamedTuple
 import msgspec
 import yaml
 
-from intentroute.deploy.secrets import NATS_MONITOR_PORT, DeploySecrets
+from intentroute.deploy.k8s_hardening import (
+    ADMISSION_KEY,
+    APP,
+    DASHBOARD_TOKEN,
+    GATEWAY_GRPC_PORT,
+    GATEWAY_HTTP_PORT,
+    HOME,
+    METRICS_PORT,
+    PARSER_PORT,
+    POSTGRES_SECRET,
+    SECRET_DIR,
+    Peers,
+    container_security,
+    db_password,
+    disruption_budget,
+    labels,
+    meta,
+    nats_password,
+    network_policy,
+    pod_security,
+    secret_docs,
+    secrets_mount,
+    secrets_volume,
+    writable_mounts,
+    writable_volumes,
+)
+from intentroute.deploy.secrets import NATS_MONITOR_PORT
 from intentroute.workers import WORKERS
-from shared.auth.natsconn import inbox_prefix, read_credential
+from shared.auth.natsconn import inbox_prefix
 from shared.auth.permissions import ADMIN_USER, WORKER_GRANTS, service_user
-from shared.store.roles import OWNER_ROLE, ROLES, WORKER_ROLES
+from shared.store.roles import OWNER_ROLE, WORKER_ROLES
 
 Doc = dict[str, Any]
 
-APP = "intentroute"
 CONFIG = f"{APP}-config"
-NATS_SECRET = f"{APP}-nats"
-NATS_AUTH_SECRET = f"{APP}-nats-auth"
-ADMISSION_SECRET = f"{APP}-admission"
-POSTGRES_SECRET = f"{APP}-postgres"
-GATEWAY_SECRET = f"{APP}-gateway"
 INDEX_CLAIM = f"{APP}-index"
 SECRETS_FILE = "secrets.yaml"
-METRICS_PORT = 9464
-HOME = "/var/lib/intentroute"
-SECRET_DIR = "/var/run/secrets/intentroute"
 INDEX_DIR = "/data/index"
-# A uid of no account in the image: the processes need no root (their writable state
-# is an emptyDir), and group `fsGroup` reads the mounted secrets.
-UID = 10001
 
 # Lag (pending + ack pending) per replica over which KEDA adds one: the messages one
 # replica pulls and handles at once (StageSpec.max_inflight: CLASSIFIER_BATCH,
@@ -72,6 +89,8 @@ class K8sOptions(NamedTuple):
     database: str = "intentroute"
     superuser: str = "postgres"
     ollama_host: str = "http://ollama.ollama.svc.cluster.local:11434"
+    # Elasticsearch for the retriever and ingest ("": the embedded index, a volume).
+    es_url: str = ""
     max_replicas: int = 10
 
 
@@ -81,7 +100,7 @@ def render(options: K8sOptions | None = None) -> dict[str, str]:
     files: dict[str, list[Doc]] = {
         "config.yaml": [_config(options)],
         "index.yaml": [_index_claim()],
-        "jobs.yaml": [_migrate_job(options), _streams_job(options), _ingest_job(options)],
+        "jobs.yaml": [*_migrate_job(options), *_streams_job(options), *_ingest_job(options)],
         "parser.yaml": [*_parser(options)],
     }
     for worker in WORKERS:
@@ -98,23 +117,7 @@ def render(options: K8sOptions | None = None) -> dict[str, str]:
 
 def render_secrets(secrets_dir: Path) -> str:
     """The Secrets from `intentroute deploy init`'s directory (stringData)."""
-    found = DeploySecrets(secrets_dir)
-    files = found.auth
-    nats = {user: read_credential(files.credential(user)).nats["password"]
-            for user in (ADMIN_USER, *(service_user(w) for w in WORKERS))}
-    postgres = {role: (found.postgres / "roles" / role).read_text(encoding="utf-8").strip()
-                for role in ROLES}
-    postgres["superuser"] = found.superuser.read_text(encoding="utf-8").strip()
-    dashboard = found.gateway_env.read_text(encoding="utf-8").strip().split("=", 1)[1]
-    return _dump([
-        _secret(NATS_SECRET, nats),
-        # For the NATS servers: include it in their config (README, Kubernetes).
-        _secret(NATS_AUTH_SECRET, {"auth.conf": files.auth.read_text(encoding="utf-8")}),
-        _secret(ADMISSION_SECRET,
-                {"key": files.admission_key.read_text(encoding="utf-8").strip()}),
-        _secret(POSTGRES_SECRET, postgres),
-        _secret(GATEWAY_SECRET, {"dashboard-token": dashboard}),
-    ])
+    return _dump(secret_docs(secrets_dir))
 
 
 class _Dumper(yaml.SafeDumper):
@@ -130,16 +133,6 @@ def _dump(docs: list[Doc]) -> str:
     body = "---\n".join(yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=100)
                         for d in docs)
     return header + body
-
-
-def _meta(name: str, component: str) -> Doc:
-    return {"name": name, "labels": {"app.kubernetes.io/name": APP,
-                                     "app.kubernetes.io/component": component}}
-
-
-def _secret(name: str, data: Mapping[str, str]) -> Doc:
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(name, "secrets"),
-            "type": "Opaque", "stringData": dict(data)}
 
 
 def _config(o: K8sOptions) -> Doc:
@@ -158,7 +151,7 @@ def _config(o: K8sOptions) -> Doc:
         "METRICS_HOST": "0.0.0.0",
         "LOG_FORMAT": "json",
     }
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(CONFIG, "config"),
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(CONFIG, "config"),
             "data": data}
 
 
@@ -166,32 +159,22 @@ def _index_claim() -> Doc:
     # The embedded index, written by the ingest Job, read by every retriever (each
     # re-reads it within a second of a change): a storage class with ReadWriteMany.
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": _meta(INDEX_CLAIM, "retriever"),
+            "metadata": meta(INDEX_CLAIM, "retriever"),
             "spec": {"accessModes": ["ReadWriteMany"],
                      "resources": {"requests": {"storage": "1Gi"}}}}
 
 
-def _env_secret(name: str, secret: str, key: str) -> Doc:
-    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
-
-
-def _db_env(role: str, o: K8sOptions, password_file: str) -> list[Doc]:
+def _db_env(role: str, o: K8sOptions) -> list[Doc]:
     return [{"name": "DATABASE_URL",
              "value": f"postgresql://{role}@$(PG_ADDRESS)/{o.database}"},
-            {"name": "DATABASE_PASSWORD_FILE", "value": password_file}]
+            {"name": "DATABASE_PASSWORD_FILE", "value": db_password(role).file}]
 
 
 def _nats_env(user: str) -> list[Doc]:
     # The inbox prefix too: the only reply subjects the user may subscribe to.
     return [{"name": "NATS_USER", "value": user},
-            _env_secret("NATS_PASSWORD", NATS_SECRET, user),
+            {"name": "NATS_PASSWORD_FILE", "value": nats_password(user).file},
             {"name": "NATS_INBOX_PREFIX", "value": inbox_prefix(user)}]
-
-
-def _role_volume(role: str) -> Doc:
-    return {"name": "db-password", "secret": {
-        "secretName": POSTGRES_SECRET, "defaultMode": 0o440,
-        "items": [{"key": role, "path": "password"}]}}
 
 
 def _container(name: str, args: list[str], o: K8sOptions, *, env: list[Doc],
@@ -199,33 +182,29 @@ def _container(name: str, args: list[str], o: K8sOptions, *, env: list[Doc],
     return {
         "name": name, "image": o.image, "args": args,
         "envFrom": [{"configMapRef": {"name": CONFIG}}], "env": env,
-        "volumeMounts": [{"name": "state", "mountPath": HOME}, *mounts],
+        "volumeMounts": [*writable_mounts(), *mounts],
         "resources": {"requests": {"cpu": cpu, "memory": memory},
                       "limits": {"memory": memory}},
-        "securityContext": {"allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": container_security(),
     }
 
 
 def _pod(containers: list[Doc], volumes: list[Doc], *, restart: str = "Always",
          init: list[Doc] | None = None) -> Doc:
-    spec: Doc = {
-        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID,
-                            "fsGroup": UID, "seccompProfile": {"type": "RuntimeDefault"}},
+    return {
+        **pod_security(),
         "restartPolicy": restart,
         **({"initContainers": init} if init else {}),
         "containers": containers,
-        "volumes": [{"name": "state", "emptyDir": {}}, *volumes],
+        "volumes": [*writable_volumes(), *volumes],
     }
-    return spec
 
 
 def _deployment(name: str, component: str, pod: Doc) -> Doc:
-    labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": component}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, component),
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(name, component),
             # No `replicas`: its ScaledObject's HPA owns the count (an apply keeps it).
-            "spec": {"selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
+            "spec": {"selector": {"matchLabels": labels(component)},
+                     "template": {"metadata": {"labels": labels(component)}, "spec": pod}}}
 
 
 def _probe(path: str, port: str, *, period: int, failures: int) -> Doc:
@@ -233,31 +212,37 @@ def _probe(path: str, port: str, *, period: int, failures: int) -> Doc:
             "timeoutSeconds": 3, "failureThreshold": failures}
 
 
+def _peers(o: K8sOptions) -> Peers:
+    return Peers.of(o.nats_url, o.postgres, o.ollama_host, o.es_url)
+
+
 def _worker(worker: str, o: K8sOptions) -> list[Doc]:
     role = WORKER_ROLES[worker]
     user = service_user(worker)
-    env = [*_db_env(role, o, f"{SECRET_DIR}/db/password"), *_nats_env(user),
-           _env_secret("INTENTROUTE_ADMISSION_KEY", ADMISSION_SECRET, "key")]
-    mounts = [{"name": "db-password", "mountPath": f"{SECRET_DIR}/db", "readOnly": True}]
-    volumes = [_role_volume(role)]
+    files = [db_password(role), nats_password(user), ADMISSION_KEY]
+    env = [*_db_env(role, o), *_nats_env(user),
+           {"name": "INTENTROUTE_ADMISSION_KEY_FILE", "value": ADMISSION_KEY.file}]
+    mounts = [secrets_mount()]
+    volumes: list[Doc] = []
     ports = [{"name": "metrics", "containerPort": METRICS_PORT}]
     # The scrape endpoint opens once the models are loaded (up to 5 min on a small node).
     health = "/metrics"
     ready = _probe("/metrics", "metrics", period=10, failures=3)
     if worker == "gateway":
-        env += [{"name": "GATEWAY_HTTP_LISTEN", "value": "0.0.0.0:8080"},
-                {"name": "GATEWAY_GRPC_LISTEN", "value": "0.0.0.0:50052"},
-                _env_secret("GATEWAY_DASHBOARD_TOKEN", GATEWAY_SECRET, "dashboard-token")]
-        ports += [{"name": "http", "containerPort": 8080},
-                  {"name": "grpc", "containerPort": 50052}]
+        files.append(DASHBOARD_TOKEN)
+        env += [{"name": "GATEWAY_HTTP_LISTEN", "value": f"0.0.0.0:{GATEWAY_HTTP_PORT}"},
+                {"name": "GATEWAY_GRPC_LISTEN", "value": f"0.0.0.0:{GATEWAY_GRPC_PORT}"},
+                {"name": "GATEWAY_DASHBOARD_TOKEN_FILE", "value": DASHBOARD_TOKEN.file}]
+        ports += [{"name": "http", "containerPort": GATEWAY_HTTP_PORT},
+                  {"name": "grpc", "containerPort": GATEWAY_GRPC_PORT}]
         health = "/healthz"
         ready = _probe("/readyz", "http", period=5, failures=2)
     if worker == "retriever":
-        env.append({"name": "INDEX_DIR", "value": INDEX_DIR})
+        env += _index_env(o)
         mounts.append({"name": "index", "mountPath": INDEX_DIR, "readOnly": True})
         volumes.append({"name": "index", "persistentVolumeClaim": {"claimName": INDEX_CLAIM}})
     if worker == "validator":
-        env.append({"name": "AVAP_PARSER_URL", "value": f"{APP}-parser:50051"})
+        env.append({"name": "AVAP_PARSER_URL", "value": f"{APP}-parser:{PARSER_PORT}"})
     heavy = worker in ("classifier", "retriever")
     container = _container(worker, ["worker", worker], o, env=env, mounts=mounts,
                            cpu="1" if heavy else "250m", memory="2Gi" if heavy else "1Gi")
@@ -268,13 +253,20 @@ def _worker(worker: str, o: K8sOptions) -> list[Doc]:
         livenessProbe=_probe(health, port, period=10, failures=3),
         readinessProbe=ready)
     name = f"{APP}-{worker}"
-    docs = [_deployment(name, worker, _pod([container], volumes))]
+    pod = _pod([container], [secrets_volume(files), *volumes])
+    docs = [_deployment(name, worker, pod)]
     if worker == "gateway":
-        docs.append(_service(name, worker, {"http": 8080, "grpc": 50052}))
+        docs.append(_service(name, worker, {"http": GATEWAY_HTTP_PORT,
+                                            "grpc": GATEWAY_GRPC_PORT}))
         docs.append(_scaled_object(name, worker, o, _cpu_trigger()))
     else:
         docs.append(_scaled_object(name, worker, o, _lag_trigger(worker, o)))
-    return docs
+    return [*docs, network_policy(worker, _peers(o)), disruption_budget(worker)]
+
+
+def _index_env(o: K8sOptions) -> list[Doc]:
+    return [{"name": "INDEX_DIR", "value": INDEX_DIR},
+            *([{"name": "ES_URL", "value": o.es_url}] if o.es_url else [])]
 
 
 def _lag_trigger(worker: str, o: K8sOptions) -> Doc:
@@ -297,7 +289,7 @@ def _cpu_trigger() -> Doc:
 def _scaled_object(name: str, component: str, o: K8sOptions, trigger: Doc) -> Doc:
     return {
         "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
-        "metadata": _meta(name, component),
+        "metadata": meta(name, component),
         "spec": {
             "scaleTargetRef": {"name": name},
             # Never to zero: a replica loads its models for minutes before it pulls.
@@ -314,32 +306,37 @@ def _scaled_object(name: str, component: str, o: K8sOptions, trigger: Doc) -> Do
 
 
 def _service(name: str, component: str, ports: Mapping[str, int]) -> Doc:
-    labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": component}
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, component),
-            "spec": {"selector": labels, "ports": [
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta(name, component),
+            "spec": {"selector": labels(component), "ports": [
                 {"name": port_name, "port": port, "targetPort": port_name}
                 for port_name, port in ports.items()]}}
 
 
 def _parser(o: K8sOptions) -> list[Doc]:
     name = f"{APP}-parser"
-    container = _container("parser", ["parser", "--host", "0.0.0.0", "--port", "50051"], o,
+    container = _container("parser", ["parser", "--host", "0.0.0.0", "--port",
+                                      str(PARSER_PORT)], o,
                            env=[], mounts=[], cpu="250m", memory="512Mi")
-    grpc = {"grpc": {"port": 50051}, "periodSeconds": 10, "timeoutSeconds": 3,
+    grpc = {"grpc": {"port": PARSER_PORT}, "periodSeconds": 10, "timeoutSeconds": 3,
             "failureThreshold": 3}
-    container.update(ports=[{"name": "grpc", "containerPort": 50051}],
+    container.update(ports=[{"name": "grpc", "containerPort": PARSER_PORT}],
                      livenessProbe=grpc, readinessProbe=grpc)
     return [_deployment(name, "parser", _pod([container], [])),
-            _service(name, "parser", {"grpc": 50051}),
-            _scaled_object(name, "parser", o, _cpu_trigger())]
+            _service(name, "parser", {"grpc": PARSER_PORT}),
+            _scaled_object(name, "parser", o, _cpu_trigger()),
+            network_policy("parser", _peers(o)), disruption_budget("parser")]
 
 
-def _job(name: str, pod: Doc) -> Doc:
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, "jobs"),
-            "spec": {"backoffLimit": 10, "template": {"spec": pod}}}
+def _job(component: str, pod: Doc, o: K8sOptions) -> list[Doc]:
+    """The Job (its pods labelled as its component) and its pods' NetworkPolicy."""
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": meta(f"{APP}-{component}", component),
+           "spec": {"backoffLimit": 10, "template": {
+               "metadata": {"labels": labels(component)}, "spec": pod}}}
+    return [job, network_policy(component, _peers(o))]
 
 
-def _migrate_job(o: K8sOptions) -> Doc:
+def _migrate_job(o: K8sOptions) -> list[Doc]:
     """db-init (the superuser: roles, database) then migrate (the owner role)."""
     folder = f"{SECRET_DIR}/postgres"
     init = _container("db-init", ["db-init", "--passwords", folder], o, env=[
@@ -348,29 +345,27 @@ def _migrate_job(o: K8sOptions) -> Doc:
         {"name": "DATABASE_PASSWORD_FILE", "value": f"{folder}/superuser"}],
         mounts=[{"name": "postgres", "mountPath": folder, "readOnly": True}],
         cpu="100m", memory="512Mi")
-    migrate = _container("migrate", ["migrate"], o,
-                         env=_db_env(OWNER_ROLE, o, f"{SECRET_DIR}/db/password"),
-                         mounts=[{"name": "db-password", "mountPath": f"{SECRET_DIR}/db",
-                                  "readOnly": True}], cpu="100m", memory="512Mi")
+    migrate = _container("migrate", ["migrate"], o, env=_db_env(OWNER_ROLE, o),
+                         mounts=[secrets_mount()], cpu="100m", memory="512Mi")
     volumes = [{"name": "postgres", "secret": {"secretName": POSTGRES_SECRET,
                                                "defaultMode": 0o440}},
-               _role_volume(OWNER_ROLE)]
-    return _job(f"{APP}-migrate", _pod([migrate], volumes, restart="OnFailure", init=[init]))
+               secrets_volume([db_password(OWNER_ROLE)])]
+    return _job("migrate", _pod([migrate], volumes, restart="OnFailure", init=[init]), o)
 
 
-def _streams_job(o: K8sOptions) -> Doc:
+def _streams_job(o: K8sOptions) -> list[Doc]:
     streams = _container("streams", ["deploy", "streams"], o, env=_nats_env(ADMIN_USER),
-                         mounts=[], cpu="100m", memory="512Mi")
-    return _job(f"{APP}-streams", _pod([streams], [], restart="OnFailure"))
+                         mounts=[secrets_mount()], cpu="100m", memory="512Mi")
+    volumes = [secrets_volume([nats_password(ADMIN_USER)])]
+    return _job("streams", _pod([streams], volumes, restart="OnFailure"), o)
 
 
-def _ingest_job(o: K8sOptions) -> Doc:
-    ingest = _container("ingest", ["ingest", "/app/kb"], o,
-                        env=[{"name": "INDEX_DIR", "value": INDEX_DIR}],
+def _ingest_job(o: K8sOptions) -> list[Doc]:
+    ingest = _container("ingest", ["ingest", "/app/kb"], o, env=_index_env(o),
                         mounts=[{"name": "index", "mountPath": INDEX_DIR}],
                         cpu="1", memory="2Gi")
     volumes = [{"name": "index", "persistentVolumeClaim": {"claimName": INDEX_CLAIM}}]
-    return _job(f"{APP}-ingest", _pod([ingest], volumes, restart="OnFailure"))
+    return _job("ingest", _pod([ingest], volumes, restart="OnFailure"), o)
 
 
 def write(out: Path, options: K8sOptions | None = None,

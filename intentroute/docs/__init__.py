@@ -1,2 +1,3 @@
 """Documents generated from the code: the AsyncAPI 3 description of every subject and the
-JSON Schemas of the messages (`intentroute docs asyncapi`)."""
+JSON Schemas of the messages (`intentroute docs asyncapi`); every Postgres role's
+privileges, read from a live server (`intentroute docs permissions-postgres`)."""

@@ -24,6 +24,7 @@ import secrets
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -31,7 +32,7 @@ from typing import NamedTuple
 import bcrypt
 import msgspec
 
-from intentroute.stack.natsconf import AUTH_FILE, auth_config, stack_users
+from intentroute.stack.natsconf import AUTH_FILE, account_names, auth_config, stack_users
 from shared.auth.natsconn import (
     Credential,
     read_credential,
@@ -40,6 +41,8 @@ from shared.auth.natsconn import (
     write_credential,
 )
 from shared.auth.permissions import ADMIN_USER, OPS_USER, STACK_USERS, service_user
+from shared.store import asyncpg_dsn
+from shared.store.agent_changes import AgentChanges
 from shared.store.agents import AgentStore
 
 log = logging.getLogger("intentroute.stack")
@@ -196,7 +199,11 @@ def running_servers(files: AuthFiles) -> list[RunningServer]:
     nodes): each pid file's pid when that process is alive and is a nats-server started
     with the config next to the pid file. A server restarted by `up` wrote its new pid
     there, so this finds the current process, never a pid remembered from an earlier
-    one (which could be any process by now)."""
+    one (which could be any process by now).
+
+    The config is compared as a real absolute path on both sides: the state directory
+    may be named relatively (the default `.intentroute`) or through a symlink, while the
+    server was started with whatever path `up` had (its config's real path)."""
     found = []
     for pid_file in files.pid_files():
         pid = _read_pid(pid_file)
@@ -204,10 +211,26 @@ def running_servers(files: AuthFiles) -> list[RunningServer]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if pid else []
         except OSError:  # gone
             continue
-        config = str(pid_file.parent / CONFIG_FILE).encode()
-        if any(a.endswith(b"nats-server") for a in argv) and config in argv:
-            found.append(RunningServer(pid, pid_file.parent / "nats-server.log"))
+        if not any(a.endswith(b"nats-server") for a in argv):
+            continue
+        directory = pid_file.parent.resolve()
+        if directory / CONFIG_FILE in _config_paths(pid, argv):
+            found.append(RunningServer(pid, directory / "nats-server.log"))
     return found
+
+
+def _config_paths(pid: int, argv: Sequence[bytes]) -> set[Path]:
+    """The real absolute paths of the config files on process `pid`'s command line
+    (`argv`): a relative one is taken from that process's working directory."""
+    paths = {Path(os.fsdecode(a)) for a in argv if a.endswith(CONFIG_FILE.encode())}
+    if any(not p.is_absolute() for p in paths):
+        try:
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:  # gone, or someone else's
+            paths = {p for p in paths if p.is_absolute()}
+        else:
+            paths = {cwd / p for p in paths}
+    return {p.resolve() for p in paths}
 
 
 # nats-server logs the outcome of a reload (SIGHUP) on one line: measured, 2-3 ms after
@@ -221,7 +244,6 @@ def reload_confirmed(server: RunningServer, timeout: float = RELOAD_CONFIRM_TIME
     """SIGHUP `server` and wait for the outcome in its log: return once it says it
     reloaded, raise ReloadRefusedError with its reason when it refused (a config it
     cannot apply, such as a changed port, or one it cannot parse) or said nothing."""
-    import time
 
     try:
         offset = server.log.stat().st_size
@@ -326,18 +348,29 @@ async def apply_agents(
     change (an earlier reload may have been refused, or made by someone else)."""
     agents = await store.active_hashes()
     files = auth_files(state_dir)
+    before = (account_names(files.auth.read_text(encoding="utf-8"))
+              if files.auth.exists() else set())
     if not write_auth(files, agents) and not force:
         return False
+    # nats-server wires a new account's service imports only on the reload after the one
+    # that created it (server.configureAccounts swaps the service imports of accounts
+    # that existed before; measured on 2.15: an agent added by one reload got "no
+    # responders" on its requests until a second): a new agent's account takes two.
+    added = account_names(files.auth.read_text(encoding="utf-8")) - before
+    rounds = 2 if added or force else 1
     servers = running_servers(files)
     targets = [s.pid for s in servers] or list(pids) or ([pid] if pid else [])
     if not targets:
         raise ProcessLookupError("no nats-server of this state directory is running")
-    if servers:
-        for server in servers:
-            reload_confirmed(server)
-    else:
-        for target in targets:
-            reload_server(target)
+    for round_ in range(rounds):
+        if servers:
+            for server in servers:
+                reload_confirmed(server)
+        else:
+            if round_:  # unconfirmed: two signals at once could be taken as one
+                await asyncio.sleep(0.2)
+            for target in targets:
+                reload_server(target)
     log.info("NATS auth reloaded on %d server(s): %d active agents", len(targets), len(agents))
     return True
 
@@ -354,9 +387,10 @@ async def sync_agents(
 
 
 class AuthSync:
-    """Polls the agents table (a digest of ids, hashes and revocations) every
-    `interval` seconds in a thread of its own, and syncs the server when it changed:
-    an agent revoked by SQL directly is refused within about one interval."""
+    """Syncs the server with the agents table, in a thread of its own, whenever a row
+    changes (pushed by Postgres: shared.store.agent_changes) and at least every
+    `interval` seconds (a digest of ids, hashes and revocations): an agent revoked by
+    SQL directly is refused at once, within one interval if the push was missed."""
 
     def __init__(self, state_dir: Path, database_url: str, *, pid: int = 0,
                  pids: Sequence[int] = (), interval: float = 2.0) -> None:
@@ -380,11 +414,23 @@ class AuthSync:
         asyncio.run(self._loop())
 
     async def _loop(self) -> None:
+        # A change to an agents row is pushed (NOTIFY): it is applied at once, not at
+        # the next poll (the poll stays, for a listener that lost its connection).
+        changed = asyncio.Event()
+        changes = AgentChanges(asyncpg_dsn(self.database_url), lambda _id: changed.set(),
+                               changed.set).start()
+        try:
+            await self._poll(changed)
+        finally:
+            await changes.stop()
+
+    async def _poll(self, changed: asyncio.Event) -> None:
         last = ""
         store: AgentStore | None = None
         # After a failure the auth part may already be written: reload it regardless.
         retry = False
         while not self._stop.is_set():
+            changed.clear()
             try:
                 store = store or await AgentStore.connect(self.database_url)
                 digest = await store.digest()
@@ -399,6 +445,7 @@ class AuthSync:
                     with contextlib.suppress(Exception):
                         await store.close()
                 store = None
-            await asyncio.to_thread(self._stop.wait, self.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), self.interval)
         if store is not None:
             await store.close()

@@ -2,10 +2,11 @@
 
 Two files: the server part (listen address, JetStream and its sync policy, TLS, and for
 a cluster node its name and routes), written once at start, includes the auth part
-(users with bcrypt password hashes and their permissions), which is rewritten and
-reloaded whenever agents change. Values are JSON-quoted: in
-the NATS config format an unquoted `$...` (every bcrypt hash) is a variable reference.
-There is no `no_auth_user`: a connection without a credential is refused.
+(the accounts: the stack's own with the streams and its users, one per agent importing
+only its own subjects — see shared.auth.permissions — users with bcrypt password hashes
+and their permissions), which is rewritten and reloaded whenever agents change. Values
+are JSON-quoted: in the NATS config format an unquoted `$...` (every bcrypt hash) is a
+variable reference. There is no `no_auth_user`: a connection without a credential is refused.
 """
 
 from __future__ import annotations
@@ -18,10 +19,15 @@ from typing import Any, NamedTuple
 
 from shared.auth.permissions import (
     ADMIN_USER,
+    APP_ACCOUNT,
+    APP_EXPORTS,
     OPS_USER,
     SERVICE_USERS,
+    Export,
+    Import,
     Permissions,
     agent_id_problem,
+    agent_imports,
     agent_permissions,
     ops_permissions,
     service_permissions,
@@ -50,6 +56,10 @@ class User(NamedTuple):
     password_hash: str
     # None: no restriction (the admin).
     permissions: Permissions | None
+    # The account it belongs to: "" for the stack's (APP_ACCOUNT), else an agent's own,
+    # which imports `imports` from the stack's.
+    account: str = ""
+    imports: tuple[Import, ...] = ()
 
 
 class ClusterNode(NamedTuple):
@@ -107,12 +117,47 @@ def server_config(
 
 
 def auth_config(users: Iterable[User]) -> str:
-    """The auth part: the users and what each may publish and subscribe to."""
-    entries = [_user_entry(user) for user in users]
-    names = [entry["user"] for entry in entries]
+    """The auth part: the accounts, their users and what each may publish and subscribe
+    to. The stack's account holds JetStream and exports `APP_EXPORTS`; each agent's
+    account holds that agent and its imports."""
+    users = list(users)
+    names = [user.name for user in users]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate NATS users: {sorted(names)}")
-    return f"authorization: {_j({'users': entries})}\n"
+    accounts: dict[str, Any] = {APP_ACCOUNT: {
+        "jetstream": "enabled",
+        "users": [_user_entry(u) for u in users if not u.account],
+        "exports": [_export_entry(e) for e in APP_EXPORTS],
+    }}
+    for user in users:
+        if user.account:
+            if user.account in accounts:
+                raise ValueError(f"duplicate NATS account: {user.account!r}")
+            accounts[user.account] = {
+                "users": [_user_entry(user)],
+                "imports": [{i.kind: {"account": APP_ACCOUNT, "subject": i.subject}}
+                            for i in user.imports],
+            }
+    return f"accounts: {_j(accounts)}\n"
+
+
+def account_names(auth_text: str) -> set[str]:
+    """The accounts an auth part (auth_config's text) declares; empty if none parses."""
+    try:
+        body = json.loads(auth_text.partition(":")[2])
+    except ValueError:
+        return set()
+    return set(body) if isinstance(body, dict) else set()
+
+
+def _export_entry(export: Export) -> dict[str, Any]:
+    entry: dict[str, Any] = {export.kind: export.subject}
+    if export.response_type:
+        entry["response_type"] = export.response_type
+    if export.response_seconds:
+        # How long the server keeps the reply mapping of one request open.
+        entry["response_threshold"] = f"{export.response_seconds:g}s"
+    return entry
 
 
 def stack_users(
@@ -132,7 +177,8 @@ def stack_users(
         if problem:
             log.warning("agent %r left out of the NATS users: %s", agent_id, problem)
             continue
-        users.append(User(agent_id, secret_hash, agent_permissions(agent_id)))
+        users.append(User(agent_id, secret_hash, agent_permissions(agent_id),
+                          account=agent_id, imports=agent_imports(agent_id)))
     return users
 
 

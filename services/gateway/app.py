@@ -24,6 +24,7 @@ from services.gateway.throttle import AuthThrottle, BodyBudget
 from shared.auth.identity import CachedAgents
 from shared.runtime.worker import Consumes, Wiring, build_app
 from shared.store import asyncpg_dsn
+from shared.store.agent_changes import AgentChanges
 from shared.store.feedback import FeedbackTable
 from shared.store.policy_cache import open_policy_cache
 
@@ -47,6 +48,10 @@ def create_app(
         exits = wiring.base.exits
         agents = CachedAgents(wiring.store.agent, save_digest=wiring.store.save_token_digest,
                               ttl=settings.agent_cache_ttl)
+        # Revocations pushed by Postgres: the record is dropped when its row changes.
+        changes = AgentChanges(asyncpg_dsn(settings.common.database_url), agents.forget,
+                               agents.forget_all).start()
+        exits.push_async_callback(changes.stop)
         scores = ScoreRefresher(wiring.store.pool, settings.common.confidence,
                                 interval=settings.score_refresh,
                                 full_interval=settings.score_full_refresh)
@@ -54,7 +59,8 @@ def create_app(
         exits.push_async_callback(scores.stop)
         feedback = FeedbackRecorder(FeedbackTable(wiring.store.pool), on_recorded=scores.mark)
         replays = ReplayService(wiring.nc, follow_for=settings.common.request_deadline,
-                                concurrency=settings.replay_concurrency)
+                                concurrency=settings.replay_concurrency,
+                                check_reply=settings.common.nats_authenticated)
         await replays.start()
         exits.push_async_callback(replays.stop)
         # One readiness for both doors: HTTP's /readyz and gRPC's health service.

@@ -4,6 +4,13 @@ The agent is the last token of `agent.request.<agent_id>`, a subject only that a
 credential may publish on. The body may name no agent or the same one; naming another
 is refused (AGENT_MISMATCH). The gateway stamps the agent's trust on the envelope, which
 only service users can publish, so the classifier never consults the payload for it.
+
+A request id is admitted once: the first message naming it (a request, or malformed
+input carrying the id) claims it (`admission_subject`, kept as long as answers are);
+every later one — the same request sent again, forged or malformed — is answered
+DUPLICATE_REQUEST on the agent's `_invalid` subject and logged as a row of its own, so
+the id's answer subject keeps its one final chunk and its row what was answered and
+billed. A redelivery of the admitted message is the same run and goes on.
 """
 
 from __future__ import annotations
@@ -23,11 +30,13 @@ from shared.contracts.codec import encode
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, Admitted
 from shared.contracts.request import agent_of
 from shared.contracts.response import (
+    CLAIM_STREAM,
     INVALID_REQUEST_ID,
     ChunkKind,
     ErrorCode,
     ErrorInfo,
     ResponseChunk,
+    admission_subject,
     response_subject,
 )
 from shared.runtime.answer_stream import AnswerStream
@@ -71,16 +80,57 @@ def admitter(budget: float) -> Decode[Admitted]:
     return admit
 
 
+async def admit_once(deps: StageDeps, agent: str, request_id: str, run: str) -> bool:
+    """Claim `request_id` for this run of it: True if the run may answer on the id's
+    subject (the first to claim it, or a redelivery of that message), False if another
+    message claimed it first. A claim no worker sealed cannot be stored by an agent
+    (agents have no grant in the stack's account): it is logged and let through."""
+    claimed = await deps.bus.publish_first(
+        admission_subject(agent, request_id), run.encode(), stream=CLAIM_STREAM,
+        msg_id=f"{agent}:{request_id}:admitted:{run}")
+    if claimed is None:
+        log.error("[%s] the admission claim of %r holds no worker's seal; admitted",
+                  request_id, agent)
+        return True
+    return claimed == run.encode()
+
+
+async def refuse_duplicate(deps: StageDeps, agent: str, request_id: str, session_id: str,
+                           code: str = ErrorCode.DUPLICATE_REQUEST,
+                           message: str = "") -> None:
+    """A message naming an admitted request id: answered on the agent's `_invalid`
+    subject (the chunk names the id) and logged as a row of its own (no envelope, so
+    the writer gives it its own time: it never meets the id's row)."""
+    message = message or (f"request id {request_id!r} was admitted already: this message "
+                          "is not run; its answer is on the id's subject (`replay` reads it)")
+    log.warning("[gateway] %s of %r for request %r", code, agent, request_id)
+    chunk = ResponseChunk(request_id=request_id, seq=0, kind=ChunkKind.FINAL, is_final=True,
+                          error=ErrorInfo(code, message))
+    await deps.bus.publish(response_subject(agent, INVALID_REQUEST_ID), encode(chunk))
+    await write_after_answer(deps.store, [RequestLogRow(
+        request_id=request_id, agent_id=agent, session_id=session_id,
+        outcome=f"error:{code}",
+    )], request_id)
+
+
 async def reject_input(deps: GatewayDeps, msg: Delivery, exc: Exception) -> None:
-    """Bad input ends as a final error chunk to its agent, never as a silent drop."""
+    """Bad input ends as a final error chunk to its agent, never as a silent drop: on
+    its request id's subject when the id is new (the id is then used), else on the
+    agent's `_invalid` subject."""
     error = exc.error if isinstance(exc, InvalidRequestError) else InputError(
         ErrorCode.MALFORMED_JSON, f"request does not decode: {exc}")
     agent = agent_of(msg.subject)
     log.warning("[gateway] rejected request %r of %r: %s %s", error.request_id, agent,
                 error.code, error.message)
     if error.request_id:
+        run = str(msg.stream_seq)
+        if not await admit_once(deps, agent, error.request_id, run):
+            await refuse_duplicate(deps, agent, error.request_id,
+                                   salvage_field(msg.data, "session_id"), error.code,
+                                   error.message)
+            return
         await AnswerStream(deps.bus, agent, error.request_id,
-                           run=str(msg.stream_seq)).error(error.code, error.message)
+                           run=run).error(error.code, error.message)
         await write_after_answer(deps.store, [RequestLogRow(
             request_id=error.request_id,
             agent_id=agent,
@@ -101,6 +151,10 @@ async def reject_input(deps: GatewayDeps, msg: Delivery, exc: Exception) -> None
 
 
 async def on_request(env: Admitted, call: Call, deps: GatewayDeps) -> Handoff | None:
+    req = env.request
+    if not await admit_once(deps, req.agent_id, req.request_id, env.run):
+        await refuse_duplicate(deps, req.agent_id, req.request_id, req.session_id)
+        return None
     agent = await deps.agents.get(env.request.agent_id)
     if agent is None or agent.revoked:
         # Publishing needs a live credential; this is a request queued before revocation.

@@ -19,6 +19,9 @@ a per-agent limit (RATE_LIMITED, CONCURRENCY_LIMITED, QUOTA_EXCEEDED, BUDGET_EXC
 too many wrong keys (THROTTLED) or a full request stream (QUEUE_FULL), 503
 BACKEND_UNAVAILABLE, 504 DEADLINE_EXCEEDED, 500 the pipeline's other failures.
 
+At every route, a request aiohttp's parser refuses or a body that cannot be read is 400,
+and what aiohttp logs about either is one line within a budget, no traceback (ServerLog).
+
 Feedback carries the agent's bearer token (`Authorization: Bearer <token>`, the
 `token` of its credential file), checked like gRPC's:
 
@@ -37,12 +40,18 @@ Feedback carries the agent's bearer token (`Authorization: Bearer <token>`, the
 from __future__ import annotations
 
 import logging
+import re
+import sys
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Handler
 
 from services.gateway.feedback import FeedbackRecorder, decode_feedback
+from services.gateway.log_budget import LEFT_OUT, LogBudget
 from services.gateway.throttle import AuthThrottle, ThrottledError
 from shared.auth.identity import bearer_value
 from shared.auth.ports import TokenVerifier
@@ -61,6 +70,13 @@ AGENTS_KEY = web.AppKey("agents", TokenVerifier)
 RECORDER_KEY = web.AppKey("feedback", FeedbackRecorder)
 THROTTLE_KEY = web.AppKey("throttle", AuthThrottle)
 
+# What a caller's malformed request raises: aiohttp's parser refusing its request line,
+# a header or its framing (BadHttpMessage, LineTooLong, InvalidHeader, ...), or its body
+# as a handler reads it (RequestPayloadError: a broken chunk, gzip that does not decode).
+_MALFORMED = (HttpProcessingError, web.RequestPayloadError)
+_REASON_CHARS = 200
+_STATUS_LINE = re.compile(r"\d+, message:")
+
 _STATUS: Mapping[str, int] = {
     ErrorCode.MALFORMED_JSON: 400,
     ErrorCode.UNKNOWN_REQUEST: 404,
@@ -70,12 +86,87 @@ _STATUS: Mapping[str, int] = {
 
 def build_http_app(*, agents: TokenVerifier, feedback: FeedbackRecorder,
                    throttle: AuthThrottle) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY)
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[malformed_body_is_400])
     app[AGENTS_KEY] = agents
     app[RECORDER_KEY] = feedback
     app[THROTTLE_KEY] = throttle
     app.router.add_post(FEEDBACK_PATH, post_feedback)
     return app
+
+
+@web.middleware
+async def malformed_body_is_400(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A body that cannot be read (a broken chunk, gzip that does not decode) is the
+    caller's error, at every door: 400, not a 500 logged with a traceback."""
+    try:
+        return await handler(request)
+    except _MALFORMED as exc:
+        raise web.HTTPBadRequest(text=f"malformed request: {reason(exc)}") from None
+
+
+class ServerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger for the gateway's HTTP face (AppRunner's `logger`), its
+    lines bounded as every line a caller can cause is (log_budget.py).
+
+    aiohttp logs an ERROR with a traceback (a dozen lines) for each request its parser
+    refuses before any handler runs (a bare CR, a NUL or an obs-fold in a header, a
+    header over 8 KiB, an HTTP/2 preface) and for a body that cannot be read (a
+    RequestPayloadError): such a line becomes one WARNING, aiohttp's message and the
+    parser's reason on one line, no traceback. Another line (a handler's unexpected
+    exception: a bug) keeps its level and its traceback. Each kind is written within a
+    LogBudget of its own, so a flood of malformed requests never hides a bug's line: one
+    line per message (aiohttp's names the client's address) and ten in all a minute, the
+    next one telling how many were left out. DEBUG lines (LOG_LEVEL=DEBUG) pass as they
+    are."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        logger = logger or logging.getLogger("aiohttp.server")
+        super().__init__(logger, {})
+        self.malformed = LogBudget(logger)
+        self.failures = LogBudget(logger)
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if not self.isEnabledFor(level):
+            return
+        if level < logging.INFO:
+            self.logger.log(level, msg, *args, **kwargs)
+            return
+        exc = _exception(kwargs.get("exc_info"))
+        try:
+            head = str(msg) % args if args else str(msg)
+        except (TypeError, ValueError):
+            head = str(msg)
+        if isinstance(exc, _MALFORMED):
+            self.malformed.warning(head, "%s (malformed request): %s", head, reason(exc))
+            return
+        left_out = self.failures.allow(f"{head} {type(exc).__name__}")
+        if left_out is None:
+            return
+        if left_out:
+            msg, args = f"{msg}{LEFT_OUT}", (*args, left_out)
+        self.logger.log(level, msg, *args, **kwargs)
+
+
+def _exception(exc_info: object) -> BaseException | None:
+    """The exception a logging call's `exc_info` names."""
+    if isinstance(exc_info, BaseException):
+        return exc_info
+    if isinstance(exc_info, tuple) and len(exc_info) == 3:
+        return exc_info[1] if isinstance(exc_info[1], BaseException) else None
+    return sys.exc_info()[1] if exc_info else None
+
+
+def reason(exc: BaseException) -> str:
+    """Why a request was refused, on one printable line: the exception's type and the
+    first line of its message (aiohttp's parser quotes the caller's bytes escaped, on a
+    line of their own), at most 200 characters of it."""
+    text = exc.message if isinstance(exc, HttpProcessingError) else str(exc)
+    # RequestPayloadError holds its cause as text: "400, message:\n  <reason>".
+    lines = [line.strip() for line in str(text).splitlines()
+             if line.strip() and not _STATUS_LINE.fullmatch(line.strip())]
+    first = lines[0] if lines else ""
+    first = "".join(c if c.isprintable() else repr(c)[1:-1] for c in first)
+    return f"{type(exc).__name__}: {first[:_REASON_CHARS].rstrip(':')}"
 
 
 def _json(ack: FeedbackAck, status: int) -> web.Response:
@@ -136,7 +227,10 @@ async def start_http(app: web.Application, listen: str) -> tuple[web.AppRunner, 
     # A client gone cancels its handler: its answer is no longer followed (the door's
     # hold on it, up to GATEWAY_ANSWER_TIMEOUT, was kept for nobody). The request itself
     # runs on (stored, replayable).
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    # aiohttp's own lines (a request its parser refuses, a handler's exception) within a
+    # budget, as every line a caller can cause (ServerLog); no access log.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                           logger=ServerLog())
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=True)
     await site.start()

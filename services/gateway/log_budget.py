@@ -20,6 +20,7 @@ from limits.strategies import MovingWindowRateLimiter
 DEFAULT_PER_KEY = "1/minute"
 DEFAULT_TOTAL = "10/minute"
 _ALL = "*"
+LEFT_OUT = " (%d similar lines left out)"
 
 
 class LogBudget:
@@ -31,17 +32,26 @@ class LogBudget:
         self._limiter = MovingWindowRateLimiter(MemoryStorage())
         self.suppressed = 0
 
-    def warning(self, key: str, message: str, *args: object) -> bool:
-        """Log `message % args` at WARNING unless `key` or everyone has used up the
-        window's lines (then count it as left out). True when written."""
+    def allow(self, key: str) -> int | None:
+        """May a line for `key` be written now? None: no, `key` or everyone has used up
+        the window's lines (it is counted as left out); else the number of lines left out
+        since the last one written, to be told in this one."""
         if not (self._limiter.test(self._per_key, key)
                 and self._limiter.hit(self._total, _ALL)):
             self.suppressed += 1
-            return False
+            return None
         self._limiter.hit(self._per_key, key)
-        if self.suppressed:
-            message += " (%d similar lines left out)"
-            args = (*args, self.suppressed)
-            self.suppressed = 0
+        left_out, self.suppressed = self.suppressed, 0
+        return left_out
+
+    def warning(self, key: str, message: str, *args: object) -> bool:
+        """Log `message % args` at WARNING unless `key` or everyone has used up the
+        window's lines (then count it as left out). True when written."""
+        left_out = self.allow(key)
+        if left_out is None:
+            return False
+        if left_out:
+            message += LEFT_OUT
+            args = (*args, left_out)
         self._log.warning(message, *args)
         return True

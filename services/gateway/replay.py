@@ -8,6 +8,14 @@ server after `INACTIVE_THRESHOLD` if this replica dies) and sends each chunk to 
 caller's inbox as it was sent live, until the final one. The agent is the subject's, so
 a request id of another agent reads the asker's own (empty) subject: UNKNOWN_REQUEST.
 
+A reply subject is never taken on trust: a replay is answered only on a reply subject
+that leads back to the asker alone. Through an agent's own account (every agent's, on a
+stack with auth: shared.auth.permissions) the server replaces the caller's reply subject
+with a mapping of its own (`_R_.…`, which no client may set) into that account; a
+caller in the stack's account must use the agent's own inbox (`_INBOX.<agent_id>.…`).
+Anything else (another agent's answer or request subject, the JetStream API) is refused
+without a reply, one log line per `REFUSED_LOG_EVERY` seconds at most.
+
 Agents hold no JetStream consumer grant at all: a consumer's deliver subject escapes
 subject permissions (a push consumer could store an agent's chunks on any stream's
 subjects), and a durable one never expires. The gateway's consumers are bounded by
@@ -19,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 
 import msgspec
@@ -29,6 +38,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from shared.auth.natsconn import inbox_prefix
 from shared.auth.permissions import REPLAY_MAX_REPLIES, REPLAY_REPLY_SECONDS
 from shared.contracts import replay as replay_contract
 from shared.contracts import response as response_contract
@@ -51,6 +61,15 @@ INACTIVE_THRESHOLD = 30.0
 # before either, with a final error chunk in the last allowed message.
 _MARGIN_S = 5.0
 _NOT_STORED = "no stored answer for this request id"
+# The server's reply mapping of a service import (nats-server refuses it as a client's
+# own reply subject, so only the server can have set it).
+_SERVICE_REPLY = "_R_."
+REFUSED_LOG_EVERY = 10.0
+
+
+def reply_is_the_askers(reply: str, agent: str) -> bool:
+    """Does `reply` lead back to `agent` only (see the module doc)?"""
+    return reply.startswith((_SERVICE_REPLY, f"{inbox_prefix(agent)}."))
 
 
 def error_chunk(request_id: str, code: ErrorCode, message: str, *, seq: int = 0,
@@ -63,13 +82,18 @@ def error_chunk(request_id: str, code: ErrorCode, message: str, *, seq: int = 0,
 class ReplayService:
     """Answers `agent.replay.*` (queue group: one replica per request)."""
 
-    def __init__(self, nc: Client, *, follow_for: float, concurrency: int) -> None:
+    def __init__(self, nc: Client, *, follow_for: float, concurrency: int,
+                 check_reply: bool = True) -> None:
         self._nc = nc
+        # Off only on a server without credentials, where nobody's identity is known.
+        self._check_reply = check_reply
         # An answer still in progress is followed this long at most (its deadline).
         self._follow_for = max(1.0, min(follow_for, REPLAY_REPLY_SECONDS - _MARGIN_S))
         self._slots = asyncio.Semaphore(max(1, concurrency))
         self._tasks: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
+        self._refused = 0
+        self._refused_logged_at = -REFUSED_LOG_EVERY
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(
@@ -86,6 +110,10 @@ class ReplayService:
     async def _on_request(self, msg: Msg) -> None:
         if not msg.reply:
             return  # nobody to answer
+        if self._check_reply and not reply_is_the_askers(
+                msg.reply, replay_contract.agent_of(msg.subject)):
+            self._refuse(msg)
+            return
         if self._slots.locked():
             request_id = msg.data[:MAX_ID_CHARS].decode("utf-8", errors="replace")
             await self._nc.publish(msg.reply, error_chunk(
@@ -95,6 +123,17 @@ class ReplayService:
         task = asyncio.create_task(self._serve(msg))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _refuse(self, msg: Msg) -> None:
+        """A reply subject that is not the asker's: nothing is sent; counted, and logged
+        at most once per REFUSED_LOG_EVERY seconds (a caller cannot flood the log)."""
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at >= REFUSED_LOG_EVERY:
+            self._refused_logged_at = now
+            log.warning("[gateway] replay requests with a reply subject that is not the "
+                        "asker's refused: %d so far (latest on %s, reply %.80r)",
+                        self._refused, msg.subject, msg.reply)
 
     async def _serve(self, msg: Msg) -> None:
         agent = replay_contract.agent_of(msg.subject)
@@ -121,7 +160,7 @@ class ReplayService:
             return
         subject = response_subject(agent, request_id)
         try:  # anything stored at all? (no consumer for an id that has nothing)
-            await js.get_last_msg(response_contract.STREAM, subject)
+            await js.get_last_msg(response_contract.STREAM, subject, direct=True)
         except NotFoundError:
             await self._nc.publish(reply, error_chunk(
                 request_id, ErrorCode.UNKNOWN_REQUEST, _NOT_STORED))

@@ -2,8 +2,10 @@
 
 The gateway asks on every request (is the agent still active, is it trusted) and on
 every authenticated gRPC / HTTP call (does this bearer token belong to it). Records go
-through a short cache so the hot path costs a dict lookup; its TTL bounds how long a
-revocation or a trust change takes to reach running workers.
+through a short cache so the hot path costs a dict lookup. A change to an agent's row
+is pushed by Postgres (shared.store.agent_changes) and drops its record at once, so a
+revocation or a trust change reaches the doors within a round trip; the TTL bounds how
+long a record can be stale while that push is not heard.
 
 A token's secret is checked two ways. bcrypt (`hash_secret`, ~60 ms of CPU) is what
 nats-server checks on connect, so every agent has that hash. Beside it the row keeps
@@ -177,6 +179,15 @@ class CachedAgents:
         if len(self._records) >= MAX_RECORDS:
             keep = list(self._records.items())[MAX_RECORDS // 2:]
             self._records = dict(keep)
+
+    def forget(self, agent_id: str) -> None:
+        """Drop `agent_id`'s record (its row changed: shared.store.agent_changes): the
+        next request reads it again."""
+        self._records.pop(agent_id, None)
+
+    def forget_all(self) -> None:
+        """Drop every record (changes may have been missed)."""
+        self._records.clear()
 
     async def get(self, agent_id: str) -> AgentInfo | None:
         record = await self._record(agent_id)

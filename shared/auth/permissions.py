@@ -21,6 +21,17 @@ Four kinds of user connect to NATS:
 Every user may subscribe only to its own reply inbox `_INBOX.<user>.>` (clients pass
 `inbox_prefix`), so nobody reads another user's replies or JetStream acks.
 
+Accounts: the stack's users (admin, ops, services) share the account `INTENTROUTE`,
+which holds the streams; each agent is alone in an account named after it, which holds
+no stream and imports only its own subjects from `INTENTROUTE` (`agent_imports`). A
+message carries a reply subject its sender chooses, and JetStream's publish
+acknowledgement (or any service's answer) goes to it with the server's own rights, past
+every permission: within one account an agent publishing its own request with the reply
+subject `agent.response.<victim>.<id>` had its acknowledgement stored on the victim's
+answer. Across a service import the server replaces the reply subject with one of its
+own (`_R_.…`) that leads back into the asker's account only, so an agent's reply
+subjects can only ever reach its own account, where nothing but its own subjects exist.
+
 The server config (`intentroute.stack.natsconf`) is rendered from this module only.
 """
 
@@ -78,6 +89,30 @@ class Permissions(NamedTuple):
     allow_responses: bool = False
     max_responses: int = 1
     responses_seconds: float = 0.0
+
+
+# The account of the stack's own users and of every stream (JetStream is enabled there
+# only); agents' accounts are named after them (`agent_id_problem` keeps an agent id
+# from taking it or the server's `$SYS`).
+APP_ACCOUNT = "INTENTROUTE"
+
+
+class Export(NamedTuple):
+    """A subject `APP_ACCOUNT` lets the agents' accounts import: a `service` (requests
+    whose answers go back through the server's reply mapping: `response_type` "stream"
+    for several answers within `response_seconds`) or a `stream` (messages delivered)."""
+
+    kind: str
+    subject: str
+    response_type: str = ""
+    response_seconds: float = 0.0
+
+
+class Import(NamedTuple):
+    """One subject an agent's account takes from `APP_ACCOUNT`: its own, never another's."""
+
+    kind: str
+    subject: str
 
 
 class ConsumerGrant(NamedTuple):
@@ -159,11 +194,36 @@ WORKER_GRANTS: dict[str, WorkerGrant] = {
     ),
 }
 
+# What the agents' accounts may import: requests and feedback (one answer each: the
+# stream's acknowledgement), replay requests (many answers: the stored chunks, within
+# the replay's bounds) and the answer stream. The same for every agent, so adding one
+# changes no export; each agent's account imports its own subjects only (agent_imports).
+APP_EXPORTS: tuple[Export, ...] = (
+    Export("service", request.SUBJECTS),
+    Export("service", feedback.SUBJECTS),
+    Export("service", replay.SUBJECTS, response_type="stream",
+           response_seconds=REPLAY_REPLY_SECONDS),
+    Export("stream", f"{response.SUBJECT_PREFIX}.>"),
+)
+
+
+def agent_imports(agent_id: str) -> tuple[Import, ...]:
+    """An agent's account: its request, feedback and replay subjects as services of
+    `APP_ACCOUNT`, its own answers (feedback acknowledgements included) as a stream."""
+    return (
+        Import("service", request.request_subject(agent_id)),
+        Import("service", feedback.feedback_subject(agent_id)),
+        Import("service", replay.replay_subject(agent_id)),
+        Import("stream", response.agent_responses(agent_id)),
+    )
+
+
 def agent_id_problem(agent_id: str) -> str:
     """Why `agent_id` cannot name an agent, or "" when it can."""
     if not _AGENT_ID.fullmatch(agent_id):
         return "an agent id is 1 to 64 characters of A-Z, a-z, 0-9, '_' and '-'"
     if agent_id == ADMIN_USER or agent_id.lower().startswith(_RESERVED_PREFIX):
+        # (`APP_ACCOUNT` starts with the reserved prefix too: no agent's account takes it.)
         return f"{agent_id!r} is reserved for the stack's own users"
     return ""
 
@@ -222,17 +282,18 @@ def service_permissions(worker: str) -> Permissions:
         # Its own messages that exhausted their deliveries.
         deadletter.dead_letter_subject(grant.durable),
         # The last stored chunk of an answer: resumed after a redelivery, or found final.
-        f"$JS.API.STREAM.MSG.GET.{response.STREAM}",
-        f"$JS.API.DIRECT.GET.{response.STREAM}.>",
+        # Direct gets by subject only (`$JS.API.DIRECT.GET.<stream>.<subject>` reads the
+        # last message of the subject it names; STREAM.MSG.GET, or a direct get without
+        # a subject, would read any agent's answers by sequence): a worker reads only
+        # answers whose agent and request id it knows (shared.runtime.bus).
+        f"$JS.API.DIRECT.GET.{response.STREAM}.{AGENT_RESPONSE_ANY}",
         # Its answers' claims (one final chunk per run), and the claim found first.
         f"{response.CLAIM_SUBJECT_PREFIX}.>",
-        f"$JS.API.STREAM.MSG.GET.{response.CLAIM_STREAM}",
-        f"$JS.API.DIRECT.GET.{response.CLAIM_STREAM}.>",
+        f"$JS.API.DIRECT.GET.{response.CLAIM_STREAM}.{response.CLAIM_SUBJECT_PREFIX}.>",
         # A turn's rows queued while Postgres is away, whether a session has any, and
         # the row writer every worker runs (shared.runtime.turn_rows).
         turn_rows.SUBJECTS,
-        f"$JS.API.STREAM.MSG.GET.{turn_rows.STREAM}",
-        f"$JS.API.DIRECT.GET.{turn_rows.STREAM}.>",
+        f"$JS.API.DIRECT.GET.{turn_rows.STREAM}.{turn_rows.SUBJECTS}",
         *consumer_grants(turn_rows.STREAM, turn_rows.DURABLE, turn_rows.SUBJECTS),
         deadletter.dead_letter_subject(turn_rows.DURABLE),
         *(monitoring_subjects() if grant.monitors else ()),

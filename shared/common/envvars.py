@@ -11,9 +11,10 @@ its field's type (str, int, float, bool as on/off, Path, Path | None, an enum) o
 declaration's `parse`; an unset one keeps the field's default (or the declaration's
 `unset` derivation), and so does a blank number or switch. A value that does not convert
 is a SettingError (a ValueError) naming the variable, the form expected and the value
-(`STAGE_ACK_WAIT: expected seconds as a number, got '2s'`). The settings classes
-themselves live in each service's `settings.py`; the common ones in
-shared.common.settings, which re-exports these names.
+(`STAGE_ACK_WAIT: expected seconds as a number, got '2s'`). A secret is declared with
+`secret_env("NAME")`: unset, it is read from the file NAME_FILE names (a mounted secret,
+out of the environment). The settings classes themselves live in each service's
+`settings.py`; the common ones in shared.common.settings, which re-exports these names.
 """
 
 from __future__ import annotations
@@ -64,6 +65,30 @@ def env(
 ) -> Env:
     """Declare the variable a field is read from: `x: Annotated[int, env("X")] = 3`."""
     return Env(name, parse=parse, unset=unset, blank_is_unset=blank_is_unset, unit=unit)
+
+
+@dataclass(frozen=True)
+class SecretFile:
+    """The `unset` of a secret's declaration (`secret_env`): the contents of the file the
+    variable `variable` names (trailing whitespace dropped), "" when it names none."""
+
+    variable: str
+
+    def __call__(self, _: Any, environ: Mapping[str, str]) -> str:
+        path = environ.get(self.variable, "")
+        if not path:
+            return ""
+        try:
+            return Path(path).read_text(encoding="utf-8").rstrip()
+        except OSError as exc:
+            raise SettingError(f"{self.variable}: {exc.strerror}: {path}") from None
+
+
+def secret_env(name: str) -> Env:
+    """Declare a secret's variable: its value, or when it is unset (or empty) the
+    contents of the file `<name>_FILE` names, e.g. a mounted Kubernetes or compose
+    secret, so the secret itself need not sit in the environment."""
+    return env(name, blank_is_unset=True, unset=SecretFile(f"{name}_FILE"))
 
 
 @dataclass(frozen=True)

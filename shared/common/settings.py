@@ -29,6 +29,7 @@ from shared.common.envvars import (
     is_set,
     read_env,
     refuse_retired,
+    secret_env,
 )
 from shared.common.limits import StreamLimits
 from shared.common.otel import OtelSettings
@@ -50,6 +51,7 @@ __all__ = [
     "nats_servers",
     "read_env",
     "refuse_retired",
+    "secret_env",
 ]
 
 
@@ -137,12 +139,13 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # instead when INDEX_DIR is unset: intentroute/settings.py).
     index_dir: Annotated[Path, env("INDEX_DIR")] = Path(".intentroute/index")
     # HMAC key of the gateway's admission stamp (shared.auth.admission); every worker of a
-    # deployment holds the same one. Required when NATS authentication is on.
-    admission_key: Annotated[str, env("INTENTROUTE_ADMISSION_KEY")] = ""
+    # deployment holds the same one. Required when NATS authentication is on. Secrets
+    # (secret_env): INTENTROUTE_ADMISSION_KEY_FILE / NATS_PASSWORD_FILE name files instead.
+    admission_key: Annotated[str, secret_env("INTENTROUTE_ADMISSION_KEY")] = ""
     # NATS credentials (one kind at a time): user + password, a token, or a .creds file
     # (decentralized JWT auth on an external server). Unset = anonymous (open servers only).
     nats_user: Annotated[str, env("NATS_USER")] = ""
-    nats_password: Annotated[str, env("NATS_PASSWORD")] = ""
+    nats_password: Annotated[str, secret_env("NATS_PASSWORD")] = ""
     nats_token: Annotated[str, env("NATS_TOKEN")] = ""
     nats_creds: Annotated[str, env("NATS_CREDS")] = ""
     # Reply subjects start with this; "" = `_INBOX.<user>` when a user is set, which is

@@ -30,6 +30,20 @@ def claim_subject(agent_id: str, request_id: str, run: str) -> str:
     return f"{CLAIM_SUBJECT_PREFIX}.{agent_id}.{request_id}.{run or '0'}"
 
 
+def sent_subject(agent_id: str, request_id: str, run: str) -> str:
+    """Where the delivery that stored a run's claimed final chunk says so (the answer
+    subject's last message may be another delivery's chunk by then)."""
+    return f"{claim_subject(agent_id, request_id, run)}.sent"
+
+
+def admission_subject(agent_id: str, request_id: str) -> str:
+    """The request id's admission claim (beside its runs' claims: a run is digits): the
+    run the gateway admitted first under this id. Any later message naming the id —
+    sent again, forged, malformed — is answered DUPLICATE_REQUEST on the agent's
+    `_invalid` subject, never with a second final on the id's answer subject."""
+    return f"{CLAIM_SUBJECT_PREFIX}.{agent_id}.{request_id}.admitted"
+
+
 def response_subject(agent_id: str, request_id: str) -> str:
     return f"{SUBJECT_PREFIX}.{agent_id}.{request_id}"
 
@@ -64,6 +78,10 @@ class ErrorCode(enum.StrEnum):
     INVALID_FIELD = "INVALID_FIELD"
     OVERSIZED_FIELD = "OVERSIZED_FIELD"
     UNKNOWN_QUERY_TYPE = "UNKNOWN_QUERY_TYPE"
+    # The request id was admitted already (answered, or in progress): this message is not
+    # run, and is answered on the agent's `_invalid` subject (its answer subject keeps
+    # its one final chunk).
+    DUPLICATE_REQUEST = "DUPLICATE_REQUEST"
     # A stage could not read the envelope it was handed.
     BAD_ENVELOPE = "BAD_ENVELOPE"
     # An envelope without the gateway's admission (not from the pipeline): dropped.

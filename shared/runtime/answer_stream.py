@@ -128,6 +128,7 @@ class AnswerStream:
         self._claim_id = uuid.uuid4().hex
         self._final_id = f"{agent_id}:{request_id}:final:{self.run}"
         self._claim_subject = response.claim_subject(agent_id, request_id, self.run)
+        self._sent_subject = response.sent_subject(agent_id, request_id, self.run)
         self.subject = response_subject(agent_id, request_id)
         self.seq = start_seq
         self.text_parts: list[str] = []
@@ -235,9 +236,25 @@ class AnswerStream:
         return True
 
     async def final_stored(self) -> bool:
-        """Is this run's final chunk stored (by any delivery)?"""
-        return await self._bus.stored(self.subject, stream=response.STREAM,
-                                      msg_id=self._final_id) is not None
+        """Is this run's final chunk stored (by any delivery)? Two reads by subject, no
+        scan (a worker may not read the answers by sequence): the final is the last
+        message on the answer subject (one sent under a lease: no other delivery
+        streams after it, and a redelivery asks this before it streams anything), or
+        the claimed final was marked sent by the delivery that stored it."""
+        if await self._bus.stored(self.subject, stream=response.STREAM,
+                                  msg_id=self._final_id) is not None:
+            return True
+        return await self._bus.claimed(self._sent_subject,
+                                       stream=response.CLAIM_STREAM) is not None
+
+    async def _mark_sent(self) -> None:
+        """The claimed final is stored: say so where `final_stored` reads it (a delivery
+        streaming after it would hide it from the answer subject's last message). If
+        this mark is lost, a later delivery sends the same bytes under the same msg id:
+        the stream keeps one copy."""
+        await self._until_acked(lambda: self._bus.publish_first(
+            self._sent_subject, self._final_id.encode(), stream=response.CLAIM_STREAM,
+            msg_id=f"{self._final_id}:sent"))
 
     async def send_claimed(self) -> bool:
         """For a redelivery, before it answers: True if another delivery of this run
@@ -250,6 +267,7 @@ class AnswerStream:
             log.warning("[%s] sending the final chunk an earlier delivery claimed",
                         self.request_id)
             await self._until_acked(lambda: self._publish_final(claimed))
+            await self._mark_sent()
         return True
 
     async def _claimed_final(self, payload: bytes) -> None:
@@ -280,6 +298,7 @@ class AnswerStream:
             log.warning("[%s] sending the final chunk %s claimed", self.request_id,
                         "this delivery" if claimed == payload else "another delivery")
         await self._until_acked(lambda: self._publish_final(claimed))
+        await self._mark_sent()
 
     async def _publish_final(self, payload: bytes) -> None:
         await self._bus.publish_durable(self.subject, payload, stream=response.STREAM,

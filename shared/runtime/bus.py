@@ -3,6 +3,7 @@ the answer claims' sealed payloads."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 
@@ -23,6 +24,8 @@ from shared.runtime.ports import Publisher
 _MAC_BYTES = hashlib.sha256().digest_size
 # JetStream's error code for a publish whose expected last subject sequence failed.
 _JS_WRONG_LAST_SEQUENCE = 10071
+# Reads of a claim the stream says exists (a replica catching up answers not found).
+_CLAIM_READS = 5
 
 
 class Bus:
@@ -82,39 +85,52 @@ class Bus:
         except APIError as exc:
             if exc.err_code != _JS_WRONG_LAST_SEQUENCE:
                 raise
-            return await self.claimed(subject, stream=stream)
+            return await self._first_claim(subject, stream)
         _stored_in(ack, subject, stream)
         # Stored now, or (a duplicate) by this msg id's earlier publish: ours either way.
         return payload
 
     async def stored(self, subject: str, *, stream: str, msg_id: str) -> bytes | None:
-        """The message `stream` holds on `subject` under `msg_id`, if any (reads the
-        subject's messages one by one: for the few chunks of one answer)."""
-        seq = 1
-        while True:
-            try:
-                msg = await self.js.get_msg(stream, seq=seq, subject=subject, next=True)
-            except NotFoundError:
-                return None
-            if (msg.headers or {}).get("Nats-Msg-Id") == msg_id:
-                return msg.data or b""
-            seq = (msg.seq or seq) + 1
+        """The last message `stream` holds on `subject` when it was stored under
+        `msg_id` (else None). A direct get by subject: a worker reads only the subjects
+        it names, never a stream by sequence (its grant allows no more)."""
+        try:
+            msg = await self.js.get_last_msg(stream, subject, direct=True)
+        except NotFoundError:
+            return None
+        if (msg.headers or {}).get("Nats-Msg-Id") != msg_id:
+            return None
+        return msg.data or b""
 
     async def claimed(self, subject: str, *, stream: str) -> bytes | None:
         """The claim stored on a claim subject, if there is one (sealed)."""
         try:
-            return self._unseal((await self.js.get_last_msg(stream, subject)).data or b"")
+            msg = await self.js.get_last_msg(stream, subject, direct=True)
         except NotFoundError:
             return None
+        return self._unseal(msg.data or b"")
+
+    async def _first_claim(self, subject: str, stream: str) -> bytes | None:
+        """The claim the stream refused ours for. It is stored (the refusal says so),
+        but on a cluster a direct get may be answered by a replica that has not applied
+        it yet: not found is read again, briefly, before it counts as no claim."""
+        for attempt in range(_CLAIM_READS):
+            try:
+                msg = await self.js.get_last_msg(stream, subject, direct=True)
+            except NotFoundError:
+                await asyncio.sleep(0.02 * (attempt + 1))
+                continue
+            return self._unseal(msg.data or b"")
+        return None
 
     def reconnects(self) -> int:
         return int(self.nc.stats["reconnects"])
 
     async def last_chunk(self, subject: str, stream: str) -> ResponseChunk | None:
         """The last chunk stored on a response subject (a redelivered stage resumes
-        after it, or finds its answer already given)."""
+        after it, or finds its answer already given): a direct get by subject."""
         try:
-            msg = await self.js.get_last_msg(stream, subject)
+            msg = await self.js.get_last_msg(stream, subject, direct=True)
         except NotFoundError:
             return None
         return decode_chunk(msg.data or b"")

@@ -49,6 +49,9 @@ log = logging.getLogger("intentroute.bus")
 T = TypeVar("T")
 
 
+DIRECT_READ_STREAMS = frozenset({response.STREAM, response.CLAIM_STREAM, turn_rows.STREAM})
+
+
 def _stream(name: str, retention: RetentionPolicy, max_age: float, limits: StreamLimits, *,
             duplicate_window: float = 120) -> StreamConfig:
     """A file-backed stream on the subjects the permission table gives it, bounded by
@@ -100,6 +103,13 @@ def stream_configs(response_ttl: float, replicas: int = 1,
     ]
     for cfg in configs:
         cfg.num_replicas = replicas
+    # The streams workers read one message of by subject (the last chunk of an answer,
+    # a claim, whether a session has queued rows) answer direct gets: a read names its
+    # subject, so a worker's grant reads only subjects it names, never by sequence
+    # (shared.auth.permissions).
+    for cfg in configs:
+        if cfg.name in DIRECT_READ_STREAMS:
+            cfg.allow_direct = True
     return configs
 
 

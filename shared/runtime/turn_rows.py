@@ -137,7 +137,8 @@ class AnsweringStore:
         if not await self._queue_may_hold_rows():
             return False
         try:
-            await self._js.get_last_msg(contract.STREAM, subject_for(agent_id, session_id))
+            await self._js.get_last_msg(contract.STREAM, subject_for(agent_id, session_id),
+                                        direct=True)
         except NotFoundError:
             return False
         return True

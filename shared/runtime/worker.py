@@ -152,8 +152,7 @@ class Worker(Generic[D]):
                   claim_key=self.common.admission_key.encode())
         tracer = tracer_for(f"intentroute.{self.service}", self._provider)
         store = await Store.connect(self.common.database_url, tracer=tracer,
-                                    implicit_feedback=self.common.accounting,
-                                    max_sessions_per_agent=self.common.max_sessions_per_agent)
+                                    implicit_feedback=self.common.accounting)
         # Turn rows never hold an answer back on an absent Postgres: queued on the bus
         # instead, written by this worker's row writer (shared.runtime.turn_rows).
         answering = AnsweringStore(store, nc.jetstream())

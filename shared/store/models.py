@@ -19,7 +19,7 @@ sessions = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
     sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
     # An agent's least recently used sessions expire past MAX_SESSIONS_PER_AGENT
-    # (trigger sessions_cap, migration 0011).
+    # (trigger sessions_cap, migration 0011; the cap in owner_settings since 0014).
     sa.Index("ix_sessions_agent_updated", "agent_id", "updated_at"),
 )
 
@@ -289,4 +289,16 @@ agent_leases = sa.Table(
     sa.Column("seq", sa.BigInteger, nullable=False),
     sa.Column("held", sa.Integer, nullable=False),
     sa.Column("expires", sa.Float, nullable=False),
+)
+# The limits of the owner's SECURITY DEFINER functions (migration 0014,
+# shared/store/owner_settings.py): one row, no grant, written by `migrate` only.
+owner_settings = sa.Table(
+    "owner_settings",
+    metadata,
+    sa.Column("id", sa.Boolean, primary_key=True, server_default=sa.true()),
+    sa.Column("max_sessions_per_agent", sa.Integer, nullable=False, server_default="10000"),
+    sa.Column("request_log_hot_days", sa.Integer, nullable=False, server_default="30"),
+    sa.CheckConstraint("id", name="owner_settings_one_row"),
+    sa.CheckConstraint("max_sessions_per_agent >= 0", name="owner_settings_cap"),
+    sa.CheckConstraint("request_log_hot_days >= 1", name="owner_settings_hot_days"),
 )

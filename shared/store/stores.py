@@ -26,9 +26,6 @@ from shared.store.writer import (
 )
 
 log = logging.getLogger("intentroute.store")
-# Read by the trigger that expires an agent's oldest sessions (migration 0011).
-SESSION_CAP_SETTING = "intentroute.max_sessions_per_agent"
-
 
 
 _SQL_AGENT = """
@@ -54,11 +51,6 @@ SELECT role, content FROM messages
 WHERE agent_id = $1 AND session_id = $2
 ORDER BY id DESC LIMIT $3
 """
-
-
-def _session_cap(cap: int | None) -> dict[str, str] | None:
-    """The connection setting the sessions_cap trigger reads (migration 0011)."""
-    return None if cap is None else {SESSION_CAP_SETTING: str(max(0, cap))}
 
 
 async def _release_as_is(conn: asyncpg.Connection) -> None:
@@ -89,19 +81,16 @@ class Store:
         max_size: int = 4,
         tracer: Tracer | None = None,
         implicit_feedback: bool = True,
-        max_sessions_per_agent: int | None = None,
     ) -> Store:
         """`implicit_feedback`: record the implicit outcome of every request-log row
-        written (CommonSettings.accounting; shared.store.writer).
-        `max_sessions_per_agent`: the sessions an agent keeps before its least recently
-        used expire (MAX_SESSIONS_PER_AGENT, 0 = no cap; None: the database's default,
-        migration 0011)."""
+        written (CommonSettings.accounting; shared.store.writer). The sessions an agent
+        keeps (MAX_SESSIONS_PER_AGENT) are the database's, written by `migrate`
+        (shared.store.owner_settings), not the connection's."""
         if not database_url:
             raise StoreUnavailableError("DATABASE_URL is not set")
         pool = await asyncpg.create_pool(
             asyncpg_dsn(database_url), min_size=min_size, max_size=max_size,
             reset=_release_as_is,
-            server_settings=_session_cap(max_sessions_per_agent),
         )
         assert pool is not None
         return cls(pool, tracer=tracer, implicit_feedback=implicit_feedback)

@@ -71,12 +71,14 @@ UNREACHABLE = _UNREACHABLE
 #
 # request_log is partitioned by day on created_at, so its key is (agent_id, request_id,
 # created_at) and the upsert can only meet a row with the same created_at. Every write
-# of a request therefore carries the same one: its admission time from the envelope
-# (`RequestLogRow.created_at`), which also puts a rewrite in the same partition. A row
-# without one (input the gateway rejected: no envelope) takes the time of the request's
-# existing row if there is one (a lookup across the partitions, only for such rows;
-# COALESCE evaluates it lazily), else now(). A day without its partition lands in the
-# DEFAULT partition, so no write fails for a missing partition.
+# of one run of a request carries the same one: its admission time from the envelope
+# (`RequestLogRow.created_at`), so the stages' writes of that run meet, in the same
+# partition, and nothing else does. A row without one (input the gateway rejected, a
+# duplicate request id: no envelope) is an event of its own at now(): a message naming
+# a request id never rewrites what was logged or billed for it (before, such a row took
+# the existing row's time and overwrote an answered row with its error). A day without
+# its partition lands in the DEFAULT partition, so no write fails for a missing
+# partition.
 _SQL_BATCH = """
 WITH new_sessions AS (
     INSERT INTO sessions (agent_id, session_id)
@@ -110,10 +112,7 @@ INSERT INTO request_log
      model, tokens_in, tokens_out, tokens_note, first_chunk_ms, compute_ms, fallback,
      fallback_reason, created_at)
 SELECT r, a, s, t, l, c, ms, ab, sm::jsonb, tm, o, vs, rt, mo, ti, tt, tn, fc, cm, fb, fr,
-       COALESCE(to_timestamp(ca),
-                (SELECT max(x.created_at) FROM request_log x
-                 WHERE x.agent_id = u.a AND x.request_id = u.r),
-                now())
+       COALESCE(to_timestamp(ca), now())
 FROM unnest($16::text[], $17::text[], $18::text[], $19::text[], $20::text[], $21::float8[],
             $22::text[], $23::text[], $24::text[], $25::float8[], $26::text[], $27::text[],
             $28::bool[], $29::text[], $30::int4[], $31::int4[], $32::text[],
@@ -135,7 +134,7 @@ ON CONFLICT (agent_id, request_id, created_at) DO UPDATE SET
 _CALLER_ERRORS = frozenset({
     ErrorCode.MALFORMED_JSON, ErrorCode.MISSING_FIELD, ErrorCode.INVALID_FIELD,
     ErrorCode.OVERSIZED_FIELD, ErrorCode.UNKNOWN_QUERY_TYPE, ErrorCode.AGENT_MISMATCH,
-    ErrorCode.UNKNOWN_AGENT,
+    ErrorCode.UNKNOWN_AGENT, ErrorCode.DUPLICATE_REQUEST,
     # Refused at admission by the agent's own limits: nothing was answered.
     ErrorCode.RATE_LIMITED, ErrorCode.CONCURRENCY_LIMITED, ErrorCode.QUOTA_EXCEEDED,
     ErrorCode.BUDGET_EXCEEDED,
@@ -181,10 +180,11 @@ async def _write_batch(
     sessions: dict[tuple[str, str], None] = {}
     history: list[tuple[Any, ...]] = []
     messages: list[tuple[Any, ...]] = []
-    # One log row per request (the latest wins): ON CONFLICT DO UPDATE may not touch
-    # a row twice in one statement.
-    logs: dict[tuple[str, str], tuple[Any, ...]] = {}
-    implicit: dict[tuple[str, str], tuple[Any, ...] | None] = {}
+    # One log row per run of a request (the latest wins): ON CONFLICT DO UPDATE may not
+    # touch a row twice in one statement. Runs, and rows of their own (created_at None),
+    # are kept apart: one never replaces another's row.
+    logs: dict[tuple[str, str, float | None], tuple[Any, ...]] = {}
+    implicit: dict[tuple[str, str, float | None], tuple[Any, ...] | None] = {}
     for row in rows:
         if isinstance(row, HistoryRow):
             history.append(
@@ -202,7 +202,7 @@ async def _write_batch(
                  row.query_type)
             )
         else:
-            key = (row.agent_id, row.request_id)
+            key = (row.agent_id, row.request_id, row.created_at)
             logs.pop(key, None)
             logs[key] = (
                 row.request_id, row.agent_id, row.session_id, row.query_type, row.layer,

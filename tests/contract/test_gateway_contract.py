@@ -131,3 +131,52 @@ async def test_a_refused_request_ends_in_its_typed_final_chunk_and_log_row() -> 
     admitted = decode_admitted(handoff[3])
     assert (admitted.request.request_id, admitted.degraded) == ("r-2", True)
     assert [c["request_id"] for c in limits.calls] == ["r-1", "r-2"]
+
+
+async def test_a_request_id_is_admitted_once_and_never_answered_twice() -> None:
+    """The same request id sent again (as a new message: another stream sequence) is not
+    run: DUPLICATE_REQUEST on the agent's `_invalid` subject, a row of its own (no
+    envelope time: it never meets the answered row); a redelivery of the admitted
+    message is the same run and goes on."""
+    stage = build_stage(GatewaySettings(common=COMMON))
+    bus, store, deps = setup()
+    first = AgentRequest(request_id="r-9", session_id="s", agent_id="a", query="hi")
+    await run_on_wire(stage, encode(first), deps, subject=from_agent("a"), stream_seq=5)
+    await run_on_wire(stage, encode(first), deps, subject=from_agent("a"), stream_seq=5,
+                      deliveries=2)
+    assert len(bus.on("intentroute.stage.classify")) == 2  # the run, handed on again
+    again = AgentRequest(request_id="r-9", session_id="s", agent_id="a", query="other")
+    await run_on_wire(stage, encode(again), deps, subject=from_agent("a"), stream_seq=6)
+    # The id's subject got nothing; the refusal names the id on `_invalid`.
+    assert bus.on("agent.response.a.r-9") == []
+    (refusal,) = [decode_chunk(p) for p in bus.on("agent.response.a._invalid")]
+    assert refusal.request_id == "r-9"
+    assert refusal.error is not None
+    assert refusal.error.code == "DUPLICATE_REQUEST"
+    assert len(bus.on("intentroute.stage.classify")) == 2
+    (row,) = store.rows
+    assert (row.request_id, row.outcome, row.created_at) == (
+        "r-9", "error:DUPLICATE_REQUEST", None)
+
+
+async def test_malformed_input_naming_an_admitted_id_goes_to_invalid() -> None:
+    """A body that does not pass the checks but carries an admitted request id (the
+    trick that erased an answered row) is answered on `_invalid`, never on the id's
+    subject, which already has its final chunk."""
+    stage = build_stage(GatewaySettings(common=COMMON))
+    bus, store, deps = setup()
+    ok = AgentRequest(request_id="r-3", session_id="s", agent_id="a", query="hi")
+    await run_on_wire(stage, encode(ok), deps, subject=from_agent("a"), stream_seq=1)
+    await run_on_wire(stage, b'{"request_id": "r-3"}', deps, subject=from_agent("a"),
+                      stream_seq=2)
+    assert bus.on("agent.response.a.r-3") == []
+    (refusal,) = [decode_chunk(p) for p in bus.on("agent.response.a._invalid")]
+    assert refusal.error is not None
+    assert (refusal.request_id, refusal.error.code) == ("r-3", "MISSING_FIELD")
+    (row,) = store.rows
+    assert (row.outcome, row.created_at) == ("error:MISSING_FIELD", None)
+    # A new id's malformed body is answered on its own subject, and uses the id up.
+    await run_on_wire(stage, b'{"request_id": "r-4"}', deps, subject=from_agent("a"),
+                      stream_seq=3)
+    (error,) = bus.on("agent.response.a.r-4")
+    assert decode_chunk(error).is_final

@@ -8,6 +8,7 @@ test_limit_state.py.)"""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ import grpc
 import pytest
 
 from services.gateway.limits.store import budget_overshoot
+from shared.contracts.codec import decode_chunk
 from shared.contracts.response import ErrorCode, ResponseChunk
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from shared.policy.agent import AgentPolicy, OnBudget, Price
@@ -37,6 +39,8 @@ POLICIES = {
     "lim-quota": AgentPolicy(tokens_per_min=10),
     "lim-budget": AgentPolicy(budget_day=20.0, prices=PRICES),
     "lim-degrade": AgentPolicy(budget_day=3.0, on_budget=OnBudget.DEGRADE, prices=PRICES),
+    "lim-erase": AgentPolicy(budget_day=8.0, prices=PRICES),
+    "lim-victim": AgentPolicy(),
 }
 WORKERS = ("gateway", "gateway", "classifier", "retriever", "generator-main",
            "generator-conversational", "validator")
@@ -239,3 +243,63 @@ async def test_degrade_answers_past_the_budget_with_the_extractive_answerer_mark
             assert dict(row) == {"outcome": "ok", "model": "extractive",
                                  "answered_by": "extractive:budget", "tokens_out": 0}
         assert len(fake_ollama.reported) == calls  # no model was asked
+
+
+async def _resend_id(nc: Any, agent: str, request_id: str) -> ResponseChunk:
+    """The bill-erasing trick: `{"request_id": R}` published again on the agent's own
+    request subject; returns the gateway's answer to it (on the agent's `_invalid`)."""
+    invalid = await nc.subscribe(f"agent.response.{agent}._invalid")
+    await nc.flush()
+    await nc.jetstream().publish(f"agent.request.{agent}",
+                                 json.dumps({"request_id": request_id}).encode())
+    chunk = decode_chunk((await invalid.next_msg(timeout=10)).data)
+    await invalid.unsubscribe()
+    return chunk
+
+
+async def test_a_resent_request_id_erases_no_bill_and_escapes_no_budget(
+    connect: Connections, nats_url: str, database_url: str, kb_index: Path,
+    fake_ollama: Any, db: asyncpg.Connection
+) -> None:
+    """After each answer the agent publishes `{"request_id": R}` again (before, the
+    gateway's MISSING_FIELD row overwrote the answered one: model empty, compute 0, and
+    a budget of 2 answers let 40 of 40 through). Now the resend names an
+    admitted id: answered on `_invalid`, logged as its own row; the answered rows keep
+    their bill and the budget refuses the third answer as without the trick."""
+    env = env_for(nats_url, database_url, kb_index, fake_ollama)
+    async with running(env, WORKERS[1:]):
+        nc = await connect("lim-erase")
+        finals = []
+        for _ in range(5):
+            req = make_request("how do I count?", agent_id="lim-erase", query_type="RETRIEVAL")
+            chunks = await ask_all(nc, req)
+            finals.append(final_of(chunks))
+            refusal = await _resend_id(nc, "lim-erase", req.request_id)
+            assert refusal.request_id == req.request_id
+            assert refusal.error is not None
+            assert refusal.error.code == ErrorCode.MISSING_FIELD
+        answered = [f for f in finals if f.error is None]
+        assert len(answered) == 2  # 8 units a day, 4 an answer: as without the trick
+        assert {f.error.code for f in finals if f.error} == {ErrorCode.BUDGET_EXCEEDED}
+        # Another agent's id, sent on the attacker's own subject, is the attacker's own
+        # (new) id: the victim's row and answer subject are untouched.
+        victim = await connect("lim-victim")
+        theirs = make_request("how do I count?", agent_id="lim-victim", query_type="RETRIEVAL")
+        assert final_of(await ask_all(victim, theirs)).error is None
+        await nc.jetstream().publish("agent.request.lim-erase",
+                                     json.dumps({"request_id": theirs.request_id}).encode())
+        await asyncio.sleep(0.5)
+    rows = await db.fetch("SELECT request_id, outcome, model, tokens_out FROM request_log "
+                          "WHERE agent_id = 'lim-erase' ORDER BY created_at")
+    by_id: dict[str, list[str]] = {}
+    for row in rows:
+        by_id.setdefault(row["request_id"], []).append(row["outcome"])
+    billed = [r for r in rows if r["outcome"] == "ok"]
+    assert len(billed) == 2
+    assert all(r["model"] == MODEL and r["tokens_out"] == 4 for r in billed)
+    # Each answered id: its answer's row, then the resend's row of its own.
+    assert sorted(v for r in billed for v in by_id[r["request_id"]]) == sorted(
+        ["ok", "error:MISSING_FIELD"] * 2)
+    victim_rows = await db.fetch("SELECT outcome, model FROM request_log WHERE agent_id = "
+                                 "'lim-victim'")
+    assert [(r["outcome"], r["model"]) for r in victim_rows] == [("ok", MODEL)]

@@ -30,8 +30,10 @@ from tests.helpers.pipeline import ask_all, base_env, make_request, running
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent.parent
-# Issue 12: a revoked agent's connections are refused within 10 s.
+# Issue 12: a revoked agent's connections are refused within 10 s (the CLI's own start
+# included); issue 28: within 1 s of the row's change, which Postgres pushes.
 REVOCATION_BOUND = 10.0
+PUSHED_REVOCATION_BOUND = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -207,8 +209,8 @@ async def test_unknown_agent_revoke_fails(stack: AuthStack) -> None:
     assert "no agent" in res.stderr
 
 
-async def test_an_agent_revoked_by_sql_is_refused_within_10s(stack: AuthStack) -> None:
-    """The stack's auth sync notices a change made behind the CLI's back."""
+async def test_an_agent_revoked_by_sql_is_refused_within_a_second(stack: AuthStack) -> None:
+    """The stack's auth sync hears of a change made behind the CLI's back (NOTIFY)."""
     store = await AgentStore.connect(stack.database_url)
     sync = AuthSync(stack.state_dir, stack.database_url, pid=stack.nats_pid).start()
     try:
@@ -220,7 +222,7 @@ async def test_an_agent_revoked_by_sql_is_refused_within_10s(stack: AuthStack) -
         await db.close()
         await asyncio.wait_for(conn.disconnected.wait(), REVOCATION_BOUND)
         elapsed = time.monotonic() - started
-        assert elapsed < REVOCATION_BOUND
+        assert elapsed < PUSHED_REVOCATION_BOUND
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
             await nats.connect(stack.nats_url, allow_reconnect=False, **cred.nats)
         print(f"revoked by SQL: disconnected {elapsed:.2f}s later")

@@ -2,11 +2,13 @@
 has presented too many (at any door: HTTP feedback, gRPC, the dashboard), its wrong
 ones are answered 429 / RESOURCE_EXHAUSTED, while the right ones from the same address
 are let in at every door. An agent added before token digests is upgraded by its first
-right token. An anonymous flood of gRPC bodies that do not decode is refused and writes
-a bounded number of log lines, no tracebacks."""
+right token. An anonymous flood of gRPC bodies that do not decode, or of malformed HTTP
+requests (refused by aiohttp's parser before any handler, or bodies a handler cannot
+read), is refused and writes a bounded number of log lines, no tracebacks."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from pathlib import Path
@@ -16,6 +18,7 @@ import asyncpg
 import grpc
 import pytest
 
+from services.gateway.http import split_listen
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from shared.store import asyncpg_dsn
 from shared.store.agents import AgentStore
@@ -170,6 +173,66 @@ async def test_an_anonymous_flood_of_undecodable_bodies_writes_bounded_lines(
         lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(lines) <= 10, [r.getMessage() for r in lines]
     assert all(r.exc_info is None for r in lines)
+
+
+# Requests aiohttp refuses before any handler runs, and bodies a handler cannot read:
+# each used to log an ERROR with a traceback (the 300 below: 350 of them, 7,600 lines).
+_HEAD = b"POST /dashboard/login HTTP/1.1\r\nHost: gateway\r\n"
+_FORM = b"Content-Type: application/x-www-form-urlencoded"
+MALFORMED = {
+    "bare CR in a header": b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-A: a\rb\r\n\r\n",
+    "100 kB Authorization": b"GET /v1/models HTTP/1.1\r\nHost: gateway\r\n"
+                            b"Authorization: Bearer " + b"a" * 100_000 + b"\r\n\r\n",
+    "NUL in a header": b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-A: a\x00b\r\n\r\n",
+    "obs-folded header": b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-A: a\r\n b\r\n\r\n",
+    "form in an unknown charset": _HEAD + _FORM + b"; charset=nope\r\n"
+                                  b"Content-Length: 7\r\n\r\ntoken=x",
+    "gzip body that does not decode": _HEAD + _FORM + b"\r\nContent-Encoding: gzip\r\n"
+                                      b"Content-Length: 9\r\n\r\nnot gzip!",
+}
+
+
+async def raw_status(host: str, port: int, request: bytes) -> bytes:
+    """The status line the gateway answers a raw request with (b"" when it closed the
+    connection before answering)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readline(), 10)
+    except ConnectionError:
+        answer = b""
+    finally:
+        writer.close()
+    return answer.strip()
+
+
+async def test_a_flood_of_malformed_http_requests_writes_bounded_lines(
+    nats_url: str, database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with gateway(nats_url, database_url, tmp_path,
+                       GATEWAY_DASHBOARD_TOKEN=DASHBOARD_TOKEN) as (_, url):
+        host, port = split_listen(url.removeprefix("http://"))
+        caplog.clear()
+        caplog.set_level(logging.INFO)
+        answers: dict[str, set[bytes]] = {}
+        kinds = list(MALFORMED)
+        for n in range(300):
+            kind = kinds[n % len(kinds)]
+            answers.setdefault(kind, set()).add(await raw_status(host, port, MALFORMED[kind]))
+        await asyncio.sleep(0.2)  # a connection's last lines
+        lines = [r for r in caplog.records if r.levelno >= logging.INFO]
+        # The gateway still answers.
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as resp:
+            assert resp.status == 200
+    for kind, statuses in answers.items():
+        # Refused as the caller's error (the 100 kB header may be cut off by a reset).
+        assert statuses <= {b"HTTP/1.0 400 Bad Request", b"HTTP/1.1 400 Bad Request", b""}, \
+            (kind, statuses)
+        assert statuses != {b""}, kind
+    assert 1 <= len(lines) <= 10, [r.getMessage()[:200] for r in lines]
+    assert all(r.exc_info is None and r.exc_text is None for r in lines)
+    assert all("\n" not in r.getMessage() and "\r" not in r.getMessage() for r in lines)
 
 
 async def test_up_upgrades_the_agents_it_holds_credentials_for(database_url: str) -> None:

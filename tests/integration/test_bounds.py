@@ -23,10 +23,12 @@ from shared.contracts import response as response_contract
 from shared.contracts.codec import encode
 from shared.contracts.response import ChunkKind, ErrorCode, ResponseChunk, response_subject
 from shared.runtime.streams import ensure_streams
-from shared.store import asyncpg_dsn
+from shared.store import asyncpg_dsn, migrate
+from shared.store.owner_settings import OwnerSettings
 from shared.store.rows import TurnRow
 from shared.store.stores import Store
 from tests.helpers.agents import Connections, add_agents
+from tests.helpers.databases import fresh_database
 from tests.helpers.pipeline import base_env, make_request, running
 
 pytestmark = pytest.mark.integration
@@ -162,11 +164,19 @@ async def _no_replay_consumers(js: Any, wait: float = 5.0) -> bool:
         await asyncio.sleep(0.1)
 
 
-async def test_an_agents_sessions_are_capped_the_least_recently_used_expiring(
+def test_an_agents_sessions_are_capped_the_least_recently_used_expiring(
     database_url: str,
 ) -> None:
+    """The cap is the database's (MAX_SESSIONS_PER_AGENT, written by `migrate`), on a
+    database of its own: the shared one keeps its 10,000."""
+    with fresh_database(database_url) as url:
+        migrate(url, OwnerSettings(max_sessions_per_agent=3))
+        asyncio.run(_capped_sessions(url))
+
+
+async def _capped_sessions(database_url: str) -> None:
     agent = f"cap-{uuid.uuid4().hex[:8]}"
-    store = await Store.connect(database_url, max_sessions_per_agent=3)
+    store = await Store.connect(database_url)
     try:
         for n in range(5):
             await store.write(TurnRow(agent, f"s{n}", f"r{n}", "q", "a", "RETRIEVAL"))

@@ -244,10 +244,25 @@ async def test_a_generator_reads_the_last_stored_chunk(stack: AuthStack) -> None
     conn = await connect_recording(stack.nats_url, **stack.service("generator-conversational"))
     js = conn.nc.jetstream()
     await js.publish("agent.response.bob.r42", b"last")
-    msg = await js.get_last_msg(RESPONSES, "agent.response.bob.r42")
+    msg = await js.get_last_msg(RESPONSES, "agent.response.bob.r42", direct=True)
     assert msg.data == b"last"
     await assert_no_refusal(conn, 0)
     await conn.nc.close()
+
+
+@pytest.mark.parametrize("worker", ["classifier", "validator", "generator-conversational",
+                                    "retriever", "generator-main", "gateway"])
+async def test_no_worker_reads_agents_answers_by_sequence(stack: AuthStack, worker: str) -> None:
+    """A worker names the answer it reads (last message of one subject); reading
+    AGENT_RESPONSES, ANSWER_CLAIMS or the queued turn rows by sequence is refused."""
+    conn = await connect_recording(stack.nats_url, **stack.service(worker))
+    try:
+        for stream in (RESPONSES, "ANSWER_CLAIMS", "TURN_ROWS"):
+            await assert_publish_refused(conn, f"$JS.API.STREAM.MSG.GET.{stream}",
+                                         b'{"seq": 1}')
+            await assert_publish_refused(conn, f"$JS.API.DIRECT.GET.{stream}", b'{"seq": 1}')
+    finally:
+        await conn.nc.close()
 
 
 def test_state_files_hold_no_plain_secret_of_an_agent(stack: AuthStack) -> None:

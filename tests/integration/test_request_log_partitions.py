@@ -119,7 +119,7 @@ def test_migration_moves_existing_rows_into_day_partitions(database_url: str) ->
         asyncio.run(check_partitioned(url))
 
 
-async def test_a_rewrite_of_a_request_updates_its_row_in_its_partition(fresh_db: str) -> None:
+async def test_a_run_rewrites_its_own_row_and_a_later_message_writes_its_own(fresh_db: str) -> None:
     store = await Store.connect(fresh_db)
     try:
         agent, request_id = "rewrite", uuid.uuid4().hex
@@ -133,16 +133,18 @@ async def test_a_rewrite_of_a_request_updates_its_row_in_its_partition(fresh_db:
         await store.write(RequestLogRow(request_id=request_id, agent_id=agent,
                                         session_id="s", outcome="error:STAGE_FAILED",
                                         created_at=admitted))
-        # A row without an envelope (no admission time) lands on the same row too.
+        # A row without an envelope (a later message naming the id: no admission time)
+        # is a row of its own, now: it never rewrites what was logged for the run.
         await store.write(RequestLogRow(request_id=request_id, agent_id=agent,
                                         session_id="s", outcome="error:LATE"))
         rows = await store.pool.fetch(
-            "SELECT outcome, created_at, tableoid::regclass::text AS part FROM request_log "
-            "WHERE agent_id = $1 AND request_id = $2", agent, request_id)
-        assert len(rows) == 1
-        assert rows[0]["outcome"] == "error:LATE"
+            "SELECT outcome, model, tokens_in, created_at, tableoid::regclass::text AS part "
+            "FROM request_log WHERE agent_id = $1 AND request_id = $2 ORDER BY created_at",
+            agent, request_id)
+        assert [r["outcome"] for r in rows] == ["error:STAGE_FAILED", "error:LATE"]
         assert rows[0]["created_at"].timestamp() == pytest.approx(admitted, abs=1e-6)
         assert rows[0]["part"] == partition_name(TODAY - timedelta(days=2))
+        assert rows[1]["created_at"].timestamp() > admitted + 86_400
     finally:
         await store.close()
 

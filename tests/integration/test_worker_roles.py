@@ -46,8 +46,9 @@ pytestmark = pytest.mark.integration
 
 STAGES = tuple(WORKER_ROLES)
 EVERY_ROLE = (*STAGES, "learner")
-# Tables no worker role touches: the owner's alone.
-OWNER_ONLY = {"alembic_version"}
+# Tables no worker role touches: the owner's alone (owner_settings: the limits of its
+# SECURITY DEFINER functions, migration 0014).
+OWNER_ONLY = {"alembic_version", "owner_settings"}
 
 
 class Deployment(NamedTuple):
@@ -193,8 +194,9 @@ async def test_the_dashboard_reads_its_figures_as_the_gateway(deployment: Deploy
 async def test_the_learner_runs_the_job_and_keeps_the_partitions(
         deployment: Deployment, superuser: asyncpg.Connection) -> None:
     """The learner creates and drops the log's day partitions through the owner's
-    functions (it may not CREATE or DROP itself), and runs every phase of the job."""
-    day = (datetime.now(UTC) - timedelta(days=10)).replace(hour=12)
+    functions (it may not CREATE or DROP itself; it drops only days past the owner's
+    30-day hot window, migration 0014), and runs every phase of the job."""
+    day = (datetime.now(UTC) - timedelta(days=40)).replace(hour=12)
     await superuser.execute(
         "INSERT INTO request_log (agent_id, request_id, session_id, outcome, created_at) "
         "VALUES ('learn', $1, 's', 'answered', $2)", uuid.uuid4().hex, day)

@@ -203,6 +203,35 @@ def test_log_budget_per_key_and_in_all(caplog: pytest.LogCaptureFixture) -> None
     assert budget.suppressed == 1
 
 
+def test_aiohttp_server_lines_are_bounded_a_bugs_traceback_kept_a_malformed_one_not(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from aiohttp.http_exceptions import BadHttpMessage
+
+    from services.gateway.http import ServerLog
+
+    logger = logging.getLogger("test.aiohttp.server")
+    server = ServerLog(logger)
+    caplog.set_level(logging.INFO, logger="test.aiohttp.server")
+    bad = BadHttpMessage("Missing expected LF after header value:\n\n    b'X: a\\rb'\n  ^")
+    for n in range(100):
+        server.exception("Error handling request from %s", f"10.0.0.{n % 3}", exc_info=bad)
+        server.exception("Error handling request from %s", "10.0.0.1",
+                         exc_info=ZeroDivisionError("a bug"))
+    malformed = [r for r in caplog.records if r.exc_info is None]
+    bugs = [r for r in caplog.records if r.exc_info is not None]
+    # One line per address: three; the bug's one line with its traceback.
+    assert [r.getMessage() for r in malformed] == [
+        f"Error handling request from 10.0.0.{n} (malformed request): "
+        "BadHttpMessage: Missing expected LF after header value" for n in range(3)]
+    assert all(r.levelno == logging.WARNING for r in malformed)
+    assert [(r.levelno, r.getMessage()) for r in bugs] == [
+        (logging.ERROR, "Error handling request from 10.0.0.1")]
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="test.aiohttp.server")
+    server.debug("Ignored premature client disconnection")  # DEBUG: as it is
+    assert [r.getMessage() for r in caplog.records] == ["Ignored premature client disconnection"]
+
+
 @pytest.mark.parametrize(("peer", "address"), [
     ("ipv4:127.0.0.1:50123", "127.0.0.1"),
     ("ipv6:[::1]:50123", "::1"),

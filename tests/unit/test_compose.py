@@ -2,12 +2,17 @@
 wheel's binary) resolves it against the secrets `intentroute deploy init` writes, and
 each worker's container environment, rebuilt from that output the way `intentroute
 worker` builds it (its credential file and admission key in INTENTROUTE_HOME/creds, its
-role's password file), gives the worker every setting it needs and nothing it ignores."""
+role's password file), gives the worker every setting it needs and nothing it ignores.
+Hardened: every service read-only, without capabilities or setuid, limited in CPU and
+memory, as the owner of ./secrets (never root but the volume-owner job), writing only
+where it must; no secret in an environment value (but the dashboard's token, pending)."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
+import re
 import shutil
 import subprocess
 from importlib.metadata import PackageNotFoundError, distribution
@@ -26,6 +31,9 @@ from tests.helpers.deploy_env import FROM_CREDENTIAL, WORKER_SETTINGS, environme
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+# The owner of ./secrets, whom the services run as (compose.yml's INTENTROUTE_UID/GID).
+OWNER = {"INTENTROUTE_UID": "1234", "INTENTROUTE_GID": "2345"}
 
 
 def compose_binary() -> str:
@@ -40,10 +48,13 @@ def compose_binary() -> str:
     return str(path)
 
 
-def compose(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def compose(project: Path, *args: str, owner: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in OWNER}
     return subprocess.run(
         [compose_binary(), "-f", str(COMPOSE), "--project-directory", str(project), *args],
-        capture_output=True, text=True, timeout=60, check=False)
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**environ, **(OWNER if owner is None else owner)})
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +72,16 @@ def config(project: Path) -> dict[str, Any]:
     return resolved
 
 
+@pytest.fixture(scope="module")
+def every_service(project: Path) -> dict[str, Any]:
+    """The services, the on-demand tools (init, admin) included."""
+    done = compose(project, "--profile", "tools", "config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    services: dict[str, Any] = json.loads(done.stdout)["services"]
+    assert {"init", "admin", "volume-owner"} <= set(services)
+    return services
+
+
 def test_compose_config_accepts_the_file_with_generated_secrets(
         config: dict[str, Any]) -> None:
     services = config["services"]
@@ -74,6 +95,98 @@ def test_compose_config_refuses_to_start_without_the_secrets(tmp_path: Path) -> 
     done = compose(tmp_path, "config", "--quiet")
     assert done.returncode != 0
     assert "secrets/" in done.stderr
+
+
+def test_compose_config_refuses_to_start_without_the_secrets_owner(project: Path) -> None:
+    done = compose(project, "config", "--quiet", owner={})
+    assert done.returncode != 0
+    assert "INTENTROUTE_UID" in done.stderr
+    assert "the owner of ./secrets" in done.stderr
+
+
+# The one service started as root: it gives the named volumes to the owner, with only
+# the capabilities chown -R needs and no network.
+VOLUME_OWNER = "volume-owner"
+
+
+def test_every_service_is_locked_down(every_service: dict[str, Any]) -> None:
+    owner = f"{OWNER['INTENTROUTE_UID']}:{OWNER['INTENTROUTE_GID']}"
+    for name, svc in every_service.items():
+        assert svc.get("read_only") is True, name
+        assert svc.get("cap_drop") == ["ALL"], name
+        assert "no-new-privileges:true" in svc.get("security_opt", []), name
+        assert not svc.get("privileged"), name
+        limits = svc.get("deploy", {}).get("resources", {}).get("limits", {})
+        assert float(limits.get("cpus", 0)) > 0, f"{name} has no CPU limit"
+        assert int(limits.get("memory", 0)) > 0, f"{name} has no memory limit"
+        if name == VOLUME_OWNER:
+            assert svc["user"] == "0:0"
+            assert sorted(svc["cap_add"]) == ["CHOWN", "DAC_READ_SEARCH"]
+            assert svc["network_mode"] == "none"
+            assert svc["entrypoint"][:3] == ["chown", "-R", owner]
+        else:
+            assert svc.get("user") == owner, name
+            assert not svc.get("cap_add"), name
+
+
+def test_the_image_runs_as_a_non_root_user() -> None:
+    users = re.findall(r"^USER (\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert users, "the Dockerfile sets no USER: its processes would run as root"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit(), f"USER {users[-1]}: by number, so runAsNonRoot can check it"
+    assert int(uid) != 0, users[-1]
+
+
+# What each service may write (the rest of its filesystem is read-only): tmpfs and
+# volumes. Ours: /tmp and the state directory (caches, heads); ingest the index; the
+# tools ./secrets; the others their data.
+OURS = {"/tmp", "/var/lib/intentroute"}
+WRITES: dict[str, set[str]] = {
+    "ingest": OURS | {"/data/index"},
+    "init": OURS | {"/secrets"},
+    "admin": OURS | {"/secrets"},
+    "nats-1": {"/data"}, "nats-2": {"/data"}, "nats-3": {"/data"},
+    "postgres": {"/var/lib/postgresql/data", "/var/run/postgresql", "/tmp"},
+    "ollama": {"/var/lib/ollama/.ollama", "/tmp"},
+    "ollama-pull": {"/tmp"},
+    VOLUME_OWNER: OURS | {f"/volumes/{v}" for v in ("nats-1", "nats-2", "nats-3", "pg",
+                                                    "ollama", "index")},
+}
+
+
+def test_each_service_writes_only_where_it_must(every_service: dict[str, Any],
+                                                 config: dict[str, Any]) -> None:
+    owned = set(config["volumes"])
+    for name, svc in every_service.items():
+        writable = {entry.split(":")[0] for entry in svc.get("tmpfs", [])}
+        for volume in svc.get("volumes", []):
+            if volume["type"] == "volume":
+                # No copy of the image's directory, which would reset a new volume's
+                # owner (volume-owner gives it to the services' user).
+                assert volume.get("volume", {}).get("nocopy") is True, (name, volume)
+                assert volume["source"] in owned
+            if not volume.get("read_only"):
+                writable.add(volume["target"])
+        assert writable == WRITES.get(name, OURS), name
+
+
+# Set from an env file: `deploy init` writes the dashboard's token as gateway.env only;
+# the gateway would read a file of the token alone (GATEWAY_DASHBOARD_TOKEN_FILE).
+PENDING = {("gateway", "GATEWAY_DASHBOARD_TOKEN")}
+
+
+def test_no_secret_is_an_environment_value(every_service: dict[str, Any],
+                                           project: Path) -> None:
+    secrets = project / "secrets"
+    values = {path.read_text().strip() for path in secrets.rglob("*") if path.is_file()} - {""}
+    values |= {line.split("=", 1)[1] for line in (secrets / "gateway.env").read_text()
+               .splitlines()}
+    values |= {read_credential(path).nats["password"]
+               for path in (secrets / "creds").glob("*.json")}
+    found = {(name, var) for name, svc in every_service.items()
+             for var, value in (svc.get("environment") or {}).items()
+             if value in values or ("PASSWORD" in var and not var.endswith("_FILE"))}
+    assert found == PENDING
 
 
 def test_every_long_running_service_has_a_health_check(config: dict[str, Any]) -> None:

@@ -10,12 +10,20 @@ from typing import Any
 
 import pytest
 
-from intentroute.stack.natsconf import ServerTls, User, auth_config, server_config, stack_users
+from intentroute.stack.natsconf import (
+    ServerTls,
+    User,
+    account_names,
+    auth_config,
+    server_config,
+    stack_users,
+)
 from intentroute.stack.postgres import hba_to_scram, hba_uses_trust
 from shared.auth.identity import split_token
 from shared.auth.natsconn import connect_kwargs
 from shared.auth.permissions import (
     ADMIN_USER,
+    APP_ACCOUNT,
     OPS_USER,
     REPLAY_MAX_REPLIES,
     REPLAY_REPLY_SECONDS,
@@ -37,9 +45,13 @@ HASHES = {name: f"$2b$10$hash-of-{name}" for name in STACK_USERS}
 
 
 def _auth_json(text: str) -> Any:
-    prefix = "authorization: "
+    prefix = "accounts: "
     assert text.startswith(prefix)
     return json.loads(text[len(prefix):])
+
+
+def _users(text: str) -> dict[str, Any]:
+    return {u["user"]: u for account in _auth_json(text).values() for u in account["users"]}
 
 
 def test_an_agent_may_touch_only_its_own_subjects() -> None:
@@ -120,11 +132,15 @@ def test_stage_hand_offs_follow_the_pipeline() -> None:
     assert stage_publishes("generator-conversational") == set()
     assert stage_publishes("validator") == {"intentroute.stage.generate.main"}
     # Every stage reads the last stored chunk of an answer (a redelivered message whose
-    # answer already went out is dropped), and dead-letters only on its own consumers'
-    # subjects (the row writer every worker runs included).
+    # answer already went out is dropped) by its subject only, never a stream by
+    # sequence, and dead-letters only on its own consumers' subjects (the row writer
+    # every worker runs included).
     for worker, grant in WORKER_GRANTS.items():
         publish = service_permissions(worker).publish
-        assert "$JS.API.STREAM.MSG.GET.AGENT_RESPONSES" in publish
+        assert "$JS.API.DIRECT.GET.AGENT_RESPONSES.agent.response.*.*" in publish
+        assert not [p for p in publish if ".MSG.GET." in p or p.endswith(".DIRECT.GET.>")
+                    or p.rstrip(".>").endswith(("DIRECT.GET", "DIRECT.GET.AGENT_RESPONSES",
+                                                "DIRECT.GET.ANSWER_CLAIMS"))]
         assert {p for p in publish if p.startswith("intentroute.dlq.")} == {
             f"intentroute.dlq.{d}" for d in (grant.durable, *(c.durable for c in grant.consumers),
                                              "row-writer")}
@@ -220,7 +236,7 @@ def test_each_worker_may_create_exactly_the_consumer_its_stage_declares(
 
 def test_the_auth_part_lists_every_user_with_quoted_hashes() -> None:
     text = auth_config(stack_users(HASHES, [("alice", "$2b$10$alice")]))
-    users = {u["user"]: u for u in _auth_json(text)["users"]}
+    users = _users(text)
     assert set(users) == {ADMIN_USER, OPS_USER, *SERVICE_USERS, "alice"}
     assert "permissions" not in users[ADMIN_USER]
     assert "allow_responses" not in users[OPS_USER]["permissions"]
@@ -232,6 +248,30 @@ def test_the_auth_part_lists_every_user_with_quoted_hashes() -> None:
     assert users["intentroute-classifier"]["permissions"]["allow_responses"] is True
     assert re.search(r'"password": "\$2b\$10\$alice"', text)  # never an unquoted `$`
     assert "no_auth_user" not in text
+
+
+def test_each_agent_is_alone_in_its_account_importing_only_its_own_subjects() -> None:
+    accounts = _auth_json(auth_config(stack_users(
+        HASHES, [("alice", "$2b$10$alice"), ("bob", "$2b$10$bob")])))
+    assert set(accounts) == {APP_ACCOUNT, "alice", "bob"}
+    app = accounts[APP_ACCOUNT]
+    # The streams and the stack's users are in the stack's account only.
+    assert app["jetstream"] == "enabled"
+    assert "jetstream" not in accounts["alice"]
+    assert {u["user"] for u in app["users"]} == set(STACK_USERS)
+    assert [u["user"] for u in accounts["alice"]["users"]] == ["alice"]
+    imported = {(kind, body["subject"]) for entry in accounts["alice"]["imports"]
+                for kind, body in entry.items()}
+    assert imported == {("service", "agent.request.alice"), ("service", "agent.feedback.alice"),
+                        ("service", "agent.replay.alice"), ("stream", "agent.response.alice.>")}
+    assert all(body["account"] == APP_ACCOUNT for entry in accounts["bob"]["imports"]
+               for body in entry.values())
+    # Replays answer with many messages, within the gateway's own bounds.
+    replay = next(e for e in app["exports"] if e.get("service") == "agent.replay.*")
+    assert replay == {"service": "agent.replay.*", "response_type": "stream",
+                      "response_threshold": f"{REPLAY_REPLY_SECONDS:g}s"}
+    assert account_names(auth_config(stack_users(HASHES, [("carol", "h")]))) == {
+        APP_ACCOUNT, "carol"}
 
 
 def test_agents_with_reserved_or_malformed_ids_are_left_out() -> None:

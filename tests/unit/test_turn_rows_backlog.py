@@ -23,7 +23,7 @@ class FakeJs:
         self.infos += 1
         return SimpleNamespace(state=SimpleNamespace(messages=self.messages))
 
-    async def get_last_msg(self, stream: str, subject: str) -> Any:
+    async def get_last_msg(self, stream: str, subject: str, direct: bool = False) -> Any:
         self.lookups += 1
         if not self.messages:
             raise NotFoundError

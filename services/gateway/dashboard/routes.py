@@ -124,7 +124,12 @@ class _Dashboard:
         return web.Response(text=self.page_html, content_type="text/html", headers=_NO_STORE)
 
     async def login(self, request: web.Request) -> web.Response:
-        form = await request.post()
+        try:
+            form = await request.post()
+        except (ValueError, LookupError):
+            # A form that does not parse (multipart without its boundary, an unknown
+            # charset, bytes not of it): the caller's error, not the gateway's.
+            return self._login_form("The form could not be read.", 400)
         given = form.get("token")
         if not isinstance(given, str) or not self._token_ok(request, given):
             self.refusals.warning(request.remote or "", "dashboard: refused a login from %s",

@@ -7,12 +7,13 @@ from typing import Annotated
 
 import msgspec
 
-from shared.common.settings import env, read_env
+from shared.common.settings import env, read_env, secret_env
 
 
 class DashboardSettings(msgspec.Struct, frozen=True, kw_only=True):
-    # Operator token of the dashboard; empty = the dashboard is off (its URLs are 404).
-    token: Annotated[str, env("GATEWAY_DASHBOARD_TOKEN")] = ""
+    # Operator token of the dashboard (or GATEWAY_DASHBOARD_TOKEN_FILE: a file holding
+    # it); empty = the dashboard is off (its URLs are 404).
+    token: Annotated[str, secret_env("GATEWAY_DASHBOARD_TOKEN")] = ""
     # Days shown when the page does not ask for a window, and the longest window served.
     default_days: Annotated[int, env("GATEWAY_DASHBOARD_DAYS")] = 30
     max_days: int = 400
