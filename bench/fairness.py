@@ -14,6 +14,18 @@ publish to its last answer), budget_overshoot: A's spend past its daily budget, 
 back from the request log (`services.gateway.limits.store.budget_overshoot`:
 `overshoot`, `bound`, `spent`, `budget`, `requests`; null with `budget_day=None`).
 
+Then the `injector` phase (`injector` messages, 0: skipped): agent D, while B and C
+keep asking, publishes on its own subjects with reply subjects aimed at them (its
+request subject with the reply `agent.response.<victim>.<id>`, `agent.request.<victim>`
+or `agent.feedback.<victim>`; its replay subject with the reply
+`agent.response.<victim>.<id>`), as an agent trying to make JetStream's acknowledgement
+or the gateway's replay write into another agent's answers and request queue. Keys
+under `injector`: victim_p50_ms / victim_p95_ms (B's and C's answers during it),
+victim_over_quiet_p95 (the ratio to their quiet p95; target <= 3 and p95 <= 500 ms),
+victim_foreign_rows (rows of B's and C's request log for requests they did not send:
+must be 0), victim_foreign_messages (messages seen live on B's and C's answer subjects
+for requests they did not send: must be 0), sent, seconds.
+
 Agent A has a daily budget (`budget_day`, default BUDGET_DAY cost units) priced at
 FLOOD_PRICE: its answers are extractive (no model tokens), so its cost is the time
 their generation took, one cost unit a millisecond. The flood reaches the budget part of the
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -54,7 +67,7 @@ from shared.store import asyncpg_dsn, migrate
 from shared.store.agents import AgentStore
 from shared.store.policies import save_policy
 
-FLOOD, VICTIMS = "flood-a", ("victim-b", "victim-c")
+FLOOD, VICTIMS, INJECTOR = "flood-a", ("victim-b", "victim-c"), "injector-d"
 # A's price: one cost unit per millisecond of generation of its extractive answers.
 FLOOD_PRICE = {"extractive": Price(per_compute_s=1000.0)}
 # A's daily budget in those units. An extractive answer took ~0.2 ms of generation
@@ -73,15 +86,23 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 class Finals:
-    """Final chunks as seen live: first arrival per request, distinct finals."""
+    """Final chunks as seen live: first arrival per request, distinct finals; and every
+    message on a victim's answer subjects (`on_victims`: subject's request id, data)."""
 
     def __init__(self) -> None:
         self.first: dict[str, tuple[float, str]] = {}
         self.distinct: dict[str, set[bytes]] = defaultdict(set)
         self.arrived = asyncio.Event()
+        self.on_victims: list[tuple[str, bytes]] = []
 
     async def on_chunk(self, msg: Msg) -> None:
-        chunk = decode_chunk(msg.data)
+        _, _, agent, request_id = msg.subject.split(".", 3)
+        if agent in VICTIMS:
+            self.on_victims.append((request_id, msg.data))
+        try:
+            chunk = decode_chunk(msg.data)
+        except Exception:  # not a chunk: counted above if it reached a victim
+            return
         if not chunk.is_final:
             return
         self.distinct[chunk.request_id].add(msg.data)
@@ -93,9 +114,11 @@ class Finals:
 
 class Fairness:
     def __init__(self, state: Path, *, flood: int, quiet: float, deadline: float,
-                 env: dict[str, str], budget_day: float | None = BUDGET_DAY) -> None:
+                 env: dict[str, str], budget_day: float | None = BUDGET_DAY,
+                 injector: int = 0) -> None:
         self.state = state
         self.flood = flood
+        self.injector = injector
         self.policy = None if budget_day is None else AgentPolicy(
             budget_day=budget_day, prices=FLOOD_PRICE)
         self.quiet = quiet
@@ -113,6 +136,7 @@ class Fairness:
         store = await AgentStore.connect(self.pg.url)
         try:  # trusted: their declared RETRIEVAL is honoured
             creds = {a: await store.add(a, trusted=True) for a in (FLOOD, *VICTIMS)}
+            creds[INJECTOR] = await store.add(INJECTOR)
         finally:
             await store.close()
         if self.policy is not None:  # read by the gateways when they start
@@ -165,6 +189,25 @@ class Fairness:
             await asyncio.gather(*(self.publish(nc, FLOOD, i, "flood")
                                    for i in range(start, min(self.flood, start + step))))
 
+    async def inject(self, nc: Any) -> float:
+        """Agent D's messages with reply subjects aimed at B and C (module doc); the
+        seconds it took to send them."""
+        started = time.monotonic()
+        for i in range(self.injector):
+            victim, rid = VICTIMS[i % len(VICTIMS)], uuid.uuid4().hex
+            reply = (f"agent.response.{victim}.{rid}", f"agent.request.{victim}",
+                     f"agent.feedback.{victim}")[i % 3]
+            with contextlib.suppress(Exception):  # a refusal is what it should get
+                await nc.publish(f"agent.request.{INJECTOR}",
+                                 json.dumps({"request_id": rid}).encode(), reply=reply)
+                await nc.publish(f"agent.replay.{INJECTOR}", rid.encode(),
+                                 reply=f"agent.response.{victim}.{rid}")
+            if i % 200 == 199:
+                with contextlib.suppress(Exception):
+                    await nc.flush()
+                await asyncio.sleep(0)
+        return time.monotonic() - started
+
     def flood_done(self) -> bool:
         return all(rid in self.finals.first for rid, (agent, _) in self.sent.items()
                    if agent == FLOOD)
@@ -185,9 +228,9 @@ class Fairness:
             async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
                 await wait_for_consumers(admin, list(WORKERS))
                 await admin.subscribe("agent.response.*.*", cb=self.finals.on_chunk)
-                for agent in (FLOOD, *VICTIMS):
+                for agent in (FLOOD, *VICTIMS, INJECTOR):
                     conns.append(await nats.connect(self.nats.url, **creds[agent].nats))
-                flood_nc, victim_ncs = conns[0], conns[1:]
+                flood_nc, victim_ncs, injector_nc = conns[0], conns[1:3], conns[3]
                 phase = {"now": "quiet"}
                 stop = asyncio.Event()
                 victims = [asyncio.create_task(self.victim(nc, agent, phase, stop))
@@ -202,6 +245,11 @@ class Fairness:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.finals.arrived.wait(), 1.0)
                 flood_s = time.monotonic() - started
+                inject_s = 0.0
+                if self.injector:
+                    phase["now"] = "injector"
+                    inject_s = await self.inject(injector_nc)
+                    await asyncio.sleep(max(3.0, self.quiet / 2))  # victims keep asking
                 stop.set()
                 await asyncio.gather(*victims)
                 # The last victims' answers, and any late duplicate.
@@ -213,7 +261,33 @@ class Fairness:
             stop_supervising.set()
             await supervising
             self.supervisor.stop(timeout=15)
-        return self.report(flood_s, await self.overshoot())
+        report = self.report(flood_s, await self.overshoot())
+        if self.injector:
+            report["injector"] = await self.injector_report(report, inject_s)
+        return report
+
+    async def injector_report(self, report: dict[str, Any], seconds: float) -> dict[str, Any]:
+        """The injector phase's keys (module doc), once every row is written."""
+        latency = [self.finals.first[rid][0] - sent_at
+                   for rid, (agent, sent_at) in self.sent.items()
+                   if self.phase[rid] == "injector" and rid in self.finals.first]
+        conn = await asyncpg.connect(asyncpg_dsn(self.pg.url))
+        try:
+            logged = await conn.fetch("SELECT agent_id, request_id FROM request_log "
+                                      "WHERE agent_id = ANY($1::text[])", list(VICTIMS))
+        finally:
+            await conn.close()
+        p95, quiet = _pct(latency, 0.95), report["victim_quiet_p95_ms"]
+        return {
+            "sent": self.injector,
+            "seconds": round(seconds, 2),
+            "victim_p50_ms": _pct(latency, 0.5),
+            "victim_p95_ms": p95,
+            "victim_over_quiet_p95": round(p95 / quiet, 2) if p95 and quiet else None,
+            "victim_foreign_rows": sum(1 for r in logged if r["request_id"] not in self.sent),
+            "victim_foreign_messages": sum(1 for rid, _ in self.finals.on_victims
+                                           if rid not in self.sent),
+        }
 
     async def overshoot(self) -> dict[str, Any] | None:
         """A's spend past its daily budget, from the request log, once every answer's
@@ -264,10 +338,10 @@ class Fairness:
 
 
 def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
-        env: dict[str, str] | None = None, budget_day: float | None = BUDGET_DAY
-        ) -> dict[str, Any]:
+        env: dict[str, str] | None = None, budget_day: float | None = BUDGET_DAY,
+        injector: int = 2000) -> dict[str, Any]:
     """See the module doc; `env` adds worker settings (GATEWAY_PIPELINE_BACKLOG, ...),
-    `budget_day` is A's daily budget (None: none)."""
+    `budget_day` is A's daily budget (None: none), `injector` D's messages (0: none)."""
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.encoders.embeddings import SentenceTransformerEncoder
 
@@ -276,7 +350,7 @@ def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
         ingest(Path(__file__).resolve().parent.parent / "kb" / "avap", state / "index",
                SentenceTransformerEncoder(), progress=False)
         bench = Fairness(state, flood=flood, quiet=quiet, deadline=deadline, env=env or {},
-                         budget_day=budget_day)
+                         budget_day=budget_day, injector=injector)
         bench.nats.start()
         bench.pg.start()
         try:
@@ -288,6 +362,4 @@ def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
 
 
 if __name__ == "__main__":
-    import json
-
     print(json.dumps(run()))

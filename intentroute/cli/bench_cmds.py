@@ -105,17 +105,22 @@ def bench_fairness(
     budget_day: Annotated[float | None, typer.Option(
         help="Agent A's daily budget in cost units, one per millisecond of generation "
              "(default: bench.fairness.BUDGET_DAY); 0: none")] = None,
+    injector: Annotated[int, typer.Option(
+        help="Messages agent D sends with reply subjects aimed at B and C after the "
+             "flood (0: no injector phase)")] = 2000,
 ) -> None:
     """Two gateway replicas with authentication on: agent A floods RETRIEVAL requests
     while B and C ask one a second; their latency during the flood against before it,
     A's answered / refused requests (by code: its budget refuses the end of the flood),
-    lost and duplicated answers, and A's spend past its budget with the bound."""
+    lost and duplicated answers, and A's spend past its budget with the bound; then
+    agent D aims reply subjects at B and C (`injector`: their latency, and what reached
+    their request log and answer subjects that they did not cause)."""
     from bench.fairness import BUDGET_DAY, run
 
     env = {} if backlog is None else {"GATEWAY_PIPELINE_BACKLOG": str(backlog)}
     budget = BUDGET_DAY if budget_day is None else (budget_day or None)
-    emit(run(flood=flood, quiet=quiet, deadline=deadline, env=env, budget_day=budget),
-         json_out)
+    emit(run(flood=flood, quiet=quiet, deadline=deadline, env=env, budget_day=budget,
+             injector=injector), json_out)
 
 
 @bench_app.command("scaling")

@@ -78,7 +78,9 @@ def nats_auth(
 ) -> None:
     """Render the servers' auth.conf with every active agent of DATABASE_URL as a NATS
     user (agents that speak NATS directly); then reload the servers (SIGHUP: `docker
-    compose kill -s HUP nats-1 nats-2 nats-3`). The gateway's doors need no reload."""
+    compose kill -s HUP nats-1 nats-2 nats-3`), twice a second apart when agents were
+    added: nats-server wires a new account's service imports only on the reload after
+    the one that created it. The gateway's doors need no reload."""
     from intentroute.deploy.secrets import DeploySecrets, render_agents
     from shared.store.agents import AgentStore
 
@@ -97,10 +99,12 @@ def nats_auth(
             await store.close()
 
     active = asyncio.run(agents())
-    changed = render_agents(folder, active)
-    typer.echo(f"deploy nats-auth: {len(active)} agent(s) in {files.auth}"
-               + ("; reload the NATS servers (SIGHUP)" if changed else ", unchanged"),
-               err=True)
+    reloads = render_agents(folder, active)
+    then = {0: ", unchanged", 1: "; reload the NATS servers (SIGHUP)",
+            2: "; reload the NATS servers twice, a second apart (SIGHUP, or `nats-server "
+               "--signal reload`): a new agent's account gets its service imports only on "
+               "the second reload"}[reloads]
+    typer.echo(f"deploy nats-auth: {len(active)} agent(s) in {files.auth}{then}", err=True)
 
 
 @deploy_app.command("k8s")
@@ -115,7 +119,7 @@ def k8s(
     ] = None,
     values: Annotated[list[str] | None, typer.Option(
         "--set", help="key=value: image, nats_url, nats_monitoring, postgres, database, "
-                      "superuser, ollama_host, stream_replicas, max_replicas")] = None,
+                      "superuser, ollama_host, es_url, stream_replicas, max_replicas")] = None,
 ) -> None:
     """Render the Kubernetes manifests: a Deployment per worker type and model slot, the
     parser, jobs (db-init + migrate, streams, ingest) and KEDA ScaledObjects scaling each

@@ -1,6 +1,8 @@
 """`intentroute docs asyncapi`: the AsyncAPI document and JSON Schemas of the messages
 (intentroute.docs.asyncapi); `intentroute docs permissions-postgres`: every Postgres
-role's privileges on a live server (intentroute.docs.pg_permissions); written or checked."""
+role's privileges on a live server (intentroute.docs.pg_permissions); `intentroute docs
+permissions-nats`: what every NATS user may publish and subscribe to, probed on a live
+server (intentroute.docs.nats_permissions); written or checked."""
 
 from __future__ import annotations
 
@@ -69,6 +71,41 @@ def permissions_postgres(
     if check:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             typer.echo(f"{path}: out of date; run `intentroute docs permissions-postgres "
+                       f"--out {path}`", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{path}: up to date")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {path}")
+
+
+@docs_app.command("permissions-nats")
+def permissions_nats(
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="The Markdown file (default docs/reference/permissions-nats.md)."),
+    ] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Write nothing; exit 1 if FILE differs from what would be written.")
+    ] = False,
+) -> None:
+    """Write the table of what every NATS user (admin, ops reader, each worker's service
+    user, an agent) may publish and subscribe to, probed on a throwaway embedded
+    nats-server configured as `up` configures it (with two agents): every subject of the
+    contracts, the JetStream API of each stream and consumer, the services API and the
+    inboxes, published and subscribed to as each user; plus each user's account and
+    allow_responses bound, read from the rendered config."""
+    from intentroute.docs.nats_permissions import DEFAULT_OUT as PERMISSIONS_OUT
+    from intentroute.docs.nats_permissions import generate
+
+    path = out or PERMISSIONS_OUT
+    if path.is_dir():
+        typer.echo(f"--out {path}: a directory", err=True)
+        raise typer.Exit(2)
+    text = generate()
+    if check:
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            typer.echo(f"{path}: out of date; run `intentroute docs permissions-nats "
                        f"--out {path}`", err=True)
             raise typer.Exit(1)
         typer.echo(f"{path}: up to date")

@@ -300,19 +300,22 @@ def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port:
     """The environment every started process gets: the stack's NATS URL and the gateway's
     HTTP listen address. No secret: the database URLs and the dashboard's token are each
     worker's own (StageSecrets). The dashboard is on, behind a token generated in the
-    state dir, unless GATEWAY_DASHBOARD_TOKEN brings one."""
+    state dir, unless GATEWAY_DASHBOARD_TOKEN (or its _FILE) brings one."""
     env = dict(os.environ, NATS_URL=nats_url, INDEX_DIR=str(cli.index_dir),
                NATS_STREAM_REPLICAS=str(stream_replicas))
     # Six workers' progress bars would interleave into one log, even on a terminal.
     env.setdefault("TQDM_DISABLE", "1")
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for secret in ("DATABASE_URL", "DATABASE_PASSWORD_FILE", "GATEWAY_DASHBOARD_TOKEN",
-                   "LEARN_DATABASE_URL"):
+                   "GATEWAY_DASHBOARD_TOKEN_FILE", "LEARN_DATABASE_URL"):
         env.pop(secret, None)
     env["GATEWAY_HTTP_LISTEN"], http_url = gateway_http_listen(
         env.get("GATEWAY_HTTP_LISTEN", DEFAULT_GATEWAY_HTTP_LISTEN),
         lambda: http_port or free_port())
-    token_file, token = "", os.environ.get("GATEWAY_DASHBOARD_TOKEN", "")
+    from services.gateway.dashboard.settings import DashboardSettings
+
+    # GATEWAY_DASHBOARD_TOKEN, or the file GATEWAY_DASHBOARD_TOKEN_FILE names.
+    token_file, token = "", DashboardSettings.from_env().token
     if http_url and not token:
         path = dashboard_token(auth_files(cli.state_dir).creds_dir)
         token = path.read_text(encoding="utf-8").strip()

@@ -10,7 +10,8 @@ Kubernetes run with the same users, permissions, admission key and Postgres role
                         cluster's route secret) and route.hash, nats-<n>.conf (each
                         node's server part)
     <dir>/postgres/     superuser, roles/<role> (one password per role)
-    <dir>/gateway.env   GATEWAY_DASHBOARD_TOKEN
+    <dir>/dashboard-token  the gateway's dashboard token (GATEWAY_DASHBOARD_TOKEN_FILE)
+    <dir>/gateway.env   the same token as an env file: GATEWAY_DASHBOARD_TOKEN=...
 
 Every file is 0600 in 0700 directories. Running it again keeps every secret and
 re-renders the configs (idempotent): a credential never changes under a running
@@ -26,7 +27,12 @@ from typing import NamedTuple
 
 from intentroute.stack.auth import AuthFiles, ensure_service_users, write_auth, write_private
 from intentroute.stack.natscluster import CLUSTER_NAME, ROUTE_USER
-from intentroute.stack.natsconf import DEFAULT_SYNC_INTERVAL, ClusterNode, server_config
+from intentroute.stack.natsconf import (
+    DEFAULT_SYNC_INTERVAL,
+    ClusterNode,
+    account_names,
+    server_config,
+)
 from intentroute.stack.pgroles import role_passwords
 from shared.auth.identity import hash_secret
 
@@ -64,6 +70,10 @@ class DeploySecrets(NamedTuple):
     def gateway_env(self) -> Path:
         return self.root / "gateway.env"
 
+    @property
+    def dashboard_token(self) -> Path:
+        return self.root / "dashboard-token"
+
     def node_config(self, n: int) -> Path:
         return self.auth.nats_dir / f"{NODE_PREFIX}{n}.conf"
 
@@ -85,7 +95,10 @@ def init_secrets(root: Path, *, nodes: int = 3,
     role_passwords(out.postgres)
     out.postgres.chmod(0o700)
     _keep(out.superuser, secrets.token_urlsafe(24))
-    _keep(out.gateway_env, f"GATEWAY_DASHBOARD_TOKEN={secrets.token_urlsafe(32)}")
+    # One token in both forms; a directory from before the token's own file keeps the
+    # token its gateway.env holds.
+    token = _keep(out.dashboard_token, _env_value(out.gateway_env) or secrets.token_urlsafe(32))
+    _keep(out.gateway_env, f"GATEWAY_DASHBOARD_TOKEN={token}")
     route_secret = _keep(out.route, secrets.token_urlsafe(24))
     # bcrypt: the route URLs carry the secret, the nodes keep only its hash (made once,
     # so a rerun renders the same configs).
@@ -116,10 +129,24 @@ def node_config(n: int, nodes: int, route_secret: str, route_hash: str,
     return text + f'http: "0.0.0.0:{NATS_MONITOR_PORT}"\n'
 
 
-def render_agents(root: Path, agents: Iterable[tuple[str, str]]) -> bool:
-    """auth.conf for the service users and these (agent id, secret hash) pairs; True if
-    it changed (the servers then need a reload: SIGHUP)."""
-    return write_auth(DeploySecrets(root).auth, agents)
+def render_agents(root: Path, agents: Iterable[tuple[str, str]]) -> int:
+    """auth.conf for the service users and these (agent id, secret hash) pairs; the
+    reloads (SIGHUP) the servers then need: 0 (unchanged), 1, or 2 when it added an
+    agent's account (nats-server wires a new account's service imports only on the
+    reload after the one that created it: intentroute.stack.auth.apply_agents)."""
+    files = DeploySecrets(root).auth
+    conf = files.auth
+    before = account_names(conf.read_text(encoding="utf-8")) if conf.exists() else set()
+    if not write_auth(files, agents):
+        return 0
+    return 2 if account_names(conf.read_text(encoding="utf-8")) - before else 1
+
+
+def _env_value(path: Path) -> str:
+    """The value of an env file's one `NAME=value` line ("" without the file)."""
+    if not path.exists():
+        return ""
+    return path.read_text(encoding="utf-8").strip().partition("=")[2]
 
 
 def _keep(path: Path, fresh: str) -> str:

@@ -1,3 +1,5 @@
 """Documents generated from the code: the AsyncAPI 3 description of every subject and the
 JSON Schemas of the messages (`intentroute docs asyncapi`); every Postgres role's
-privileges, read from a live server (`intentroute docs permissions-postgres`)."""
+privileges, read from a live server (`intentroute docs permissions-postgres`); what every
+NATS user may publish and subscribe to, probed on a live server (`intentroute docs
+permissions-nats`)."""

@@ -284,8 +284,11 @@ def service_permissions(worker: str) -> Permissions:
         # The last stored chunk of an answer: resumed after a redelivery, or found final.
         # Direct gets by subject only (`$JS.API.DIRECT.GET.<stream>.<subject>` reads the
         # last message of the subject it names; STREAM.MSG.GET, or a direct get without
-        # a subject, would read any agent's answers by sequence): a worker reads only
-        # answers whose agent and request id it knows (shared.runtime.bus).
+        # a subject, would page through every agent's answers by sequence). A grant's
+        # `*` also admits a literal `*` in the name, which the server reads as a
+        # wildcard, and no NATS grant can refuse that: a stage's credential can read the
+        # newest message matching a pattern (one answer), never the stream's history
+        # (docs/reference/permissions-nats.md; shared.runtime.bus).
         f"$JS.API.DIRECT.GET.{response.STREAM}.{AGENT_RESPONSE_ANY}",
         # Its answers' claims (one final chunk per run), and the claim found first.
         f"{response.CLAIM_SUBJECT_PREFIX}.>",

@@ -2,7 +2,9 @@
 nats-server: every node config parses (nats-server -t, the auth part included), the
 admin declares the streams with `intentroute deploy streams`, each worker connects as
 its own user from its credential file and finds them, and an agent added in Postgres
-reaches NATS through `intentroute deploy nats-auth` and a reload."""
+reaches NATS through `intentroute deploy nats-auth` and the two reloads it asks for.
+The dashboard's token is a file of its own (GATEWAY_DASHBOARD_TOKEN_FILE) holding
+gateway.env's value."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from intentroute.stack.natsserver import NatsServer, nats_server_binary
 from intentroute.stack.postgres import PostgresServer
 from intentroute.stack.procs import free_port
 from intentroute.workers import WORKERS
+from services.gateway.dashboard.settings import DashboardSettings
+from shared.contracts.request import request_subject
 from shared.runtime.streams import require_streams
 from shared.store.agents import AgentStore
 from tests.helpers.databases import fresh_database
@@ -50,6 +54,15 @@ def server(secrets_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     node.stop()
 
 
+@pytest.fixture(scope="module")
+def streams(secrets_dir: Path, server: NatsServer) -> None:
+    """The streams, declared by the admin with `intentroute deploy streams`."""
+    done = CliRunner().invoke(
+        app, ["deploy", "streams", "--creds", str(secrets_dir / "creds" / "admin.json")],
+        env={"NATS_URL": server.url, "NATS_STREAM_REPLICAS": "1"})
+    assert done.exit_code == 0, done.output
+
+
 def test_every_node_config_is_valid_for_nats_server(secrets_dir: Path) -> None:
     for n in (1, 2, 3):
         config = secrets_dir / "nats" / f"nats-{n}.conf"
@@ -58,13 +71,25 @@ def test_every_node_config_is_valid_for_nats_server(secrets_dir: Path) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_the_admin_declares_the_streams_and_each_worker_finds_them(
-        secrets_dir: Path, server: NatsServer) -> None:
-    done = CliRunner().invoke(
-        app, ["deploy", "streams", "--creds", str(secrets_dir / "creds" / "admin.json")],
-        env={"NATS_URL": server.url, "NATS_STREAM_REPLICAS": "1"})
-    assert done.exit_code == 0, done.output
+def test_the_dashboard_token_is_a_file_of_its_own_kept_across_reruns(tmp_path: Path) -> None:
+    made = init_secrets(tmp_path / "secrets", nodes=1)
+    token = made.dashboard_token.read_text()
+    assert len(token.strip()) >= 32
+    assert made.dashboard_token.stat().st_mode & 0o777 == 0o600
+    assert made.gateway_env.read_text() == f"GATEWAY_DASHBOARD_TOKEN={token}"
+    read = DashboardSettings.from_env({"GATEWAY_DASHBOARD_TOKEN_FILE": str(made.dashboard_token)})
+    assert read.token == token.strip()
+    init_secrets(made.root, nodes=1)
+    assert made.dashboard_token.read_text() == token
+    # A directory from before the file: it gets the token gateway.env already holds.
+    made.dashboard_token.unlink()
+    init_secrets(made.root, nodes=1)
+    assert made.dashboard_token.read_text() == token
+    assert made.dashboard_token.stat().st_mode & 0o777 == 0o600
 
+
+def test_the_admin_declares_the_streams_and_each_worker_finds_them(
+        secrets_dir: Path, server: NatsServer, streams: None) -> None:
     async def as_worker(worker: str) -> None:
         env = service_env(secrets_dir, worker)  # the files compose mounts for it
         nc = await nats.connect(server.url, user=env["NATS_USER"],
@@ -99,8 +124,19 @@ async def connect(kwargs: dict[str, str], url: str) -> bool:
         await nc.close()
 
 
-def test_an_agent_reaches_nats_after_nats_auth_and_a_reload(
-        secrets_dir: Path, server: NatsServer, database_url: str) -> None:
+async def request_stored(kwargs: dict[str, str], url: str, agent_id: str) -> int:
+    """Publish on the agent's request subject and wait for AGENT_REQUESTS' ack (through
+    its account's service import); the stored message's sequence."""
+    nc = await nats.connect(url, allow_reconnect=False, connect_timeout=2, **kwargs)
+    try:
+        ack = await nc.jetstream().publish(request_subject(agent_id), b"{}", timeout=5)
+        return ack.seq
+    finally:
+        await nc.close()
+
+
+def test_an_agent_reaches_nats_after_nats_auth_and_two_reloads(
+        secrets_dir: Path, server: NatsServer, streams: None, database_url: str) -> None:
     with fresh_database(database_url) as db_url:
         async def add() -> dict[str, str]:
             store = await AgentStore.connect(db_url)
@@ -115,11 +151,19 @@ def test_an_agent_reaches_nats_after_nats_auth_and_a_reload(
         done = CliRunner().invoke(app, ["deploy", "nats-auth", "--dir", str(secrets_dir)],
                                   env={"DATABASE_URL": db_url})
         assert done.exit_code == 0, done.output
+        assert "reload the NATS servers twice" in done.output  # a new agent's account
+        again = CliRunner().invoke(app, ["deploy", "nats-auth", "--dir", str(secrets_dir)],
+                                   env={"DATABASE_URL": db_url})
+        assert again.exit_code == 0, again.output
+        assert "unchanged" in again.output
     assert "deploy-agent" in (secrets_dir / "nats" / "auth.conf").read_text()
-    # compose: `docker compose kill -s HUP nats-1 nats-2 nats-3`.
-    reload_confirmed(RunningServer(server.pid, server.data_dir / "nats-server.log"))
+    # As it says; compose: `docker compose kill -s HUP nats-1 nats-2 nats-3`, twice.
+    running = RunningServer(server.pid, server.data_dir / "nats-server.log")
+    reload_confirmed(running)
+    reload_confirmed(running)
 
     assert asyncio.run(connect(nats_kwargs, server.url))
+    assert asyncio.run(request_stored(nats_kwargs, server.url, "deploy-agent")) > 0
 
 
 def test_a_worker_runs_as_compose_runs_it(secrets_dir: Path, server: NatsServer,
