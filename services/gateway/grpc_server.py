@@ -184,6 +184,10 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
                 refused = refusal(chunk)
                 if refused is not None:
                     await abort_refused(context, refused)
+                if chunk.error is not None and chunk.error.code == ErrorCode.DUPLICATE_REQUEST:
+                    # Its id was admitted already: its answer is on its own subject.
+                    await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                        f"{chunk.error.code}: {chunk.error.message}")
                 yield chunk
         except AnswerTimeoutError as exc:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))

@@ -22,7 +22,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared.contracts.response import SUBJECT_PREFIX, response_subject
+from shared.contracts.codec import decode_chunk
+from shared.contracts.response import INVALID_REQUEST_ID, SUBJECT_PREFIX, response_subject
 
 # Seconds an agent's subscription outlives its last waiting request: a caller asking
 # again within it pays no SUB. Past it, the agent's other callers' chunks stop coming.
@@ -119,6 +120,11 @@ class AnswerRouter:
 
     async def _deliver(self, msg: Msg) -> None:
         waiting = self._waiting.get(msg.subject)
+        if waiting is None and msg.subject.endswith(_INVALID_SUFFIX):
+            # A refusal that names its request id in the chunk (DUPLICATE_REQUEST, input
+            # naming an admitted id): the gateway answers it on the agent's `_invalid`
+            # subject, never on the id's own, which keeps its one final chunk.
+            waiting = self._waiting.get(_named_subject(msg))
         if waiting is not None:
             waiting.queue.put_nowait(msg)
 
@@ -129,6 +135,19 @@ class AnswerRouter:
         if agent.sub is not None:
             task = asyncio.create_task(agent.sub.unsubscribe())
             task.add_done_callback(_ignore)
+
+
+_INVALID_SUFFIX = f".{INVALID_REQUEST_ID}"
+
+
+def _named_subject(msg: Msg) -> str:
+    """The answer subject of the request a chunk on `_invalid` names ("" if none)."""
+    try:
+        request_id = decode_chunk(msg.data).request_id
+    except Exception:  # not a chunk: nobody's
+        return ""
+    agent = msg.subject[len(SUBJECT_PREFIX) + 1:-len(_INVALID_SUFFIX)]
+    return response_subject(agent, request_id) if request_id else ""
 
 
 def _ignore(task: asyncio.Task[None]) -> None:

@@ -152,18 +152,24 @@ async def test_the_turns_of_one_conversation_share_a_session_a_header_names_anot
 
 
 @pytest.mark.timeout(120)
-async def test_a_request_id_asked_again_after_its_answer_is_answered_again(
+async def test_a_request_id_asked_again_after_its_answer_is_a_409_duplicate(
     door: Stack
 ) -> None:
-    # The second run's handoffs used to share the first's Nats-Msg-Id: dropped by the
-    # pipeline stream's duplicate window, no answer, a 504 at the door's timeout.
+    """A request id is admitted once (its answer and its request-log row are never
+    rewritten by a later message naming it): asked again, it is a 409 at once, not a
+    second run and not a wait for the door's timeout."""
     client = openai.AsyncOpenAI(base_url=f"{door.url}/v1", api_key=door.tokens["oai-t"],
                                 max_retries=0, timeout=30)
-    for _ in range(2):
-        answer = await client.chat.completions.create(
-            model="intentroute", messages=[{"role": "user", "content": "how do I count?"}],
-            extra_body={"intentroute": {"request_id": "oai-again-1"}})
-        assert answer.choices[0].message.content == "".join(PIECES)
+    answer = await client.chat.completions.create(
+        model="intentroute", messages=[{"role": "user", "content": "how do I count?"}],
+        extra_body={"intentroute": {"request_id": "oai-again-1"}})
+    assert answer.choices[0].message.content == "".join(PIECES)
+    for stream in (False, True):
+        with pytest.raises(openai.ConflictError) as refused:
+            await client.chat.completions.create(
+                model="intentroute", messages=[{"role": "user", "content": "again"}],
+                extra_body={"intentroute": {"request_id": "oai-again-1"}}, stream=stream)
+        assert refused.value.code == "DUPLICATE_REQUEST"
 
 
 async def test_a_rate_limit_refusal_is_a_rate_limit_error_with_retry_after(door: Stack) -> None:

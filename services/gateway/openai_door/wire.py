@@ -342,6 +342,8 @@ _STATUS: Mapping[str, int] = {
     THROTTLED: 429, UNAUTHENTICATED: 401,
     ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.BACKEND_UNAVAILABLE: 503,
     ErrorCode.STORE_UNAVAILABLE: 503, BUS_UNAVAILABLE: 503,
+    # The request id was admitted already (its answer is on its own subject).
+    ErrorCode.DUPLICATE_REQUEST: 409,
 }
 _INPUT = frozenset({ErrorCode.MALFORMED_JSON, ErrorCode.MISSING_FIELD,
                     ErrorCode.INVALID_FIELD, ErrorCode.OVERSIZED_FIELD,
