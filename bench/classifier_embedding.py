@@ -121,7 +121,7 @@ def _classifier(encoder: str = "fast", precision: str | None = None,
 
 def embedding_latency(n: int = 300, *, encoder: str = "fast", warmup: int = 20,
                       corpus: str = "heldout", precision: str | None = None,
-                      early_exit: bool = True) -> dict:
+                      early_exit: bool = True) -> dict[str, Any]:
     """Single-message Layer 2 latency (encoder + head), wall-clock and CPU ms."""
     clf = _classifier(encoder, precision, early_exit)
     texts = texts_for_bench(n + warmup, corpus)
@@ -148,14 +148,14 @@ def embedding_latency(n: int = 300, *, encoder: str = "fast", warmup: int = 20,
 
 
 def micro_batch_throughput(concurrency: int = 64, n: int = 2000, *,
-                           max_batch: int = 32, max_wait_ms: float = 2.0) -> dict:
+                           max_batch: int = 32, max_wait_ms: float = 2.0) -> dict[str, Any]:
     """Decisions/s through MicroBatcher with `concurrency` submissions in flight."""
     from services.classifier.layer2.batcher import MicroBatcher
 
     clf = _classifier("fast")
     texts = texts_for_bench(n)
 
-    async def run() -> dict:
+    async def run() -> dict[str, Any]:
         batcher = MicroBatcher(clf, max_batch=max_batch, max_wait_ms=max_wait_ms)
         await batcher.submit("warm up")
         sem = asyncio.Semaphore(concurrency)

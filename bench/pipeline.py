@@ -133,7 +133,8 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
         fut = waiter.pending[req.request_id] = loop.create_future()
         t = time.perf_counter()
         await publish_request(callers[req.agent_id], req)
-        return (await asyncio.wait_for(fut, 60) - t) * 1000
+        answered: float = await asyncio.wait_for(fut, 60)
+        return (answered - t) * 1000
 
     # Warm-up: every worker has fetched, connected its pool and filled caches.
     for i in range(40):

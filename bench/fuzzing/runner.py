@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as fixed_seed
 
 from testkit.fuzzing.caches import keep_caches_out_of_the_repo
+from testkit.fuzzing.example import Example, Target
 from testkit.fuzzing.oracle import Verdict
-from testkit.fuzzing.targets import TARGETS, Example, Target
+from testkit.fuzzing.targets import TARGETS
 
 DEFAULT_EXAMPLES = 10_000
 

@@ -220,7 +220,7 @@ class _HashedLabeler:
 
     async def label(self, query: str, history: list[Any], editor_context: str
                     ) -> QueryType | None:
-        options = [*QueryType, None]
+        options: list[QueryType | None] = [*QueryType, None]
         return options[len(query) % len(options)]
 
 
