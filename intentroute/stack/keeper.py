@@ -64,7 +64,7 @@ class Kept:
     failures: int = 0
     restart_at: float | None = None
     restarts: int = 0
-    # When the last restart's start() returned: the server listened (bench/chaos.py
+    # When the last restart's start() returned: the server listened (tools/bench/chaos.py
     # counts the stall from here).
     listening_at: float = 0.0
 

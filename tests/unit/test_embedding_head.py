@@ -14,14 +14,14 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
+from offline.classifier.calibration import expected_calibration_error
+from offline.classifier.labelled import load_labelled, stratified_split
+from offline.classifier.promote import HeadWriter, train_and_promote
+from offline.classifier.train import train_head
 from services.classifier.layer2.batcher import MicroBatcher
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.head import EmbeddingHead
 from services.classifier.layer2.predict import Prediction
-from services.classifier.offline.calibration import expected_calibration_error
-from services.classifier.offline.labelled import load_labelled, stratified_split
-from services.classifier.offline.promote import HeadWriter, train_and_promote
-from services.classifier.offline.train import train_head
 from shared.contracts.routing import Clarity
 from shared.policy.clarity import clarity
 
