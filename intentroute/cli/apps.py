@@ -154,7 +154,7 @@ def urls(cli: CliSettings | None = None) -> tuple[str, str]:
 def operator_kwargs(cli: CliSettings | None = None) -> dict[str, object]:
     """`nats.connect` kwargs of an operator command: the running embedded stack's admin,
     or the NATS_* settings (an external server)."""
-    from intentroute.stack.auth import admin_kwargs, auth_files
+    from intentroute.stack.nats_users import admin_kwargs, auth_files
     from shared.auth.natsconn import connect_kwargs, tls_kwargs
     from shared.auth.permissions import ADMIN_USER
 

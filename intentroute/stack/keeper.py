@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from intentroute.stack.auth import AuthSync
+from intentroute.stack.nats_users import AuthSync
 from intentroute.stack.natsserver import NatsServer
 from intentroute.stack.postgres import PostgresServer
 from intentroute.stack.procs import StackError

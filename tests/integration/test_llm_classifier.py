@@ -13,7 +13,7 @@ import pytest
 
 from services.classifier.adapters import build_llm
 from services.classifier.cascade import Cascade, CascadeConfig
-from services.classifier.llm import LABEL_SCHEMA, LABELS, ModelLabeler
+from services.classifier.layer3 import LABEL_SCHEMA, LABELS, ModelLabeler
 from services.classifier.settings import ClassifierSettings
 from services.retriever.adapters import VERDICT, ModelRelevanceJudge
 from services.retriever.app import build_judge

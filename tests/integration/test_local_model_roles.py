@@ -14,7 +14,7 @@ import pytest
 from intentroute.stack.llm import LOCAL_MODEL, local_server
 from services.classifier.adapters import build_llm
 from services.classifier.cascade import Cascade, CascadeConfig
-from services.classifier.llm import ModelLabeler
+from services.classifier.layer3 import ModelLabeler
 from services.classifier.settings import ClassifierSettings
 from services.retriever.adapters import ModelRelevanceJudge
 from services.retriever.app import build_judge

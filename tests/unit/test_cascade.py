@@ -7,7 +7,7 @@ import pytest
 
 from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.handlers import clarification_text
-from services.classifier.llm import format_history, render_classifier_prompt
+from services.classifier.layer3 import format_history, render_classifier_prompt
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import Clarity, HistoryEntry, Layer, ModelSlot, QueryType
 from tests.helpers.layer2 import TABLE, FakeLayer2

@@ -14,8 +14,8 @@ from intentroute.stack.leftovers import (
     server_pids_left,
     wait_for_leftovers,
 )
-from intentroute.stack.ports import StackPorts, write_ports
 from intentroute.stack.state import StackInfo, write_state
+from intentroute.stack.tcp_ports import StackPorts, write_ports
 
 
 class Clock:

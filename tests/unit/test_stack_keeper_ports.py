@@ -11,14 +11,15 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from intentroute.stack.auth import (
+from intentroute.stack.keeper import ServerKeeper
+from intentroute.stack.nats_users import (
     SERVICE_BCRYPT_COST,
     auth_files,
     bcrypt_cost,
     ensure_service_users,
 )
-from intentroute.stack.keeper import ServerKeeper
-from intentroute.stack.ports import (
+from intentroute.stack.procs import StackError
+from intentroute.stack.tcp_ports import (
     PORTS_FILE,
     PortTakenError,
     StackPorts,
@@ -27,7 +28,6 @@ from intentroute.stack.ports import (
     port_free,
     write_ports,
 )
-from intentroute.stack.procs import StackError
 from shared.auth.identity import hash_secret
 from shared.auth.natsconn import read_credential
 from shared.auth.permissions import STACK_USERS

@@ -29,7 +29,7 @@ from typing import Any
 import asyncpg
 
 from shared.accounting.costs import cost_report
-from shared.accounting.job import accounting_pass
+from shared.accounting.phase import accounting_pass
 from shared.accounting.retention import apply_retention
 from shared.accounting.rollups import refresh_rollups
 from shared.accounting.slo import slo_report

@@ -54,8 +54,8 @@ import nats
 from nats.aio.msg import Msg
 
 from intentroute.stack import DEFAULT_SYNC_INTERVAL, NatsCluster, NatsServer, PostgresServer
-from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
 from intentroute.stack.keeper import ServerKeeper
+from intentroute.stack.nats_users import admin_kwargs, auth_files, service_env, sync_agents
 from intentroute.stack.replication import Replicated, leaders, wait_until
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS, wait_for_consumers

@@ -53,7 +53,7 @@ import nats
 from nats.aio.msg import Msg
 
 from intentroute.stack import NatsServer, PostgresServer
-from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
+from intentroute.stack.nats_users import admin_kwargs, auth_files, service_env, sync_agents
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS, wait_for_consumers
 from services.gateway.limits.logic import price_table

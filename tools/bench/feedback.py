@@ -77,7 +77,7 @@ async def _prepare(state: Path, db_url: str, nats_url: str, samples: int) -> tup
     """The agent (a NATS user too), its logged requests and their first scores."""
     import nats
 
-    from intentroute.stack.auth import admin_kwargs, sync_agents
+    from intentroute.stack.nats_users import admin_kwargs, sync_agents
     from shared.runtime.streams import ensure_streams
     from shared.store.agents import AgentStore
     from shared.store.rows import RequestLogRow
@@ -127,7 +127,7 @@ async def _measure(http_url: str, db_url: str, token: str, ids: list[str],
 
 def run(samples: int = 10, score_refresh: float | None = None) -> dict[str, Any]:
     """`score_refresh`: the gateway's SCORE_REFRESH (None: its default)."""
-    from intentroute.stack.auth import service_env
+    from intentroute.stack.nats_users import service_env
     from services.gateway.settings import GatewaySettings
     from shared.store import migrate
 

@@ -72,7 +72,7 @@ async def _load(state: Path, index: Path, pause: float, rate: float,
     import nats
 
     from intentroute.stack import NatsServer, PostgresServer
-    from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
+    from intentroute.stack.nats_users import admin_kwargs, auth_files, service_env, sync_agents
     from intentroute.supervisor import Supervisor
     from intentroute.workers import wait_for_consumers
     from shared.client.caller import publish_until_stored

@@ -212,7 +212,7 @@ async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool, repli
     and the connect kwargs of each caller and of the admin."""
     import asyncpg
 
-    from intentroute.stack.auth import admin_kwargs, sync_agents
+    from intentroute.stack.nats_users import admin_kwargs, sync_agents
     from shared.store.agents import AgentStore
     from shared.store.policies import update_policy
 
@@ -256,7 +256,7 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
     tokens a minute, daily and monthly budgets, so every admission runs the whole
     check); limits=False turns them all off, as shipped. door="openai" also measures
     the OpenAI-compatible door against the NATS door (bench/openai_door.py)."""
-    from intentroute.stack.auth import service_env
+    from intentroute.stack.nats_users import service_env
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.encoders.embeddings import SentenceTransformerEncoder
     from shared.store import migrate

@@ -43,7 +43,7 @@ import nats
 from nats.aio.client import Client
 
 from intentroute.stack import embedded_stack
-from intentroute.stack.auth import admin_kwargs, auth_files, ops_kwargs, service_env
+from intentroute.stack.nats_users import admin_kwargs, auth_files, ops_kwargs, service_env
 from intentroute.status import Instance, gather, parse_stats
 from shared.auth.admission import Admission
 from shared.contracts import pipeline

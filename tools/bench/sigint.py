@@ -30,7 +30,7 @@ import nats
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from intentroute.stack.auth import DEMO_AGENT, admin_kwargs, auth_files
+from intentroute.stack.nats_users import DEMO_AGENT, admin_kwargs, auth_files
 from intentroute.stack.state import StackInfo, read_state
 from shared.auth.natsconn import read_credential
 from shared.client.caller import publish_until_stored

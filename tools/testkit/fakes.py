@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from services.classifier.ports import Prediction
-from services.gateway.feedback import FeedbackRecorder
+from services.gateway.feedback_recorder import FeedbackRecorder
 from services.gateway.limits.logic import ADMITTED, Admission, Ask, Grant, Limits
 from services.generator.prompts import ChatMessage
 from services.parser.avap import validate
@@ -35,7 +35,7 @@ from shared.contracts.pipeline import Passage
 from shared.contracts.response import ResponseChunk
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
 from shared.policy.agent import AgentPolicy
-from shared.store.feedback import Recorded
+from shared.store.feedback_table import Recorded
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
 from shared.store.writer import StoreRejectedError, StoreUnavailableError
 

@@ -25,7 +25,7 @@ from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.deixis import is_deictic
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.predict import Prediction
-from services.classifier.llm import ModelLabeler
+from services.classifier.layer3 import ModelLabeler
 from services.classifier.ports import LlmLabeler
 from services.classifier.rules import has_platform_data, has_platform_prefix
 from services.classifier.settings import ClassifierSettings

@@ -69,7 +69,7 @@ from testkit.fakes import (
 )
 from testkit.fuzzing import strategies as fz
 from testkit.fuzzing.example import Example, Target
-from testkit.fuzzing.feedback import FEEDBACK, FEEDBACK_TARGETS
+from testkit.fuzzing.feedback_targets import FEEDBACK, FEEDBACK_TARGETS
 from testkit.fuzzing.oracle import (
     TYPED_CODES,
     Caller,

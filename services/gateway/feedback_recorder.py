@@ -41,8 +41,8 @@ from shared.contracts.codec import encode
 from shared.contracts.feedback import MAX_QUALITY, Feedback, FeedbackAck
 from shared.contracts.ids import id_problem
 from shared.contracts.response import ErrorCode
-from shared.runtime.answers import report_invalid
 from shared.runtime.consumer import Handler, StageSpec
+from shared.runtime.endings import report_invalid
 from shared.runtime.ports import Delivery
 from shared.store.writer import StoreUnavailableError
 

@@ -156,7 +156,7 @@ async def finish_turn(
     write before the final chunk goes out, so the next turn of the session already
     sees this answer and this turn's type. The stages' store does not wait on an absent
     Postgres: past a moment the rows are queued on the bus and written when it is back,
-    and the session's next reads wait for them (shared.runtime.turn_rows).
+    and the session's next reads wait for them (shared.runtime.row_queue).
 
     With accounting on (`env.usage` set) the row has the time to the first chunk:
     from the gateway's acceptance to `first_chunk_at` (epoch seconds: when the first

@@ -13,7 +13,7 @@ import msgspec
 from hypothesis import strategies as st
 from opentelemetry.trace import NoOpTracer
 
-from services.gateway.feedback import (
+from services.gateway.feedback_recorder import (
     FeedbackRecorder,
     build_feedback_consumer,
     check_feedback,
@@ -32,7 +32,7 @@ from shared.contracts.feedback import (
     feedback_subject,
 )
 from shared.contracts.ids import MAX_ID_CHARS
-from shared.store.feedback import Recorded
+from shared.store.feedback_table import Recorded
 from testkit.fakes import FakeAgents, FakeDelivery, FakeStore, RecordingBus
 from testkit.fuzzing import strategies as fz
 from testkit.fuzzing.example import Example, Target
