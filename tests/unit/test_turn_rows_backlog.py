@@ -11,6 +11,7 @@ from nats.js.errors import NotFoundError
 
 from shared.runtime import row_queue
 from shared.runtime.row_queue import AnsweringStore
+from testkit.fakes import FakeStore
 
 
 class FakeJs:
@@ -28,11 +29,6 @@ class FakeJs:
         if not self.messages:
             raise NotFoundError
         return SimpleNamespace(data=b"")
-
-
-class FakeStore:
-    async def last_history(self, agent_id: str, session_id: str, n: int = 6) -> list[Any]:
-        return []
 
 
 async def test_an_empty_queue_is_read_once_per_interval_and_no_session_is_asked() -> None:

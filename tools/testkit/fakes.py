@@ -5,9 +5,10 @@ what a stage published, what it wrote, and a delivery as its consumer would hand
 as the AGENT_RESPONSES stream would; it can drop its connection (fault injection).
 `FakeStore` refuses what Postgres refuses (NUL characters, ids longer than their column,
 JSON that is not JSON), as the real store does, with StoreRejectedError. `FakeDelivery`
-records acks, nacks and dead letters. The adapters (Layer 2, search, chat backend,
-parser) are deterministic functions of their input, so one example always takes the
-same path.
+records acks, nacks and dead letters. The adapters (Layer 2 and its encoder, Layer 3,
+search, chat backend, parser, the validator's checker) are deterministic functions of
+their input, so one example always takes the same path, or answer what the test
+scripted; each records what it was asked.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from services.classifier.ports import Prediction
 from services.gateway.feedback_recorder import FeedbackRecorder
@@ -26,7 +30,7 @@ from services.gateway.limits.logic import ADMITTED, Admission, Ask, Grant, Limit
 from services.generator.prompts import ChatMessage
 from services.parser.avap import validate
 from services.retriever.ports import SearchResult
-from services.validator.ports import ParseOutcome
+from services.validator.ports import CheckResult, ParseOutcome
 from shared.auth.ports import AgentInfo
 from shared.contracts.codec import decode_chunk
 from shared.contracts.feedback import Feedback
@@ -34,6 +38,7 @@ from shared.contracts.ids import MAX_ID_CHARS
 from shared.contracts.pipeline import Passage
 from shared.contracts.response import ResponseChunk
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
+from shared.encoders.embeddings import Vectors
 from shared.policy.agent import AgentPolicy
 from shared.store.feedback_table import Recorded
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
@@ -344,20 +349,131 @@ class HashedLayer2:
         return _Prediction(label, confidence, [(label, confidence), (other, 1 - confidence)])
 
 
-class ScriptedRetrieval:
-    """Passages made from the query (hostile text travels on) and from `extra`."""
+# The keyword table of `KeywordLayer2`: a message holding the keyword is read as that
+# type with that confidence (the first keyword found wins).
+KEYWORDS: dict[str, tuple[QueryType, float]] = {
+    "addvar": (QueryType.RETRIEVAL, 0.97),
+    "write": (QueryType.CODE_GENERATION, 0.96),
+    "endpoint": (QueryType.CODE_GENERATION, 0.95),
+    "invoice": (QueryType.PLATFORM, 0.93),
+    "summary": (QueryType.CONVERSATIONAL, 0.9),
+    "maybe": (QueryType.RETRIEVAL, 0.7),
+    "hmm": (QueryType.RETRIEVAL, 0.4),
+}
 
-    def __init__(self, extra: list[Passage] | None = None) -> None:
+
+class KeywordLayer2:
+    """Layer 2 as a keyword table (`KEYWORDS` unless given): a message holding a keyword
+    is read as its type with its confidence, the rest spread over the other types;
+    anything else is `default`. Records each text it is asked about (`seen`)."""
+
+    def __init__(self, table: Mapping[str, tuple[QueryType, float]] | None = None,
+                 default: tuple[QueryType, float] = (QueryType.RETRIEVAL, 0.5)) -> None:
+        self.table = dict(KEYWORDS if table is None else table)
+        self.default = default
+        self.seen: list[str] = []
+
+    async def predict(self, text: str) -> Prediction:
+        self.seen.append(text)
+        for key, (qt, conf) in self.table.items():
+            if key in text.lower():
+                others = [(t.value, round((1 - conf) / 3, 3)) for t in QueryType if t != qt]
+                return _Prediction(qt.value, conf, others)
+        qt, conf = self.default
+        return _Prediction(qt.value, conf,
+                           [(t.value, (1 - conf) / 3) for t in QueryType if t != qt])
+
+
+class HashedEncoder:
+    """A sentence encoder as a bag of hashed words (`shared.encoders.embeddings.Encoder`):
+    deterministic, instant, thread-safe, L2-normalised; `delay` seconds per call.
+    Records the size of each batch (`batches`) and the threads that encoded (`threads`).
+    A subclass changes what a text is by overriding `vector`."""
+
+    DIM = 32
+    model_name = "fake-bow"
+
+    def __init__(self, *, delay: float = 0.0, dim: int = DIM) -> None:
+        self.batches: list[int] = []
+        self.threads: set[int] = set()
+        self.delay = delay
+        self._dim = dim
+        self._lock = threading.Lock()
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def vector(self, text: str) -> Vectors:
+        v = np.zeros(self._dim, np.float32)
+        for w in text.lower().split():
+            h = int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "little")
+            v[h % self._dim] += 1.0 if (h >> 8) % 2 else -1.0
+        n = np.linalg.norm(v)
+        return v / n if n else v
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> Vectors:
+        with self._lock:
+            self.batches.append(len(texts))
+            self.threads.add(threading.get_ident())
+        if self.delay:
+            time.sleep(self.delay)
+        if not texts:
+            return np.zeros((0, self._dim), np.float32)
+        return np.vstack([self.vector(t) for t in texts])
+
+
+class HashedLabeler:
+    """Layer 3 (`services.classifier.ports.LlmLabeler`) that answers for some messages
+    and not for others, by their length."""
+
+    async def label(self, query: str, history: list[HistoryEntry], editor_context: str
+                    ) -> QueryType | None:
+        options: list[QueryType | None] = [*QueryType, None]
+        return options[len(query) % len(options)]
+
+
+class ScriptedLabeler:
+    """Layer 3 that answers `answer` (None: no label, as a model that fails) to every
+    message; records each call's query and history (`calls`)."""
+
+    def __init__(self, answer: QueryType | None) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, list[HistoryEntry]]] = []
+
+    async def label(self, query: str, history: list[HistoryEntry], editor_context: str
+                    ) -> QueryType | None:
+        self.calls.append((query, history))
+        return self.answer
+
+
+class ScriptedRetrieval:
+    """The search index: passages made from the query (hostile text travels on) and from
+    `extra`, or exactly `passages` when given. The BM25 and dense peaks are a hash of the
+    query, unless `bm25_top1` fixes the BM25 one. Records each query (`queries`) and
+    reload check (`reloads`)."""
+
+    def __init__(self, extra: list[Passage] | None = None, *,
+                 passages: list[Passage] | None = None,
+                 bm25_top1: float | None = None) -> None:
         self.extra = extra or []
+        self.passages = passages
+        self.bm25_top1 = bm25_top1
+        self.queries: list[str] = []
+        self.reloads = 0
 
     async def search(self, query: str, k: int) -> SearchResult:
+        self.queries.append(query)
         d = _digest(query)
-        passages = [Passage(f"doc-{d[0]}", query[:80], f"About {query}.", 1.0, "kb"),
-                    *self.extra][: max(k, 0)]
-        return SearchResult(passages=passages, method="bm25", dense_top1=d[1] / 255,
-                            bm25_top1=float(d[2]), bm25_scores=[float(d[2])] * len(passages))
+        found = (list(self.passages) if self.passages is not None else
+                 [Passage(f"doc-{d[0]}", query[:80], f"About {query}.", 1.0, "kb"),
+                  *self.extra])[: max(k, 0)]
+        top1 = float(d[2]) if self.bm25_top1 is None else self.bm25_top1
+        return SearchResult(passages=found, method="bm25", dense_top1=d[1] / 255,
+                            bm25_top1=top1, bm25_scores=[top1] * len(found))
 
     async def maybe_reload(self) -> bool:
+        self.reloads += 1
         return False
 
     async def close(self) -> None:
@@ -381,3 +497,17 @@ class InProcessParser:
     async def validate(self, code: str, *, strict: bool = False) -> ParseOutcome:
         result = validate(code, strict=strict)
         return ParseOutcome(valid=result.valid, trace=tuple(result.trace))
+
+
+class ScriptedChecker:
+    """The validator's checker (`services.validator.ports.CodeChecker`: the parser behind
+    its guard) answering the scripted results in turn; records each program (`checked`)."""
+
+    def __init__(self, *results: CheckResult, enabled: bool = True) -> None:
+        self.results = list(results)
+        self.enabled = enabled
+        self.checked: list[str] = []
+
+    async def check(self, code: str) -> CheckResult:
+        self.checked.append(code)
+        return self.results.pop(0)

@@ -61,6 +61,7 @@ from testkit.fakes import (
     FakeDelivery,
     FakePolicies,
     FakeStore,
+    HashedLabeler,
     HashedLayer2,
     InProcessParser,
     PromptEchoBackend,
@@ -215,18 +216,9 @@ POLICIES = {
 }
 
 
-class _HashedLabeler:
-    """Layer 3 that answers for some messages and not for others."""
-
-    async def label(self, query: str, history: list[Any], editor_context: str
-                    ) -> QueryType | None:
-        options: list[QueryType | None] = [*QueryType, None]
-        return options[len(query) % len(options)]
-
-
 # With Layer 2, with Layers 2 and 3, with rules only (picked by the example's length).
 _CASCADES = (Cascade(layer2=HashedLayer2()), Cascade(layer2=HashedLayer2(),
-                                                      llm=_HashedLabeler()), Cascade())
+                                                      llm=HashedLabeler()), Cascade())
 
 
 @cache
