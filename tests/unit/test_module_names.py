@@ -17,6 +17,7 @@ ROLES = {
     "__init__": "a package",
     "__main__": "a package run as a program",
     "app": "a service's wiring: settings -> stage -> the deps its logic needs",
+    "bootstrap": "a service's composition root: what its handlers need, built once",
     "handlers": "a service's stage: name, delivery settings, decoder, logic",
     "settings": "the one object that reads a part's environment",
     "ports": "the Protocols a package's logic depends on, with the values they exchange",
