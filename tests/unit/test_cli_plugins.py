@@ -5,6 +5,8 @@ entry points, never by import (import-linter says the second half in `make lint`
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
@@ -48,6 +50,18 @@ def test_the_tools_register_their_commands_by_entry_point() -> None:
     names = {c.name for c in app.registered_commands} | {
         g.name for g in app.registered_groups}
     assert {"bench", "eval", "train-classifier"} <= names
+
+
+def test_a_plugin_module_imported_before_the_cli_still_registers() -> None:
+    # bench.commands imports intentroute.cli.apps: loading plugins while the CLI package
+    # is imported would find bench.commands half-initialised, without `register`.
+    probe = ("import bench.commands, offline.commands\n"
+             "from intentroute.cli import app\n"
+             "print(sorted(g.name for g in app.registered_groups if g.name in "
+             "('bench', 'eval')))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert (done.stdout, done.stderr) == ("['bench', 'eval']\n", "")
 
 
 @pytest.mark.parametrize(("args", "shown"), [
