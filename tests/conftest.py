@@ -41,7 +41,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]
         if not external:  # the admin declares the streams, as `intentroute up` does
             import asyncio
 
-            from intentroute.stack.auth import admin_kwargs
+            from intentroute.stack.nats_users import admin_kwargs
             from tests.helpers.nats_auth import declare_streams
 
             asyncio.run(declare_streams(nats_url, admin_kwargs(state_dir)))
@@ -93,7 +93,7 @@ async def admin_nc(nats_url: str) -> AsyncIterator[Any]:
     home = Path(os.environ.get("INTENTROUTE_HOME", ""))
     kwargs: dict[str, Any] = {}
     if (home / "creds").is_dir():
-        from intentroute.stack.auth import admin_kwargs
+        from intentroute.stack.nats_users import admin_kwargs
 
         kwargs = admin_kwargs(home)
     client = await nats.connect(nats_url, **kwargs)

@@ -21,7 +21,7 @@ import asyncpg
 import typer
 
 from intentroute.cli.apps import app, require_db, settings, urls
-from intentroute.stack.auth import ReloadRefusedError
+from intentroute.stack.nats_users import ReloadRefusedError
 from shared.auth.exports import CredentialFormat
 from shared.policy.agent import AgentPolicy, PolicyError, encode_policy
 from shared.store import asyncpg_dsn
@@ -62,7 +62,7 @@ def _reload_running_stack(db_url: str) -> None:
     found by their current processes (their pid files), not by a pid `stack.json` may
     remember from before a restart."""
     from intentroute.stack import read_state
-    from intentroute.stack.auth import sync_agents
+    from intentroute.stack.nats_users import sync_agents
 
     cli = settings()
     state = read_state(cli.state_dir)
@@ -76,7 +76,7 @@ def _reload_running_stack(db_url: str) -> None:
 def _undo_add(db_url: str, name: str, out: Path | None) -> None:
     """An added agent whose credential is not in effect: its row and file go (a rerun
     adds it afresh), and the auth part is rendered without it again."""
-    from intentroute.stack.auth import sync_agents
+    from intentroute.stack.nats_users import sync_agents
 
     _with_store(db_url, lambda store: store.discard(name))
     if out is not None:

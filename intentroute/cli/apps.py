@@ -92,10 +92,6 @@ app = Cli(
          "Exit codes: 0 done, 1 refused or failed (a server away or refusing, an unknown "
          "id), 2 usage (a bad flag, file or setting).",
 )
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (JSON with --json).")
-app.add_typer(bench_app, name="bench")
-eval_app = typer.Typer(no_args_is_help=True, help="Evaluations (JSON with --json).")
-app.add_typer(eval_app, name="eval")
 docs_app = typer.Typer(no_args_is_help=True, help="Documents generated from the code.")
 app.add_typer(docs_app, name="docs")
 deploy_app = typer.Typer(no_args_is_help=True,
@@ -158,7 +154,7 @@ def urls(cli: CliSettings | None = None) -> tuple[str, str]:
 def operator_kwargs(cli: CliSettings | None = None) -> dict[str, object]:
     """`nats.connect` kwargs of an operator command: the running embedded stack's admin,
     or the NATS_* settings (an external server)."""
-    from intentroute.stack.auth import admin_kwargs, auth_files
+    from intentroute.stack.nats_users import admin_kwargs, auth_files
     from shared.auth.natsconn import connect_kwargs, tls_kwargs
     from shared.auth.permissions import ADMIN_USER
 
@@ -178,6 +174,19 @@ def require_db(*, check: bool = True) -> str:
     if check:
         check_db(db_url, OPTIONS.timeout)
     return db_url
+
+
+@contextmanager
+def stack_errors() -> Iterator[None]:
+    """A local model that is not installed (or does not start) is one line on stderr
+    and exit status 1."""
+    from intentroute.stack import StackError
+
+    try:
+        yield
+    except StackError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
 
 
 def emit(report: object, json_out: bool) -> None:

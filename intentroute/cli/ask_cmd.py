@@ -91,7 +91,7 @@ def caller_kwargs(creds: Path | None) -> tuple[dict[str, Any], str]:
     the running stack's demo agent (`<state>/creds/demo.json`), else the settings."""
     import msgspec
 
-    from intentroute.stack.auth import DEMO_AGENT, auth_files
+    from intentroute.stack.nats_users import DEMO_AGENT, auth_files
     from shared.auth.natsconn import connect_kwargs, credential_kwargs, read_credential
 
     cli = settings()

@@ -1,4 +1,4 @@
-"""Data in and out: `ingest`, `export-history`, `train-classifier`."""
+"""Data in and out: `ingest`, `export-history`."""
 
 from __future__ import annotations
 
@@ -149,59 +149,3 @@ def export_history(
     count = asyncio.run(run_export(require_db(), out, include_fallback=include_fallback,
                                    min_confidence=min_confidence, agent_id=agent))
     typer.echo(json.dumps({"written": count, "file": str(out)}))
-
-
-@app.command("train-classifier")
-def train_classifier(
-    data: Annotated[list[Path], typer.Option(help="Labelled JSONL/CSV files (repeatable)")],
-    heads_dir: Annotated[Path | None, typer.Option(
-        help="Head registry, used as it is (default: the worker's, CLASSIFIER_HEADS_DIR or "
-             "<state dir>/heads, seeded with the shipped head when it has none)")] = None,
-    holdout: Annotated[float, typer.Option(help="Held-out share for shadow evaluation")] = 0.2,
-    seed: Annotated[int, typer.Option()] = 0,
-    early_exit_layers: Annotated[int | None, typer.Option(
-        help="Also train an early-exit head on the encoder's first N layers "
-             "(0: the embedding module alone; -1: no early exit; default: as the "
-             "current head)")] = None,
-) -> None:
-    """Train a new head, shadow-evaluate it against the current one, promote if not worse.
-
-    The candidate uses the current head's encoder precision and early exit unless told,
-    and the encoders CLASSIFIER_ENCODER and CLASSIFIER_EARLY_EXIT_ENCODER name.
-    """
-    import msgspec
-
-    from services.classifier.layer2.registry import seed_registry
-    from services.classifier.offline.promote import HeadWriter, train_and_promote
-    from services.classifier.settings import ClassifierSettings
-    from shared.encoders.fast import shared_fast_encoder
-
-    classifier = ClassifierSettings.from_env()
-    common = classifier.common
-    root = heads_dir
-    if root is None:
-        root = classifier.heads_root
-        if root is None:
-            typer.echo("CLASSIFIER_HEADS_DIR is empty (Layer 2 off): pass --heads-dir", err=True)
-            raise typer.Exit(2)
-        seed_registry(root)
-    registry = HeadWriter(root, default_precision=common.encoder_precision,
-                          onnx_cache_dir=common.onnx_cache_dir)
-    current = registry.current()
-    if early_exit_layers is None and current is not None and current.early is not None:
-        early_exit_layers = current.early.layers
-    from shared.encoders.packaged import ModelAssemblyError
-
-    try:
-        encoder = shared_fast_encoder(
-            classifier.encoder,
-            precision=(current.precision if current else None) or common.encoder_precision,
-            onnx_cache_dir=common.onnx_cache_dir)
-        result = train_and_promote(data, registry, encoder, holdout=holdout, seed=seed,
-                                   early_exit_layers=None if early_exit_layers is None
-                                   or early_exit_layers < 0 else early_exit_layers,
-                                   early_exit_model=classifier.early_exit_encoder)
-    except ModelAssemblyError as exc:  # CLASSIFIER_ENCODER names a model not installed
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from None
-    typer.echo(msgspec.json.encode(result).decode())

@@ -11,7 +11,7 @@ import typer
 
 from intentroute.cli.ask_cmd import ask_and_print
 from intentroute.settings import CliSettings
-from intentroute.stack.auth import auth_files
+from intentroute.stack.nats_users import auth_files
 from intentroute.workers import WORKERS, wait_for_consumers
 from shared.auth.natsconn import credential_kwargs, read_credential
 from shared.common.settings import nats_servers
@@ -35,7 +35,7 @@ def ask_samples(cli: CliSettings, nats_url: str, admin: dict[str, Any]) -> None:
 
 def _demo_kwargs(cli: CliSettings) -> dict[str, Any]:
     """The demo agent's connection when the embedded stack wrote its credential."""
-    from intentroute.stack.auth import DEMO_AGENT
+    from intentroute.stack.nats_users import DEMO_AGENT
 
     path = auth_files(cli.state_dir).credential(DEMO_AGENT)
     if cli.nats_url or not path.exists():

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from intentroute.cli.apps import app, settings, urls
-from intentroute.stack.auth import auth_files, service_env
+from intentroute.stack.nats_users import auth_files, service_env
 from intentroute.stack.pgroles import stack_worker_url
 from intentroute.workers import WORKERS
 

@@ -37,10 +37,16 @@ from intentroute.stack import (
     free_port,
     write_state,
 )
-from intentroute.stack.auth import AuthSync, admin_kwargs, auth_files, server_pids, service_env
 from intentroute.stack.keeper import ServerKeeper, stack_keeper, update_pids
 from intentroute.stack.leftovers import wait_for_leftovers
 from intentroute.stack.lock import StackLockedError, StateLock
+from intentroute.stack.nats_users import (
+    AuthSync,
+    admin_kwargs,
+    auth_files,
+    server_pids,
+    service_env,
+)
 from intentroute.stack.pgroles import (
     DatabaseUrls,
     StageSecrets,
@@ -48,7 +54,6 @@ from intentroute.stack.pgroles import (
     init_database,
     role_passwords,
 )
-from intentroute.stack.ports import PortPlan, PortTakenError, StackPorts, Wanted, plan_ports
 from intentroute.stack.scrape import METRICS_TARGETS, metrics_ports, write_targets
 from intentroute.stack.sidecars import llm_argv, parser_argv, runs_parser
 from intentroute.stack.state import (
@@ -58,6 +63,7 @@ from intentroute.stack.state import (
     gateway_grpc_listen,
     gateway_http_listen,
 )
+from intentroute.stack.tcp_ports import PortPlan, PortTakenError, StackPorts, Wanted, plan_ports
 from intentroute.supervisor import Supervisor
 from intentroute.workers import WORKERS
 from shared.auth.natsconn import connect_kwargs, tls_kwargs
@@ -456,7 +462,7 @@ async def _prepare_agents(state_dir: Path, db_url: str, nats_pids: list[int], *,
                           url: str = "", ca: str = "") -> None:
     """The demo agent and its credential file (naming the server(s) at `url`, with TLS
     the CA file `ca`), then every active agent into NATS."""
-    from intentroute.stack.auth import DEMO_AGENT, apply_agents, ensure_agent_file
+    from intentroute.stack.nats_users import DEMO_AGENT, apply_agents, ensure_agent_file
     from shared.store.agents import AgentStore
 
     store = await AgentStore.connect(db_url)

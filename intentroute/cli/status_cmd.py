@@ -17,7 +17,7 @@ from intentroute.status import StageRow, read_sample, report, stage_rows
 def status_kwargs() -> dict[str, Any]:
     """The monitoring reader's connection: the running embedded stack's `intentroute-ops`
     credential, else the NATS_* settings (an external server: give it an ops user)."""
-    from intentroute.stack.auth import auth_files, ops_kwargs
+    from intentroute.stack.nats_users import auth_files, ops_kwargs
     from shared.auth.natsconn import connect_kwargs, tls_kwargs
     from shared.auth.permissions import OPS_USER
 

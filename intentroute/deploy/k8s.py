@@ -371,7 +371,7 @@ def _ingest_job(o: K8sOptions) -> list[Doc]:
 def write(out: Path, options: K8sOptions | None = None,
           secrets_dir: Path | None = None) -> list[str]:
     """Write the manifests (and with `secrets_dir` the Secrets, 0600) into `out`."""
-    from intentroute.stack.auth import write_private
+    from intentroute.stack.nats_users import write_private
 
     out.mkdir(parents=True, exist_ok=True)
     written = []

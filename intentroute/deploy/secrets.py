@@ -1,5 +1,5 @@
 """What `intentroute deploy init` writes: a deployment's secrets, made the way the
-embedded stack makes its own (intentroute.stack.auth, natsconf, pgroles), so compose and
+embedded stack makes its own (intentroute.stack.nats_users, natsconf, pgroles), so compose and
 Kubernetes run with the same users, permissions, admission key and Postgres roles as
 `intentroute up`.
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from intentroute.stack.auth import AuthFiles, ensure_service_users, write_auth, write_private
+from intentroute.stack.nats_users import AuthFiles, ensure_service_users, write_auth, write_private
 from intentroute.stack.natscluster import CLUSTER_NAME, ROUTE_USER
 from intentroute.stack.natsconf import (
     DEFAULT_SYNC_INTERVAL,
@@ -133,7 +133,7 @@ def render_agents(root: Path, agents: Iterable[tuple[str, str]]) -> int:
     """auth.conf for the service users and these (agent id, secret hash) pairs; the
     reloads (SIGHUP) the servers then need: 0 (unchanged), 1, or 2 when it added an
     agent's account (nats-server wires a new account's service imports only on the
-    reload after the one that created it: intentroute.stack.auth.apply_agents)."""
+    reload after the one that created it: intentroute.stack.nats_users.apply_agents)."""
     files = DeploySecrets(root).auth
     conf = files.auth
     before = account_names(conf.read_text(encoding="utf-8")) if conf.exists() else set()

@@ -15,7 +15,7 @@ from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ResponseChunk
 from shared.contracts.routing import ModelSlot
-from shared.runtime.turn_rows import QueuedRows
+from shared.runtime.row_queue import QueuedRows
 
 JSON = "application/json"
 

@@ -554,7 +554,7 @@ def _agent_logins() -> tuple[list[tuple[str, str]], dict[str, dict[str, str]]]:
 
 async def generate_async(state_dir: Path) -> str:
     """Configure and start a nats-server in `state_dir` as `up` does, probe it, stop it."""
-    from intentroute.stack.auth import auth_files, ensure_service_users, write_auth
+    from intentroute.stack.nats_users import auth_files, ensure_service_users, write_auth
     from intentroute.stack.natsserver import NatsServer
 
     files = auth_files(state_dir)

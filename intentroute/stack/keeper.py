@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from intentroute.stack.auth import AuthSync
+from intentroute.stack.nats_users import AuthSync
 from intentroute.stack.natsserver import NatsServer
 from intentroute.stack.postgres import PostgresServer
 from intentroute.stack.procs import StackError
@@ -64,7 +64,7 @@ class Kept:
     failures: int = 0
     restart_at: float | None = None
     restarts: int = 0
-    # When the last restart's start() returned: the server listened (bench/chaos.py
+    # When the last restart's start() returned: the server listened (tools/bench/chaos.py
     # counts the stall from here).
     listening_at: float = 0.0
 

@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 import msgspec
 
-from intentroute.stack.ports import StackPorts, port_free, read_ports
 from intentroute.stack.state import STATE_FILE, StackInfo
+from intentroute.stack.tcp_ports import StackPorts, port_free, read_ports
 
 # Long enough for the workers' drain on SIGTERM (`up` itself gives them 20 s before a
 # SIGKILL) and Postgres's shutdown checkpoint on a loaded machine.

@@ -5,7 +5,7 @@ Node `n` keeps its data in `<data_dir>/node-<n>/` and its name (`n<n>`) across
 restarts, which is what JetStream's replication groups know it by; its ports are the
 ones given (`up` keeps them across runs), else chosen afresh at the cluster's start.
 Every node includes the same auth part (`<data_dir>/auth.conf`), so an agent added or
-revoked reaches all of them when each is reloaded (`intentroute.stack.auth.server_pids`
+revoked reaches all of them when each is reloaded (`intentroute.stack.nats_users.server_pids`
 finds them by their pid files).
 """
 
@@ -55,7 +55,7 @@ class NatsCluster:
         # its bcrypt hash; a node restarted alone reuses its config.
         secret = secrets.token_urlsafe(24)
         secret_hash = hash_secret(secret)
-        # The ports given (`up` keeps them across its runs: intentroute.stack.ports),
+        # The ports given (`up` keeps them across its runs: intentroute.stack.tcp_ports),
         # else free ones.
         ports = _free_ports(2 * size)
         client_ports = list(client_ports) or ports[:size]

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from intentroute.stack.auth import (
+from intentroute.stack.nats_users import (
     CONFIG_FILE,
     PID_FILE,
     AuthFiles,
@@ -49,7 +49,7 @@ class NatsServer:
 
     With `creds_dir` it accepts only the admin, the service users (their credentials
     in `creds_dir`) and the agents written into its auth part (none at start: see
-    `intentroute.stack.auth.sync_agents`); without, it is open to anyone (tests and
+    `intentroute.stack.nats_users.sync_agents`); without, it is open to anyone (tests and
     the `--no-auth` benchmark). With `tls` every client must speak TLS. JetStream
     fsyncs its store every `sync_interval` ("always": on every write).
 

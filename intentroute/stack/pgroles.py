@@ -22,7 +22,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
 
-from intentroute.stack.auth import write_private
+from intentroute.stack.nats_users import write_private
 from shared.store import asyncpg_dsn
 from shared.store.roles import LEARNER_ROLE, OWNER_ROLE, ROLES, WORKER_ROLES
 

@@ -58,7 +58,7 @@ def die_with_parent(sig: int) -> Callable[[], None] | None:
     - off Linux (prctl PR_SET_PDEATHSIG is Linux's);
     - off the main thread. The kernel sends the signal when the *thread* that forked the
       child ends, not the process: a server started from an executor thread (tests and
-      bench/chaos.py start and restart servers through asyncio.to_thread) would be
+      tools/bench/chaos.py start and restart servers through asyncio.to_thread) would be
       stopped when that thread is retired. `up` spawns every server and worker from its
       main thread (embedded_stack, the keeper's and the supervisor's polls in its loop,
       the drain's tick), which lives as long as the process.

@@ -33,9 +33,11 @@ async def cluster_info(js: JetStreamContext, item: Replicated, timeout: float = 
         if item.consumer:
             cinfo = await asyncio.wait_for(js.consumer_info(item.stream, item.consumer),
                                            timeout)
-            return cinfo.cluster
+            consumer_cluster: ClusterInfo | None = cinfo.cluster
+            return consumer_cluster
         sinfo = await asyncio.wait_for(js.stream_info(item.stream), timeout)
-        return sinfo.cluster
+        stream_cluster: ClusterInfo | None = sinfo.cluster
+        return stream_cluster
     except Exception:  # no leader yet, a reconnect: not an answer either way
         return None
 

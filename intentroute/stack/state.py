@@ -112,7 +112,7 @@ def dashboard_token(creds_dir: Path) -> Path:
     """The embedded stack's dashboard token, generated once (owner-readable only)."""
     import secrets
 
-    from intentroute.stack.auth import write_private
+    from intentroute.stack.nats_users import write_private
 
     path = creds_dir / "dashboard.token"
     if not path.exists():

@@ -10,7 +10,7 @@ from services.classifier.layer2.batcher import MicroBatcher
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.predict import Prediction
 from services.classifier.layer2.registry import seed_registry
-from services.classifier.llm import ModelLabeler
+from services.classifier.layer3 import ModelLabeler
 from services.classifier.ports import LlmLabeler
 from services.classifier.settings import ClassifierSettings
 

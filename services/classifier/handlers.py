@@ -26,7 +26,7 @@ from shared.contracts.routing import (
 from shared.policy.agent import ClarityPolicy
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
-from shared.runtime.answers import request_log_row
+from shared.runtime.endings import request_log_row
 from shared.runtime.stage import (
     Call,
     Handoff,

@@ -9,7 +9,7 @@ from opentelemetry.trace import TracerProvider
 from services.gateway.bridge import Door
 from services.gateway.dashboard import add_dashboard_routes
 from services.gateway.fair_consumer import AgentWeights, fair_consumer_factory
-from services.gateway.feedback import FeedbackRecorder, build_feedback_consumer
+from services.gateway.feedback_recorder import FeedbackRecorder, build_feedback_consumer
 from services.gateway.grpc_server import start_grpc
 from services.gateway.handlers import GatewayDeps, build_stage
 from services.gateway.health import Readiness, add_health_routes
@@ -17,7 +17,7 @@ from services.gateway.http import build_http_app, start_http
 from services.gateway.limits.gate import LimitGate
 from services.gateway.limits.store import PgLimits
 from services.gateway.openai_door.routes import add_openai_routes
-from services.gateway.replay import ReplayService
+from services.gateway.replay_service import ReplayService
 from services.gateway.scoring import ScoreRefresher
 from services.gateway.settings import GatewaySettings
 from services.gateway.throttle import AuthThrottle, BodyBudget
@@ -25,7 +25,7 @@ from shared.auth.identity import CachedAgents
 from shared.runtime.worker import Consumes, Wiring, build_app
 from shared.store import asyncpg_dsn
 from shared.store.agent_changes import AgentChanges
-from shared.store.feedback import FeedbackTable
+from shared.store.feedback_table import FeedbackTable
 from shared.store.policy_cache import open_policy_cache
 
 

@@ -8,7 +8,7 @@ agent PERMISSION_DENIED, and only then a body that does not decode INVALID_ARGUM
 input -> INVALID_ARGUMENT; its `timeout_ms` shortens the pipeline's deadline as on NATS)
 and published on the agent's `agent.request.<agent_id>`, so
 it takes the same durable path through the workers. Feedback goes to the same recorder
-as the NATS and HTTP entry points (feedback.py): bad input INVALID_ARGUMENT, a request
+as the NATS and HTTP entry points (feedback_recorder.py): bad input INVALID_ARGUMENT, a request
 id that is not one of the agent's (unknown or another agent's) NOT_FOUND, the store
 unreachable UNAVAILABLE. The same server answers `grpc.health.v1.Health` and server
 reflection, without a token (grpc_health.py).
@@ -26,7 +26,7 @@ from nats.aio.client import Client
 from opentelemetry.trace import Tracer
 
 from services.gateway.bridge import Door, refusal, retry_after_seconds
-from services.gateway.feedback import FeedbackRecorder
+from services.gateway.feedback_recorder import FeedbackRecorder
 from services.gateway.grpc_decode import DeferDecodeErrors, Undecodable, reject_undecodable
 from services.gateway.grpc_health import (
     OPEN_SERVICES,

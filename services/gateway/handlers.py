@@ -40,7 +40,7 @@ from shared.contracts.response import (
     response_subject,
 )
 from shared.runtime.answer_stream import AnswerStream
-from shared.runtime.answers import write_after_answer
+from shared.runtime.endings import write_after_answer
 from shared.runtime.ports import Delivery
 from shared.runtime.stage import Call, Decode, Handoff, PermanentError, Stage, StageDeps, stage_spec
 from shared.store.rows import RequestLogRow
@@ -51,7 +51,7 @@ log = logging.getLogger("intentroute.gateway")
 @dataclass(kw_only=True)
 class GatewayDeps(StageDeps):
     agents: AgentDirectory
-    # Agents' verdicts on their answers, from every entry point (feedback.py).
+    # Agents' verdicts on their answers, from every entry point (feedback_recorder.py).
     feedback: VerdictRecorder
     # Per-agent limits checked at admission (limits/); None: none checked.
     limits: LimitGate | None = None

@@ -50,7 +50,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
-from services.gateway.feedback import FeedbackRecorder, decode_feedback
+from services.gateway.feedback_recorder import FeedbackRecorder, decode_feedback
 from services.gateway.log_budget import LEFT_OUT, LogBudget
 from services.gateway.throttle import AuthThrottle, ThrottledError
 from shared.auth.identity import bearer_value

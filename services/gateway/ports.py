@@ -7,7 +7,7 @@ from typing import Protocol
 
 from services.gateway.limits.logic import Ask, Grant, Held, Limits
 from shared.contracts.feedback import Feedback, FeedbackAck
-from shared.store.feedback import Recorded
+from shared.store.feedback_table import Recorded
 
 
 class FeedbackStore(Protocol):

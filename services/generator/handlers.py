@@ -17,7 +17,7 @@ from shared.contracts.response import ErrorCode
 from shared.contracts.routing import QueryType
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
-from shared.runtime.answers import answer_usage
+from shared.runtime.endings import answer_usage
 from shared.runtime.stage import (
     Call,
     Handoff,

@@ -95,7 +95,7 @@ SIGNALS: dict[str, Callable[[SearchResult], float]] = {
 
 # Calibrated on SciFact train (809 queries, hybrid top-10, all-MiniLM-L6-v2, bm25s
 # k1=1.2 b=0.75 Snowball) with `python -m bench.retrieval relevance`
-# (`offline.relevance_calibration`): positives = the 115 queries (14.2%) with
+# (`offline.retriever.relevance_calibration`): positives = the 115 queries (14.2%) with
 # nDCG@10 == 0; each threshold maximises Youden's J. AUC = P(signal of a good query >
 # signal of a bad one). The seed's centroid cosine (0.559) and mean top-8 cosine
 # (0.571) barely separate; "combined" does best. Those figures are of the RRF hybrid;

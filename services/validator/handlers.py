@@ -17,7 +17,7 @@ from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import ValidationStatus
 from shared.contracts.routing import ModelSlot
 from shared.runtime.answer_stream import AnswerStream
-from shared.runtime.answers import answer_usage
+from shared.runtime.endings import answer_usage
 from shared.runtime.stage import Call, Handoff, Stage, StageDeps, finish_turn, payload, stage_spec
 
 log = logging.getLogger("intentroute.validator")

@@ -32,7 +32,7 @@ from shared.common.settings import CommonSettings, nats_servers
 # only every `reconnect_time_wait` (default 2 s, so up to 2 s after the server listens
 # again) and gives up after 60 attempts (default). Workers use the same wait
 # (shared.runtime.streams.make_broker). nats-py has no jitter: all clients reconnect
-# together, which costs the server one cheap hash check each (intentroute.stack.auth).
+# together, which costs the server one cheap hash check each (intentroute.stack.nats_users).
 RECONNECT: dict[str, Any] = {"reconnect_time_wait": 0.25, "max_reconnect_attempts": -1}
 
 

@@ -14,7 +14,7 @@ Four kinds of user connect to NATS:
   nor change a stream or consumer, so a monitoring host never holds the admin's power.
 - one user per active agent: publish its own requests, feedback and replay requests,
   read its own responses (feedback acknowledgements included). No JetStream API at all:
-  a late replay is the gateway's (`agent.replay.<id>`, services/gateway/replay.py), since
+  a late replay is the gateway's (`agent.replay.<id>`, services/gateway/replay_service.py), since
   a consumer an agent created could be durable (never expiring) or push its deliveries
   to any subject, past the subject permissions, into other streams.
 
@@ -145,7 +145,7 @@ class WorkerGrant(NamedTuple):
 
 
 # A replay is answered with one reply per stored chunk, within this window of the
-# request (services/gateway/replay.py stops before either bound, with a final chunk).
+# request (services/gateway/replay_service.py stops before either bound, with a final chunk).
 REPLAY_MAX_REPLIES = 10_000
 REPLAY_REPLY_SECONDS = 600.0
 # The gateway's replay consumers: named, on AGENT_RESPONSES, filtered to one answer.
@@ -294,7 +294,7 @@ def service_permissions(worker: str) -> Permissions:
         f"{response.CLAIM_SUBJECT_PREFIX}.>",
         f"$JS.API.DIRECT.GET.{response.CLAIM_STREAM}.{response.CLAIM_SUBJECT_PREFIX}.>",
         # A turn's rows queued while Postgres is away, whether a session has any, and
-        # the row writer every worker runs (shared.runtime.turn_rows).
+        # the row writer every worker runs (shared.runtime.row_queue).
         turn_rows.SUBJECTS,
         f"$JS.API.DIRECT.GET.{turn_rows.STREAM}.{turn_rows.SUBJECTS}",
         *consumer_grants(turn_rows.STREAM, turn_rows.DURABLE, turn_rows.SUBJECTS),

@@ -4,7 +4,7 @@ When Postgres does not take a turn's rows within a moment (paused, down), the st
 answers queues them here (stream `TURN_ROWS`, work queue) and sends its final chunk; the
 `row-writer` consumer, run by every worker, writes them once Postgres is back, in the
 order they were queued (one unacknowledged message at a time). A session's reads wait
-while its subject holds rows (shared.runtime.turn_rows). Workers only; agents have no
+while its subject holds rows (shared.runtime.row_queue). Workers only; agents have no
 access.
 """
 

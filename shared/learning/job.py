@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.accounting.job import accounting_phase
+from shared.accounting.phase import accounting_phase
 from shared.common.tasks import cancel_and_wait
 from shared.learning.phases import Clock, PolicyLearning
 from shared.learning.settings import LearnSettings

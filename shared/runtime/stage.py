@@ -43,9 +43,9 @@ from shared.contracts.request import AgentRequest
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import RoutingDecision
 from shared.runtime.answer_stream import ANSWER_LEASE, ANSWER_RUN, AnswerStream, Lease
-from shared.runtime.answers import answer_error, finish_turn, history_row, report_invalid
 from shared.runtime.bus import publish_stage
 from shared.runtime.consumer import Handler, StageSpec
+from shared.runtime.endings import answer_error, finish_turn, history_row, report_invalid
 from shared.runtime.logs import log_context
 from shared.runtime.ports import Delivery, Publisher
 from shared.runtime.signals import Outcome

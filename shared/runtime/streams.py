@@ -11,7 +11,7 @@ Streams:
 - AGENT_FEEDBACK (`agent.feedback.*`), work-queue retention: agents' verdicts on their
   answers, read by the gateway's `gateway-feedback` durable consumer.
 - TURN_ROWS (`intentroute.rows.>`), work-queue retention: turn rows Postgres did not
-  take in time, written by every worker's `row-writer` (shared.runtime.turn_rows).
+  take in time, written by every worker's `row-writer` (shared.runtime.row_queue).
 
 Every stream has the same number of replicas (`NATS_STREAM_REPLICAS`; 3 on a cluster),
 and bytes, messages, age and consumers bounded by `CommonSettings.streams`; the request
@@ -97,7 +97,7 @@ def stream_configs(response_ttl: float, replicas: int = 1,
         # Messages that exhausted their deliveries, kept a week for an operator.
         _stream(deadletter.STREAM, RetentionPolicy.LIMITS, lim.dead_letter_max_age, lim,
                 duplicate_window=0),
-        # Turn rows waiting for Postgres (shared.runtime.turn_rows): kept as long as
+        # Turn rows waiting for Postgres (shared.runtime.row_queue): kept as long as
         # dead letters, so an outage shorter than a week loses none.
         _stream(turn_rows.STREAM, RetentionPolicy.WORK_QUEUE, lim.dead_letter_max_age, lim),
     ]

@@ -43,6 +43,7 @@ from shared.runtime.consumer import Handler, OnHandled, StageConsumer, StageSpec
 from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import Metrics
 from shared.runtime.micro import StageService, service_name
+from shared.runtime.row_queue import AnsweringStore, row_writer
 from shared.runtime.signals import StageStats, WorkerSignals
 from shared.runtime.stage import StageDeps
 from shared.runtime.streams import make_broker, prepare_streams
@@ -52,7 +53,6 @@ from shared.runtime.telemetry import (
     tracer_for,
     worker_resource,
 )
-from shared.runtime.turn_rows import AnsweringStore, row_writer
 from shared.store.stores import Store
 
 log = logging.getLogger("intentroute.app")
@@ -154,7 +154,7 @@ class Worker(Generic[D]):
         store = await Store.connect(self.common.database_url, tracer=tracer,
                                     implicit_feedback=self.common.accounting)
         # Turn rows never hold an answer back on an absent Postgres: queued on the bus
-        # instead, written by this worker's row writer (shared.runtime.turn_rows).
+        # instead, written by this worker's row writer (shared.runtime.row_queue).
         answering = AnsweringStore(store, nc.jetstream())
         self.row_writer = row_writer(nc, store, answering, ack_wait=self.common.ack_wait)
         base = StageDeps(bus=bus, store=answering, tracer=tracer,

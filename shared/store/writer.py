@@ -62,7 +62,7 @@ _UNREACHABLE = (
     asyncpg.TooManyConnectionsError,
     asyncpg.OperatorInterventionError,
 )
-# For other asyncpg callers (shared.store.feedback): the same sorting.
+# For other asyncpg callers (shared.store.feedback_table): the same sorting.
 UNREACHABLE = _UNREACHABLE
 
 # One statement writes a whole batch: one round trip and one implicit transaction,

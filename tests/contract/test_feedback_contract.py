@@ -12,7 +12,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.trace import NoOpTracer
 
-from services.gateway.feedback import FeedbackRecorder, build_feedback_consumer, check_feedback
+from services.gateway.feedback_recorder import (
+    FeedbackRecorder,
+    build_feedback_consumer,
+    check_feedback,
+)
 from services.gateway.handlers import GatewayDeps
 from services.gateway.http import build_http_app, split_listen
 from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle

@@ -16,7 +16,7 @@ from services.classifier.cascade import Cascade
 from services.classifier.handlers import ClassifierDeps
 from services.classifier.handlers import build_stage as classifier_stage
 from services.classifier.settings import ClassifierSettings
-from services.gateway.feedback import build_feedback_consumer
+from services.gateway.feedback_recorder import build_feedback_consumer
 from services.gateway.handlers import GatewayDeps
 from services.gateway.handlers import build_stage as gateway_stage
 from services.gateway.settings import GatewaySettings

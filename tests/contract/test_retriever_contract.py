@@ -6,37 +6,21 @@ import msgspec
 from opentelemetry.trace import NoOpTracer
 
 from services.retriever.handlers import RetrieverDeps, build_stage
-from services.retriever.index import SearchResult
+from services.retriever.ports import SearchResult
 from services.retriever.settings import RetrieverSettings
 from shared.contracts.codec import decode_chunk, decode_routed, encode
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import QueryType
-from testkit.fakes import FakeStore, RecordingBus
+from testkit.fakes import FakeStore, RecordingBus, ScriptedRetrieval
 from testkit.wire import ADMISSION, COMMON, request, routed_decision, run_on_wire, stamped
 
 PASSAGE = Passage("loops#1", "Loops > startLoop", "startLoop(i, 1, 5) counts 1..5.", 1.0)
 
 
-class FakeRetrieval:
-    def __init__(self) -> None:
-        self.queries: list[str] = []
-        self.reloads = 0
-
-    async def search(self, query: str, k: int) -> SearchResult:
-        self.queries.append(query)
-        return SearchResult(passages=[PASSAGE][:k], method="bm25")
-
-    async def maybe_reload(self) -> bool:
-        self.reloads += 1
-        return False
-
-    async def close(self) -> None:
-        pass
-
-
 def setup(turns: list[tuple[str, str]] | None = None
-          ) -> tuple[RecordingBus, FakeStore, FakeRetrieval, RetrieverDeps]:
-    bus, store, retrieval = RecordingBus(), FakeStore(turns=turns), FakeRetrieval()
+          ) -> tuple[RecordingBus, FakeStore, ScriptedRetrieval, RetrieverDeps]:
+    bus, store = RecordingBus(), FakeStore(turns=turns)
+    retrieval = ScriptedRetrieval(passages=[PASSAGE])
     deps = RetrieverDeps(bus=bus, store=store, tracer=NoOpTracer(),
         admission=ADMISSION, retrieval=retrieval)
     return bus, store, retrieval, deps
@@ -92,7 +76,7 @@ async def test_platform_request_reaching_the_retriever_is_answered_rc04() -> Non
 
 
 async def test_a_failing_search_is_retried_then_answered_on_the_last_delivery() -> None:
-    class Broken(FakeRetrieval):
+    class Broken(ScriptedRetrieval):
         async def search(self, query: str, k: int) -> SearchResult:
             raise ConnectionError("index unreachable")
 

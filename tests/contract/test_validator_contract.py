@@ -13,23 +13,12 @@ from shared.contracts.parser import TraceCode, TraceLine
 from shared.contracts.pipeline import Routed
 from shared.contracts.routing import QueryType
 from shared.store.rows import RequestLogRow
-from testkit.fakes import FakeStore, RecordingBus
+from testkit.fakes import FakeStore, RecordingBus, ScriptedChecker
 from testkit.wire import ADMISSION, COMMON, request, routed_decision, run_on_wire
 
 ANSWER = "Here it is:\n```avap\naddVar(x, 1)\ngetSHA256(x)\n```"
 TRACE = (TraceLine(2, 1, TraceCode.UNKNOWN_COMMAND, "unknown command 'getSHA256'",
                    "encodeSHA256"),)
-
-
-class FakeChecker:
-    def __init__(self, *results: CheckResult, enabled: bool = True) -> None:
-        self.results = list(results)
-        self.enabled = enabled
-        self.checked: list[str] = []
-
-    async def check(self, code: str) -> CheckResult:
-        self.checked.append(code)
-        return self.results.pop(0)
 
 
 def generated(rid: str, attempt: int = 0, seq: int = 0) -> Routed:
@@ -38,7 +27,7 @@ def generated(rid: str, attempt: int = 0, seq: int = 0) -> Routed:
                   answered_by="fake:m", attempt=attempt, seq=seq)
 
 
-async def run(env: Routed, checker: FakeChecker) -> tuple[RecordingBus, FakeStore]:
+async def run(env: Routed, checker: ScriptedChecker) -> tuple[RecordingBus, FakeStore]:
     bus, store = RecordingBus(), FakeStore()
     deps = ValidatorDeps(bus=bus, store=store, tracer=NoOpTracer(),
         admission=ADMISSION, checker=checker)
@@ -47,7 +36,7 @@ async def run(env: Routed, checker: FakeChecker) -> tuple[RecordingBus, FakeStor
 
 
 async def test_invalid_code_goes_back_once_with_the_parser_trace() -> None:
-    checker = FakeChecker(CheckResult(CheckStatus.INVALID, TRACE))
+    checker = ScriptedChecker(CheckResult(CheckStatus.INVALID, TRACE))
     bus, store = await run(generated("i-1"), checker)
 
     assert checker.checked == ["addVar(x, 1)\ngetSHA256(x)"]
@@ -67,7 +56,7 @@ async def test_invalid_code_goes_back_once_with_the_parser_trace() -> None:
 
 async def test_still_invalid_after_the_retry_is_delivered_unresolved() -> None:
     bus, store = await run(generated("i-2", attempt=1, seq=2),
-                           FakeChecker(CheckResult(CheckStatus.INVALID, TRACE)))
+                           ScriptedChecker(CheckResult(CheckStatus.INVALID, TRACE)))
     chunks = bus.chunks("i-2")
     assert chunks[0].seq == 2
     assert chunks[-1].is_final
@@ -82,7 +71,7 @@ async def test_still_invalid_after_the_retry_is_delivered_unresolved() -> None:
 
 
 async def test_valid_code_is_delivered_with_the_program() -> None:
-    bus, store = await run(generated("v-1"), FakeChecker(CheckResult(CheckStatus.VALID)))
+    bus, store = await run(generated("v-1"), ScriptedChecker(CheckResult(CheckStatus.VALID)))
     final = bus.chunks("v-1")[-1]
     assert final.is_final
     assert final.validation_status == ""
@@ -92,7 +81,7 @@ async def test_valid_code_is_delivered_with_the_program() -> None:
 
 
 async def test_no_parser_delivers_unvalidated() -> None:
-    checker = FakeChecker(CheckResult(CheckStatus.UNAVAILABLE, reason="disabled"),
+    checker = ScriptedChecker(CheckResult(CheckStatus.UNAVAILABLE, reason="disabled"),
                           enabled=False)
     bus, _ = await run(generated("u-1"), checker)
     assert bus.chunks("u-1")[-1].validation_status == "PARSER_UNAVAILABLE"
@@ -101,7 +90,7 @@ async def test_no_parser_delivers_unvalidated() -> None:
 async def test_an_answer_without_code_is_retried_without_asking_the_parser() -> None:
     env = generated("n-1")
     env.answer = "I cannot write that."
-    checker = FakeChecker()
+    checker = ScriptedChecker()
     bus, _ = await run(env, checker)
     assert checker.checked == []
     (retry,) = [s for s in bus.sent if s[0] == "intentroute.stage.generate.main"]

@@ -40,7 +40,7 @@ async def add_agents(nats_url: str, database_url: str,
         await store.close()
     home = os.environ.get("INTENTROUTE_HOME", "")
     if home and (Path(home) / "nats").exists():
-        from intentroute.stack.auth import sync_agents
+        from intentroute.stack.nats_users import sync_agents
 
         await sync_agents(Path(home), database_url)
         for cred in creds.values():

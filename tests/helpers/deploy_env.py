@@ -36,7 +36,7 @@ WORKER_COMMAND = {"DATABASE_PASSWORD_FILE"}
 NOT_SETTINGS = {"HOME", "HF_HUB_OFFLINE", "PG_ADDRESS"}
 
 # The credential `intentroute worker` finds in INTENTROUTE_HOME/creds (its service
-# user's file and admission.key) becomes these (intentroute.stack.auth.service_env).
+# user's file and admission.key) becomes these (intentroute.stack.nats_users.service_env).
 FROM_CREDENTIAL = {"NATS_USER", "NATS_PASSWORD", "NATS_INBOX_PREFIX",
                    "INTENTROUTE_ADMISSION_KEY"}
 

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -48,17 +48,6 @@ async def fresh_database(server_url: str) -> AsyncIterator[str]:
             await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         await admin.close()
-
-
-@dataclass
-class Clock:
-    now: datetime = field(default_factory=lambda: datetime(2026, 3, 1, 12, tzinfo=UTC))
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, days: float) -> None:
-        self.now += timedelta(days=days)
 
 
 @dataclass

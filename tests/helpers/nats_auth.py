@@ -20,7 +20,7 @@ import nats
 from nats.aio.client import Client
 
 from intentroute.stack import embedded_stack
-from intentroute.stack.auth import admin_kwargs, auth_files, service_env, sync_agents
+from intentroute.stack.nats_users import admin_kwargs, auth_files, service_env, sync_agents
 from shared.auth.natsconn import Credential
 from shared.runtime.streams import ensure_streams
 from shared.store import migrate
@@ -115,7 +115,7 @@ class AuthStack:
 
     @property
     def nats_pid(self) -> int:
-        from intentroute.stack.auth import server_pid
+        from intentroute.stack.nats_users import server_pid
 
         return server_pid(auth_files(self.state_dir))
 

@@ -14,7 +14,7 @@ from typing import Any
 import nats
 
 from intentroute.stack import NatsServer, PostgresServer
-from intentroute.stack.auth import admin_kwargs, auth_files, sync_agents
+from intentroute.stack.nats_users import admin_kwargs, auth_files, sync_agents
 from shared.auth.natsconn import Credential
 from shared.store import migrate
 from shared.store.agents import AgentStore

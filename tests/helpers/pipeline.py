@@ -100,7 +100,7 @@ def worker_env(env: Mapping[str, str], name: str) -> dict[str, str]:
     home = Path(env.get("INTENTROUTE_HOME", ""))
     if not (home / "creds").is_dir():
         return dict(env)
-    from intentroute.stack.auth import service_env
+    from intentroute.stack.nats_users import service_env
 
     return {**env, **service_env(home, name)}
 

@@ -152,7 +152,7 @@ async def test_a_revoked_agents_queued_request_is_refused_by_the_gateway(
     agent = f"leaver-{uuid.uuid4().hex[:6]}"
     try:
         cred = await store.add(agent)
-        from intentroute.stack.auth import sync_agents
+        from intentroute.stack.nats_users import sync_agents
 
         home = Path(base_env(nats_url, database_url, kb_index)["INTENTROUTE_HOME"])
         await sync_agents(home, database_url)

@@ -17,7 +17,7 @@ import nats
 import pytest
 
 from intentroute.stack import NatsServer, PostgresServer, StackInfo, write_state
-from intentroute.stack.auth import auth_files
+from intentroute.stack.nats_users import auth_files
 from shared.auth.natsconn import read_credential
 from shared.store import migrate
 from shared.store.agents import AgentStore

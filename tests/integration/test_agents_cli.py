@@ -17,7 +17,7 @@ import nats
 import pytest
 
 from intentroute.stack import StackInfo, write_state
-from intentroute.stack.auth import AuthSync, auth_files
+from intentroute.stack.nats_users import AuthSync, auth_files
 from shared.auth.natsconn import connect_kwargs, read_credential
 from shared.client.caller import assemble
 from shared.client.connect import connect_agent

@@ -17,7 +17,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from intentroute.stack.auth import service_env
+from intentroute.stack.nats_users import service_env
 from shared.contracts import response
 from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.response import ChunkKind, ResponseChunk

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from intentroute.cli import app
-from intentroute.stack.auth import ops_kwargs
+from intentroute.stack.nats_users import ops_kwargs
 from tests.helpers.fake_openai import FakeOpenAI
 from tests.helpers.pipeline import ask_all, base_env, make_request, running
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from intentroute.stack.auth import admin_kwargs
+from intentroute.stack.nats_users import admin_kwargs
 from shared.auth.natsconn import write_credential
 from shared.contracts.request import STREAM, request_subject
 from tests.helpers.agents import add_agents

@@ -538,7 +538,7 @@ async def backlog(nats_url: str) -> AsyncIterator[tuple[Any, int]]:
     backlog, and clears both after."""
     import nats
 
-    from intentroute.stack.auth import admin_kwargs
+    from intentroute.stack.nats_users import admin_kwargs
     from services.retriever.handlers import build_stage
     from services.retriever.settings import RetrieverSettings
     from shared.contracts import deadletter, pipeline
@@ -564,7 +564,7 @@ async def gateway_connection(nats_url: str) -> Any:
     """The bus connection the gateway has: its service user, its grants."""
     import nats
 
-    from intentroute.stack.auth import auth_files, read_credential
+    from intentroute.stack.nats_users import auth_files, read_credential
     from shared.auth.permissions import service_user
 
     files = auth_files(Path(os.environ["INTENTROUTE_HOME"]))

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from intentroute.cli import app
-from intentroute.stack.auth import admin_kwargs
+from intentroute.stack.nats_users import admin_kwargs
 from services.retriever.embedded import EmbeddedRetrieval
 from services.retriever.ports import SearchResult
 from shared.client.caller import follow

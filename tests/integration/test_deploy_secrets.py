@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from intentroute.cli import app
 from intentroute.deploy.probe import probe
 from intentroute.deploy.secrets import init_secrets
-from intentroute.stack.auth import RunningServer, reload_confirmed, service_env
+from intentroute.stack.nats_users import RunningServer, reload_confirmed, service_env
 from intentroute.stack.natsserver import NatsServer, nats_server_binary
 from intentroute.stack.postgres import PostgresServer
 from intentroute.stack.procs import free_port

@@ -9,7 +9,7 @@ import nats
 import pytest
 
 from intentroute.stack import embedded_stack
-from intentroute.stack.auth import admin_kwargs
+from intentroute.stack.nats_users import admin_kwargs
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services.classifier.offline.intents_eval import eval_intents
-from services.classifier.offline.labelled import load_labelled
+from offline.classifier.intents_eval import eval_intents
+from offline.classifier.labelled import load_labelled
 from shared.encoders.embeddings import DEFAULT_MODEL as MINILM
 from tests.helpers import intent_datasets as ds
 

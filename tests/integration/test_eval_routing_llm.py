@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.classifier.offline.routing_eval import run_eval_routing
+from offline.classifier.routing_eval import run_eval_routing
 from services.classifier.settings import ClassifierSettings
 from tests.helpers.fake_openai import FakeOpenAI
 

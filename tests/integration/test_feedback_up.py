@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from intentroute.stack.auth import DEMO_AGENT, auth_files
+from intentroute.stack.nats_users import DEMO_AGENT, auth_files
 from intentroute.stack.state import read_state
 
 pytestmark = pytest.mark.integration

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
+from offline.classifier.promote import HeadWriter, train_and_promote
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.registry import HeadRegistry
-from services.classifier.offline.promote import HeadWriter, train_and_promote
 from shared.store.export import export_history
 from shared.store.rows import HistoryRow
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from offline.retriever.evaluation import evaluate
 from services.retriever.app import build_retrieval
 from services.retriever.fusion import Fusion, FusionSettings
 from services.retriever.index import EmbeddedIndex
 from services.retriever.indexing.embedded_ingest import ingest
-from services.retriever.offline.evaluation import evaluate
 from services.retriever.settings import RetrieverSettings
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from offline.classifier.promote import HeadWriter
+from offline.classifier.train import train_head
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.head import EmbeddingHead
-from services.classifier.offline.promote import HeadWriter
-from services.classifier.offline.train import train_head
 from shared.encoders.embeddings import SentenceTransformerEncoder, pin_threads
 from shared.encoders.fast import FastEncoder, onnxruntime_available
 from shared.encoders.fast.build import smooth_onnx

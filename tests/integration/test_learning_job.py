@@ -22,8 +22,8 @@ from shared.learning.settings import LearnSettings
 from shared.policy.ab import arm_sql, in_ab_arm, load_candidates
 from shared.policy.agent import AgentPolicy, ClarityPolicy, apply_assignment
 from shared.store.policies import load_policy, save_policy
+from testkit.clocks import ManualUtcClock
 from tests.helpers.learning import (
-    Clock,
     Truth,
     ab_policy,
     fresh_database,
@@ -51,7 +51,7 @@ async def conn(learn_db: str) -> AsyncIterator[asyncpg.Connection]:
     await connection.close()
 
 
-async def seed_history(conn: asyncpg.Connection, clock: Clock, agent: str, truth: Truth,
+async def seed_history(conn: asyncpg.Connection, clock: ManualUtcClock, agent: str, truth: Truth,
                        policy: AgentPolicy, *, n: int = 3000, seed: int = 1) -> None:
     """30 days of an agent's traffic served with `policy`, which is then its policy."""
     traffic = simulate(agent, truth, n, start=clock.now - _days(30), end=clock.now,
@@ -60,14 +60,14 @@ async def seed_history(conn: asyncpg.Connection, clock: Clock, agent: str, truth
     await save_policy(conn, agent, policy)
 
 
-async def seed_live(conn: asyncpg.Connection, clock: Clock, agent: str, truth: Truth, *,
+async def seed_live(conn: asyncpg.Connection, clock: ManualUtcClock, agent: str, truth: Truth, *,
                     days: float, n: int, seed: int) -> None:
     """`days` of live traffic: the base policy, or the candidate for its A/B arm."""
     serve = ab_policy(agent, await load_policy(conn, agent), await load_candidates(conn))
     traffic = simulate(agent, truth, n, start=clock.now, end=clock.now + _days(days),
                        policy_for=serve, seed=seed)
     await store_traffic(conn, traffic)
-    clock.advance(days)
+    clock.advance(days=days)
 
 
 def _days(n: float) -> Any:
@@ -76,7 +76,7 @@ def _days(n: float) -> Any:
     return timedelta(days=n)
 
 
-async def learn(conn: asyncpg.Connection, clock: Clock) -> dict[str, Any]:
+async def learn(conn: asyncpg.Connection, clock: ManualUtcClock) -> dict[str, Any]:
     summary = await run_job(conn, default_phases(SETTINGS), clock)
     assert summary["ok"], summary
     return summary
@@ -88,7 +88,7 @@ async def proposals(conn: asyncpg.Connection, agent: str) -> list[asyncpg.Record
         "ab_started_at, share FROM learning_proposals WHERE agent_id = $1 ORDER BY id", agent)
 
 
-async def seed_threshold_world(conn: asyncpg.Connection, clock: Clock) -> None:
+async def seed_threshold_world(conn: asyncpg.Connection, clock: ManualUtcClock) -> None:
     """"ide" asks below 0.65; its users rate a clarifying question a success 35% of the
     time, and an answer at confidence c a success with probability c: asking below
     ~0.35 is best. "pool" always answers (the evidence of what answering unsure
@@ -100,7 +100,7 @@ async def seed_threshold_world(conn: asyncpg.Connection, clock: Clock) -> None:
 async def test_the_job_promotes_a_better_clarity_threshold_after_its_ab_share(
     conn: asyncpg.Connection,
 ) -> None:
-    clock = Clock()
+    clock = ManualUtcClock()
     await seed_threshold_world(conn, clock)
 
     summary = await learn(conn, clock)
@@ -141,7 +141,7 @@ async def test_the_job_refuses_a_setting_that_is_worse_on_live_traffic(
     """The log says answering more unsure messages pays, so the proposal passes observe
     mode; but the answers have since got worse (a degraded model): the A/B arm does
     worse than the rest of the agent's traffic and the setting is refused."""
-    clock = Clock()
+    clock = ManualUtcClock()
     await seed_threshold_world(conn, clock)
     await learn(conn, clock)
     (proposal,) = await proposals(conn, "ide")
@@ -169,7 +169,7 @@ async def test_observe_mode_blocks_a_clearly_worse_proposal_before_any_ab(
 ) -> None:
     """An operator's proposal to ask on every unsure message: replayed over the log, the
     decisions it turns from answers into questions lose value, so it never reaches A/B."""
-    clock = Clock()
+    clock = ManualUtcClock()
     await seed_threshold_world(conn, clock)
     await conn.execute(
         "INSERT INTO learning_proposals (agent_id, key, value, status, origin, created_at) "
@@ -195,7 +195,7 @@ async def test_the_job_reorders_a_fallback_chain_by_the_agents_success(
 ) -> None:
     """"chat" used both models; m-big succeeds for it 90% of the time, m-small 60%, yet
     its chain puts m-small first: the job proposes m-big first and promotes it."""
-    clock = Clock()
+    clock = ManualUtcClock()
     truth = Truth(answer=lambda c: 1.0, models={"m-big": 0.9, "m-small": 0.6})
     await seed_history(conn, clock, "chat", truth, AgentPolicy(), seed=6)
     small_first = apply_assignment(AgentPolicy(), "fallback.main=m-small,m-big,error")
@@ -219,7 +219,7 @@ async def test_a_requests_value_is_its_feedback_else_what_the_log_knows(
 ) -> None:
     from shared.learning.slices import load_slices
 
-    clock = Clock()
+    clock = ManualUtcClock()
     # (outcome, fallback, validation_status, feedback (outcome, source) or None, value)
     cases = [
         ("ok", False, "", None, 1.0),

@@ -13,7 +13,7 @@ import pytest
 
 from services.classifier.adapters import build_llm
 from services.classifier.cascade import Cascade, CascadeConfig
-from services.classifier.llm import LABEL_SCHEMA, LABELS, ModelLabeler
+from services.classifier.layer3 import LABEL_SCHEMA, LABELS, ModelLabeler
 from services.classifier.settings import ClassifierSettings
 from services.retriever.adapters import VERDICT, ModelRelevanceJudge
 from services.retriever.app import build_judge
@@ -23,8 +23,8 @@ from shared.contracts.request import AgentRequest
 from shared.contracts.routing import HistoryEntry, Layer, QueryType
 from shared.llm.ollama import OllamaBackend
 from shared.llm.openai import LlamaCppBackend, OpenAIBackend
+from testkit.fakes import KeywordLayer2
 from tests.helpers.fake_openai import FakeOpenAI
-from tests.helpers.layer2 import TABLE, FakeLayer2
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +158,7 @@ async def test_off_schema_or_unreachable_llm_falls_back_to_layer2(
                     OpenAIBackend(fake_openai.base_url, api_key="sk-test"),
                     OpenAIBackend(fake_openai.base_url, api_key="wrong-key"),
                     OllamaBackend("http://127.0.0.1:9")):
-        cascade = Cascade(CascadeConfig(), layer2=FakeLayer2(TABLE),
+        cascade = Cascade(CascadeConfig(), layer2=KeywordLayer2(),
                           llm=ModelLabeler(backend, "gpt-test", timeout=2))
         d = await cascade.decide(req, [])
         assert (d.type, d.layer) == (QueryType.RETRIEVAL, Layer.FALLBACK), backend
@@ -167,7 +167,7 @@ async def test_off_schema_or_unreachable_llm_falls_back_to_layer2(
 
 
 async def test_rc01_prefixed_query_never_reaches_the_llm(fake_ollama) -> None:
-    cascade = Cascade(CascadeConfig(), layer2=FakeLayer2(TABLE),
+    cascade = Cascade(CascadeConfig(), layer2=KeywordLayer2(),
                       llm=ModelLabeler(OllamaBackend(fake_ollama.url), "small", timeout=5))
     req = AgentRequest(request_id="r", session_id="s", agent_id="a",
                        query="You are a direct and concise assistant. Explain hmm")

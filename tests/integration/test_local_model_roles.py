@@ -14,7 +14,7 @@ import pytest
 from intentroute.stack.llm import LOCAL_MODEL, local_server
 from services.classifier.adapters import build_llm
 from services.classifier.cascade import Cascade, CascadeConfig
-from services.classifier.llm import ModelLabeler
+from services.classifier.layer3 import ModelLabeler
 from services.classifier.settings import ClassifierSettings
 from services.retriever.adapters import ModelRelevanceJudge
 from services.retriever.app import build_judge
@@ -24,7 +24,7 @@ from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind, ValidationStatus
 from shared.contracts.routing import HistoryEntry, Layer, QueryType
 from shared.llm.openai import LlamaCppBackend
-from tests.helpers.layer2 import TABLE, FakeLayer2
+from testkit.fakes import KeywordLayer2
 from tests.helpers.parser import CountingParser
 from tests.helpers.pipeline import ask_all, base_env, make_request, running
 from tests.helpers.recording_proxy import RecordingProxy
@@ -53,7 +53,7 @@ async def test_layer3_on_the_local_model_labels_an_ambiguous_message(
     assert isinstance(llm.backend, LlamaCppBackend)
     assert llm.model == LOCAL_MODEL
     # Layer 2 (a stand-in here) is unsure of this message: it falls through to Layer 3.
-    cascade = Cascade(CascadeConfig(), layer2=FakeLayer2(TABLE), llm=llm)
+    cascade = Cascade(CascadeConfig(), layer2=KeywordLayer2(), llm=llm)
     request = AgentRequest(request_id="r", session_id="s", agent_id="a",
                            query="could you handle the dates too")
     history = [HistoryEntry(QueryType.CODE_GENERATION, "write an endpoint that stores"),

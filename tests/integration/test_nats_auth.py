@@ -18,7 +18,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from intentroute.stack import nats_server_binary
-from intentroute.stack.auth import auth_files
+from intentroute.stack.nats_users import auth_files
 from shared.auth.permissions import STREAM_SUBJECTS
 from shared.contracts import pipeline
 from shared.contracts.response import STREAM as RESPONSES

@@ -22,7 +22,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from intentroute.stack import NatsCluster
-from intentroute.stack.auth import admin_kwargs, auth_files, sync_agents
+from intentroute.stack.nats_users import admin_kwargs, auth_files, sync_agents
 from intentroute.stack.replication import Replicated, leaders, wait_until
 from shared.auth.natsconn import Credential
 from shared.client.caller import ask, publish_until_stored

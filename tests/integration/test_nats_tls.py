@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from intentroute.stack import NatsServer, ServerTls
-from intentroute.stack.auth import (
+from intentroute.stack.nats_users import (
     admin_kwargs,
     apply_agents,
     auth_files,

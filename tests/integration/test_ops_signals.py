@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from intentroute.cli import app
 from intentroute.stack import free_port
-from intentroute.stack.auth import admin_kwargs, ops_kwargs
+from intentroute.stack.nats_users import admin_kwargs, ops_kwargs
 from intentroute.status import gather
 from shared.client.caller import publish_request
 from shared.contracts import pipeline

@@ -87,7 +87,7 @@ async def test_a_ten_second_postgres_outage_loses_no_answer_and_no_row(
             stack.pg.start()
             results = await asyncio.gather(*pending)
             # Rows of turns answered during the outage were queued on the bus
-            # (shared.runtime.turn_rows): the workers' row writer stores them now.
+            # (shared.runtime.row_queue): the workers' row writer stores them now.
             ids = [r.request_id for r in requests]
             for _ in range(120):
                 counts = await row_counts(stack, ids)

@@ -16,7 +16,7 @@ import nats
 import pytest
 from nats.js.errors import NotFoundError
 
-from services.gateway.replay import ReplayService
+from services.gateway.replay_service import ReplayService
 from shared.contracts import pipeline
 from shared.contracts.codec import encode
 from shared.contracts.response import STREAM as RESPONSES

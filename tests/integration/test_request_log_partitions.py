@@ -285,7 +285,7 @@ async def test_a_busy_log_defers_the_drop_instead_of_stalling_writes(
 async def test_the_jobs_accounting_phase_refreshes_stale_days_then_retention(
     conn: asyncpg.Connection,
 ) -> None:
-    from shared.accounting.job import accounting_phase
+    from shared.accounting.phase import accounting_phase
 
     agent = "job"
     for days_ago in (3, 1, 0):

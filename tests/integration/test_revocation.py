@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from intentroute.stack import free_port
-from intentroute.stack.auth import AuthSync, auth_files, server_pid
+from intentroute.stack.nats_users import AuthSync, auth_files, server_pid
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from shared.store import asyncpg_dsn
 from tests.helpers.agents import add_agents

@@ -27,7 +27,7 @@ from bench.sigint import (
     stored_finals,
     up_env,
 )
-from intentroute.stack.auth import DEMO_AGENT, admin_kwargs, auth_files
+from intentroute.stack.nats_users import DEMO_AGENT, admin_kwargs, auth_files
 from intentroute.workers import WORKERS
 from shared.auth.natsconn import read_credential
 from shared.client.caller import publish_until_stored

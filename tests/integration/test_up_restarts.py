@@ -21,8 +21,8 @@ import asyncpg
 import nats
 import pytest
 
-from intentroute.stack.ports import PORTS_FILE, StackPorts, write_ports
 from intentroute.stack.state import StackInfo, pid_alive, read_state
+from intentroute.stack.tcp_ports import PORTS_FILE, StackPorts, write_ports
 from shared.auth.natsconn import read_credential
 from shared.client.caller import follow, publish_until_stored
 from shared.contracts.request import AgentRequest

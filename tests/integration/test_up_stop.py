@@ -15,7 +15,7 @@ import nats
 import pytest
 
 from bench.sigint import Finals, Up, _request, sigint_under_load, up_env
-from intentroute.stack.auth import DEMO_AGENT, auth_files
+from intentroute.stack.nats_users import DEMO_AGENT, auth_files
 from intentroute.workers import WORKERS
 from shared.auth.natsconn import read_credential
 from shared.client.caller import publish_until_stored

@@ -28,7 +28,7 @@ from shared.learning.job import learn_once
 from shared.learning.settings import LearnSettings
 from shared.policy.ab import load_candidates
 from shared.store import asyncpg_dsn, migrate
-from shared.store.feedback import FeedbackTable
+from shared.store.feedback_table import FeedbackTable
 from shared.store.partitions import (
     DEFAULT_PARTITION,
     drop_partitions_before,

@@ -9,14 +9,7 @@ import pytest
 from shared.auth import identity
 from shared.auth.identity import AgentSecret, CachedAgents
 from shared.auth.ports import AgentInfo
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from testkit.clocks import ManualClock
 
 
 async def test_an_expired_record_is_kept_while_the_database_does_not_answer(
@@ -32,7 +25,7 @@ async def test_an_expired_record_is_kept_while_the_database_does_not_answer(
             await asyncio.Event().wait()  # Postgres stopped: never answers
         return record
 
-    clock = Clock()
+    clock = ManualClock()
     agents = CachedAgents(fetch, ttl=5.0, clock=clock)
     assert await agents.get("agent-a") == record.info
     paused.set()

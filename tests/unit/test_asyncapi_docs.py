@@ -37,7 +37,7 @@ from shared.contracts.routing import (
     QueryType,
     RoutingDecision,
 )
-from shared.runtime.turn_rows import QueuedRows
+from shared.runtime.row_queue import QueuedRows
 from shared.store.rows import HistoryRow, RequestLogRow, TurnRow
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "asyncapi"

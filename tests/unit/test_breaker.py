@@ -17,25 +17,15 @@ from services.validator.parser_client import (
 from services.validator.ports import CheckStatus, ParseOutcome
 from services.validator.settings import ValidatorSettings
 from shared.contracts.parser import TraceLine
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from testkit.clocks import ManualClock
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> ManualClock:
+    return ManualClock(1000.0)
 
 
-def open_breaker(clock: FakeClock, threshold: int = 3, cooldown: float = 30.0) -> CircuitBreaker:
+def open_breaker(clock: ManualClock, threshold: int = 3, cooldown: float = 30.0) -> CircuitBreaker:
     breaker = CircuitBreaker(threshold, cooldown, clock=clock)
     for _ in range(threshold):
         assert breaker.allow()
@@ -53,7 +43,7 @@ def test_defaults_match_the_adr() -> None:
     assert breaker.state is BreakerState.CLOSED
 
 
-def test_opens_after_threshold_consecutive_failures(clock: FakeClock) -> None:
+def test_opens_after_threshold_consecutive_failures(clock: ManualClock) -> None:
     breaker = CircuitBreaker(3, 30, clock=clock)
     breaker.record_failure()
     breaker.record_failure()
@@ -64,7 +54,7 @@ def test_opens_after_threshold_consecutive_failures(clock: FakeClock) -> None:
     assert not breaker.allow()
 
 
-def test_a_success_resets_the_consecutive_count(clock: FakeClock) -> None:
+def test_a_success_resets_the_consecutive_count(clock: ManualClock) -> None:
     breaker = CircuitBreaker(3, 30, clock=clock)
     breaker.record_failure()
     breaker.record_failure()
@@ -76,7 +66,7 @@ def test_a_success_resets_the_consecutive_count(clock: FakeClock) -> None:
     assert breaker.state is BreakerState.OPEN
 
 
-def test_open_until_cooldown_then_half_open(clock: FakeClock) -> None:
+def test_open_until_cooldown_then_half_open(clock: ManualClock) -> None:
     breaker = open_breaker(clock)
     clock.advance(29.9)
     assert breaker.state is BreakerState.OPEN
@@ -85,7 +75,7 @@ def test_open_until_cooldown_then_half_open(clock: FakeClock) -> None:
     assert breaker.state is BreakerState.HALF_OPEN
 
 
-def test_half_open_allows_exactly_one_probe(clock: FakeClock) -> None:
+def test_half_open_allows_exactly_one_probe(clock: ManualClock) -> None:
     breaker = open_breaker(clock)
     clock.advance(30)
     assert breaker.allow()
@@ -94,7 +84,7 @@ def test_half_open_allows_exactly_one_probe(clock: FakeClock) -> None:
     assert breaker.state is BreakerState.HALF_OPEN
 
 
-def test_probe_success_closes(clock: FakeClock) -> None:
+def test_probe_success_closes(clock: ManualClock) -> None:
     breaker = open_breaker(clock)
     clock.advance(30)
     assert breaker.allow()
@@ -108,7 +98,7 @@ def test_probe_success_closes(clock: FakeClock) -> None:
     assert breaker.state is BreakerState.CLOSED
 
 
-def test_probe_failure_reopens_with_a_new_cooldown(clock: FakeClock) -> None:
+def test_probe_failure_reopens_with_a_new_cooldown(clock: ManualClock) -> None:
     breaker = open_breaker(clock)
     clock.advance(45)
     assert breaker.allow()
@@ -121,7 +111,7 @@ def test_probe_failure_reopens_with_a_new_cooldown(clock: FakeClock) -> None:
     assert breaker.allow()
 
 
-def test_released_probe_lets_another_caller_probe(clock: FakeClock) -> None:
+def test_released_probe_lets_another_caller_probe(clock: ManualClock) -> None:
     breaker = open_breaker(clock)
     clock.advance(30)
     assert breaker.allow()
@@ -129,7 +119,7 @@ def test_released_probe_lets_another_caller_probe(clock: FakeClock) -> None:
     assert breaker.allow()
 
 
-def test_stragglers_do_not_move_an_open_circuit(clock: FakeClock) -> None:
+def test_stragglers_do_not_move_an_open_circuit(clock: ManualClock) -> None:
     breaker = open_breaker(clock)
     clock.advance(20)
     breaker.record_failure()  # a call started before the circuit opened
@@ -139,7 +129,7 @@ def test_stragglers_do_not_move_an_open_circuit(clock: FakeClock) -> None:
     assert breaker.state is BreakerState.HALF_OPEN
 
 
-def test_state_changes_are_logged(clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
+def test_state_changes_are_logged(clock: ManualClock, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="intentroute.validator")
     breaker = open_breaker(clock)
     clock.advance(30)
@@ -202,7 +192,7 @@ class BlockedClient:
         return ParseOutcome(valid=True)
 
 
-async def test_valid_and_invalid_verdicts_carry_the_trace(clock: FakeClock) -> None:
+async def test_valid_and_invalid_verdicts_carry_the_trace(clock: ManualClock) -> None:
     client = ScriptedClient(ParseOutcome(True), ParseOutcome(False, TRACE))
     guarded = GuardedParser(client, CircuitBreaker(clock=clock), strict=True)
     first = await guarded.check("addVar(a, 1)")
@@ -233,7 +223,7 @@ async def test_no_client_means_unavailable() -> None:
 
 
 async def test_three_failures_open_the_circuit_and_stop_calls(
-    clock: FakeClock, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="intentroute.validator")
     client = ScriptedClient(ParserUnavailableError("UNAVAILABLE: connection refused"))
@@ -251,7 +241,7 @@ async def test_three_failures_open_the_circuit_and_stop_calls(
     assert "[ptvl] parser unavailable — returning unvalidated" in caplog.text
 
 
-async def test_half_open_probe_success_closes_the_circuit(clock: FakeClock) -> None:
+async def test_half_open_probe_success_closes_the_circuit(clock: ManualClock) -> None:
     client = ScriptedClient(
         ParserUnavailableError("down"),
         ParserUnavailableError("down"),
@@ -268,7 +258,7 @@ async def test_half_open_probe_success_closes_the_circuit(clock: FakeClock) -> N
     assert len(client.calls) == 4
 
 
-async def test_only_one_probe_in_flight_while_half_open(clock: FakeClock) -> None:
+async def test_only_one_probe_in_flight_while_half_open(clock: ManualClock) -> None:
     breaker = open_breaker(clock)
     clock.advance(30)
     client = BlockedClient()
@@ -283,7 +273,7 @@ async def test_only_one_probe_in_flight_while_half_open(clock: FakeClock) -> Non
     assert breaker.state is BreakerState.CLOSED
 
 
-async def test_a_hung_parser_times_out_and_counts_as_failure(clock: FakeClock) -> None:
+async def test_a_hung_parser_times_out_and_counts_as_failure(clock: ManualClock) -> None:
     client = BlockedClient()
     breaker = CircuitBreaker(1, 30, clock=clock)
     guarded = GuardedParser(client, breaker, timeout=0.05)
@@ -293,7 +283,7 @@ async def test_a_hung_parser_times_out_and_counts_as_failure(clock: FakeClock) -
     client.release.set()
 
 
-async def test_cancelled_probe_gives_the_permit_back(clock: FakeClock) -> None:
+async def test_cancelled_probe_gives_the_permit_back(clock: ManualClock) -> None:
     breaker = open_breaker(clock)
     clock.advance(30)
     client = BlockedClient()
@@ -307,7 +297,7 @@ async def test_cancelled_probe_gives_the_permit_back(clock: FakeClock) -> None:
     assert breaker.allow()  # the next caller may probe
 
 
-async def test_rejected_request_is_unavailable_but_not_an_outage(clock: FakeClock) -> None:
+async def test_rejected_request_is_unavailable_but_not_an_outage(clock: ManualClock) -> None:
     client = ScriptedClient(ParserRejectedError("code too large"))
     breaker = CircuitBreaker(1, 30, clock=clock)
     result = await GuardedParser(client, breaker).check("x" * 10)

@@ -1,5 +1,5 @@
 """The routing contract (RC-01..RC-06) and PRD-0003 scenarios on the cascade, with
-hand-written fakes for Layer 2 and Layer 3."""
+hand-written fakes for Layer 2 and Layer 3 (testkit)."""
 
 from __future__ import annotations
 
@@ -7,36 +7,25 @@ import pytest
 
 from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.handlers import clarification_text
-from services.classifier.llm import format_history, render_classifier_prompt
+from services.classifier.layer3 import format_history, render_classifier_prompt
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import Clarity, HistoryEntry, Layer, ModelSlot, QueryType
-from tests.helpers.layer2 import TABLE, FakeLayer2
+from testkit.fakes import KeywordLayer2, ScriptedLabeler
 
 R, C, V, P = (QueryType.RETRIEVAL, QueryType.CODE_GENERATION, QueryType.CONVERSATIONAL,
               QueryType.PLATFORM)
-
-
-class FakeLLM:
-    def __init__(self, answer: QueryType | None) -> None:
-        self.answer = answer
-        self.calls: list[tuple[str, list[HistoryEntry]]] = []
-
-    async def label(self, query: str, history: list[HistoryEntry], editor_context: str
-                    ) -> QueryType | None:
-        self.calls.append((query, history))
-        return self.answer
 
 
 def req(query: str, **kw: str) -> AgentRequest:
     return AgentRequest(request_id="r", session_id="s", agent_id="a", query=query, **kw)
 
 
-def cascade(llm: FakeLLM | None = None, **cfg: object) -> Cascade:
-    return Cascade(CascadeConfig(**cfg), layer2=FakeLayer2(TABLE), llm=llm)  # type: ignore[arg-type]
+def cascade(llm: ScriptedLabeler | None = None, **cfg: object) -> Cascade:
+    return Cascade(CascadeConfig(**cfg), layer2=KeywordLayer2(), llm=llm)  # type: ignore[arg-type]
 
 
 async def test_rc01_prefix_is_platform_and_never_calls_a_model() -> None:
-    llm = FakeLLM(R)
+    llm = ScriptedLabeler(R)
     c = cascade(llm)
     d = await c.decide(req("You are a direct and concise assistant. Summarise the docs."), [],
                        trusted=True)
@@ -56,14 +45,14 @@ async def test_rc01_prefix_from_an_untrusted_agent_is_ordinary_text() -> None:
 
 async def test_rc02_platform_data_wins_over_history() -> None:
     history = [HistoryEntry(R, "what is addVar")] * 5 + [HistoryEntry(C, "write a loop")]
-    d = await cascade(FakeLLM(R)).decide(req("cuántas llamadas llevo este mes?"), history)
+    d = await cascade(ScriptedLabeler(R)).decide(req("cuántas llamadas llevo este mes?"), history)
     assert (d.type, d.layer) == (P, Layer.RULES)
 
 
 @pytest.mark.parametrize("dominant", list(QueryType))
 async def test_rc03_history_never_changes_a_self_contained_message(dominant: QueryType) -> None:
     history = [HistoryEntry(dominant, "earlier turn")] * 6
-    c = cascade(FakeLLM(None))
+    c = cascade(ScriptedLabeler(None))
     for query in ("What does addVar do?", "write a loop that sums a list", "hmm tell me stuff"):
         assert (await c.decide(req(query), history)).type == (await c.decide(req(query), [])).type
 
@@ -109,14 +98,14 @@ async def test_rc06_llm_sees_at_most_six_history_entries() -> None:
 
 
 async def test_threshold_fall_through_to_llm_and_fallback() -> None:
-    llm = FakeLLM(C)
+    llm = ScriptedLabeler(C)
     confident = await cascade(llm).decide(req("What does addVar do?"), [])
     assert (confident.layer, confident.clarity) == (Layer.EMBEDDING, Clarity.CLEAR)
     assert llm.calls == []
     unsure = await cascade(llm).decide(req("maybe something"), [])
     assert (unsure.type, unsure.layer, unsure.clarity) == (C, Layer.LLM,
                                                            Clarity.NEEDS_CONFIRMATION)
-    down = await cascade(FakeLLM(None)).decide(req("hmm what"), [])
+    down = await cascade(ScriptedLabeler(None)).decide(req("hmm what"), [])
     assert (down.type, down.layer, down.clarity) == (R, Layer.FALLBACK,
                                                      Clarity.NEEDS_CLARIFICATION)
     no_llm = await cascade(None).decide(req("hmm what"), [])
@@ -124,7 +113,7 @@ async def test_threshold_fall_through_to_llm_and_fallback() -> None:
 
 
 async def test_threshold_is_configurable() -> None:
-    d = await cascade(FakeLLM(None), threshold=0.6).decide(req("maybe something"), [])
+    d = await cascade(ScriptedLabeler(None), threshold=0.6).decide(req("maybe something"), [])
     assert (d.layer, d.clarity) == (Layer.EMBEDDING, Clarity.CLEAR)
 
 
@@ -146,7 +135,7 @@ async def test_single_intent_with_and_is_not_multi_intent() -> None:
 
 
 async def test_declared_type_skips_every_layer() -> None:
-    llm = FakeLLM(R)
+    llm = ScriptedLabeler(R)
     c = cascade(llm)
     d = await c.decide(req("hmm", query_type="PLATFORM"), [], trusted=True)
     assert (d.type, d.layer) == (P, Layer.DECLARED)
@@ -184,7 +173,7 @@ async def test_thanks_and_sign_offs_ignore_a_history_of_another_type(query: str)
 
 
 async def test_thanks_followed_by_a_question_is_not_social() -> None:
-    layer2 = FakeLayer2(TABLE)
+    layer2 = KeywordLayer2()
     d = await Cascade(layer2=layer2).decide(  # type: ignore[arg-type]
         req("thanks! and what does addVar return?"), [HistoryEntry(V, "hello")])
     assert d.type == R

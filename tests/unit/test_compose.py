@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from intentroute.deploy.secrets import init_secrets
-from intentroute.stack.auth import service_env
+from intentroute.stack.nats_users import service_env
 from intentroute.workers import WORKERS
 from shared.auth.natsconn import read_credential
 from shared.auth.permissions import ADMIN_USER, service_user
@@ -247,7 +247,7 @@ def test_each_worker_gets_every_setting_it_needs(worker: str, config: dict[str, 
     assert svc["command"] == ["worker", worker]
     environ: dict[str, str] = dict(svc["environment"])
     _container_files(svc, config, tmp_path)
-    # What `intentroute worker` adds from INTENTROUTE_HOME/creds (intentroute.stack.auth).
+    # What `intentroute worker` adds from INTENTROUTE_HOME/creds (intentroute.stack.nats_users).
     home = tmp_path / environ["INTENTROUTE_HOME"].lstrip("/")
     from_creds = service_env(home, worker)
     assert set(from_creds) == FROM_CREDENTIAL

@@ -21,18 +21,10 @@ from shared.policy.confidence import (
 )
 from shared.store.rows import RequestLogRow
 from shared.store.writer import implicit_outcome
+from testkit.clocks import ManualUtcClock
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 P = ConfidenceParams(prior_strength=10.0, daily_decay=0.9, divergence_bound=0.2)
-
-
-class FakeClock:
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def advance(self, **delta: float) -> datetime:
-        self.now += timedelta(**delta)
-        return self.now
 
 
 def test_an_agent_without_evidence_scores_the_global_rate() -> None:
@@ -53,7 +45,7 @@ def test_shrinkage_is_a_prior_worth_k_observations() -> None:
 
 
 def test_idle_evidence_loses_ten_percent_a_day_toward_the_global_rate() -> None:
-    clock = FakeClock(T0)
+    clock = ManualUtcClock(T0)
     seen = T0
     scores = []
     for days in range(4):

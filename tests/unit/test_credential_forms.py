@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from intentroute.stack.ports import StackPorts, Wanted, plan_ports, write_ports
 from intentroute.stack.state import gateway_grpc_listen
+from intentroute.stack.tcp_ports import StackPorts, Wanted, plan_ports, write_ports
 from shared.auth.exports import CredentialFormat, env_vars, nats_context, render
 from shared.auth.natsconn import (
     Credential,

@@ -8,33 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from intentroute.drain import StopSignals, drain
 from intentroute.supervisor import Supervisor
-
-
-class FakeProc:
-    """A process that exits when signalled (unless `stubborn`), recording the signal."""
-
-    def __init__(self, name: str, events: list[str], *, stubborn: bool = False) -> None:
-        self.name = name
-        self.events = events
-        self.stubborn = stubborn
-        self.returncode: int | None = None
-        self.pid = id(self)
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        self.events.append(f"{signal.Signals(sig).name} {self.name}")
-        if not self.stubborn:
-            self.returncode = -sig
-
-    def kill(self) -> None:
-        self.events.append(f"SIGKILL {self.name}")
-        self.returncode = -9
-
-    def wait(self, timeout: float | None = None) -> int:
-        assert self.returncode is not None
-        return self.returncode
+from testkit.procs import FakeProc
 
 
 def _stack(events: list[str], stubborn: Sequence[str] = ()) -> Supervisor:

@@ -1,69 +1,37 @@
-"""Layer 2 head, registry and micro-batcher with a fake deterministic encoder (no model)."""
+"""Layer 2 head, registry and micro-batcher with a fake deterministic encoder (no model:
+testkit's HashedEncoder)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import threading
-import time
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import pytest
 
+from offline.classifier.calibration import expected_calibration_error
+from offline.classifier.labelled import load_labelled, stratified_split
+from offline.classifier.promote import HeadWriter, train_and_promote
+from offline.classifier.train import train_head
 from services.classifier.layer2.batcher import MicroBatcher
 from services.classifier.layer2.classifier import Layer2Classifier
 from services.classifier.layer2.head import EmbeddingHead
 from services.classifier.layer2.predict import Prediction
-from services.classifier.offline.calibration import expected_calibration_error
-from services.classifier.offline.labelled import load_labelled, stratified_split
-from services.classifier.offline.promote import HeadWriter, train_and_promote
-from services.classifier.offline.train import train_head
 from shared.contracts.routing import Clarity
 from shared.policy.clarity import clarity
+from testkit.fakes import HashedEncoder
 
-DIM = 32
+DIM = HashedEncoder.DIM
 TOPICS = {
     "RETRIEVAL": ["docs", "explain", "what", "meaning", "reference"],
     "CODE_GENERATION": ["write", "function", "code", "implement", "script"],
     "CONVERSATIONAL": ["hello", "thanks", "bye", "hi", "cheers"],
     "PLATFORM": ["account", "billing", "quota", "usage", "invoice"],
 }
-
-
-class FakeEncoder:
-    """Bag-of-words hashing encoder: deterministic, instant, thread-safe; records batches."""
-
-    model_name = "fake-bow"
-
-    def __init__(self, delay: float = 0.0) -> None:
-        self.batches: list[int] = []
-        self.threads: set[int] = set()
-        self.delay = delay
-        self.lock = threading.Lock()
-
-    @property
-    def dim(self) -> int:
-        return DIM
-
-    def _vec(self, text: str) -> np.ndarray:
-        v = np.zeros(DIM, np.float32)
-        for w in text.lower().split():
-            h = int.from_bytes(hashlib.sha256(w.encode()).digest()[:4], "little")
-            v[h % DIM] += 1.0 if (h >> 8) % 2 else -1.0
-        n = np.linalg.norm(v)
-        return v / n if n else v
-
-    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        with self.lock:
-            self.batches.append(len(texts))
-            self.threads.add(threading.get_ident())
-        if self.delay:
-            time.sleep(self.delay)
-        return np.vstack([self._vec(t) for t in texts]) if texts else np.zeros((0, DIM))
 
 
 def synthetic(n_per: int = 30, seed: int = 0, noise_words: int = 2) -> tuple[list[str], list[str]]:
@@ -80,18 +48,18 @@ def synthetic(n_per: int = 30, seed: int = 0, noise_words: int = 2) -> tuple[lis
 
 
 @pytest.fixture(scope="module")
-def enc() -> FakeEncoder:
-    return FakeEncoder()
+def enc() -> HashedEncoder:
+    return HashedEncoder()
 
 
 @pytest.fixture(scope="module")
-def head(enc: FakeEncoder) -> EmbeddingHead:
+def head(enc: HashedEncoder) -> EmbeddingHead:
     texts, labels = synthetic()
     return train_head(texts, labels, enc, seed=0, lexical=None)
 
 
 def test_probabilities_sum_to_one_and_confident_on_clear_cases(
-    head: EmbeddingHead, enc: FakeEncoder
+    head: EmbeddingHead, enc: HashedEncoder
 ) -> None:
     assert head.labels == sorted(TOPICS)
     probs = head.predict_proba(enc.encode(["write function code", "hello thanks bye", "x y"]))
@@ -109,7 +77,7 @@ def test_probabilities_sum_to_one_and_confident_on_clear_cases(
     assert len(m["data_hash"]) == 64
 
 
-def test_save_load_round_trip_identical(head: EmbeddingHead, enc: FakeEncoder,
+def test_save_load_round_trip_identical(head: EmbeddingHead, enc: HashedEncoder,
                                         tmp_path: Path) -> None:
     head.save(tmp_path / "h")
     assert sorted(p.name for p in (tmp_path / "h").iterdir()) == [
@@ -130,7 +98,7 @@ def test_ece_and_clarity_helpers() -> None:
     assert clarity(0.5) is Clarity.NEEDS_CLARIFICATION
 
 
-def test_classifier_prediction_shape(head: EmbeddingHead, enc: FakeEncoder) -> None:
+def test_classifier_prediction_shape(head: EmbeddingHead, enc: HashedEncoder) -> None:
     clf = Layer2Classifier(head, enc)
     p = clf.classify("implement a script for me")
     assert isinstance(p, Prediction)
@@ -145,7 +113,7 @@ def test_classifier_prediction_shape(head: EmbeddingHead, enc: FakeEncoder) -> N
     assert clf.classify_batch([]) == []
 
 
-def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path: Path) -> None:
+def test_registry_promotion_refuse_accept_and_reload(enc: HashedEncoder, tmp_path: Path) -> None:
     texts, labels = synthetic(seed=1)
     ev_texts, ev_labels = synthetic(n_per=15, seed=2)
     reg = HeadWriter(tmp_path / "heads", encoder=enc)
@@ -193,7 +161,7 @@ def test_registry_promotion_refuse_accept_and_reload(enc: FakeEncoder, tmp_path:
     assert worker.maybe_reload() is False
 
 
-def test_pointer_is_written_atomically(enc: FakeEncoder, tmp_path: Path) -> None:
+def test_pointer_is_written_atomically(enc: HashedEncoder, tmp_path: Path) -> None:
     reg = HeadWriter(tmp_path, encoder=enc)
     texts, labels = synthetic(n_per=10)
     v = reg.add(train_head(texts, labels, enc, lexical=None))
@@ -204,7 +172,7 @@ def test_pointer_is_written_atomically(enc: FakeEncoder, tmp_path: Path) -> None
         reg.set_current("v9999")
 
 
-def test_loaders_and_train_and_promote(enc: FakeEncoder, tmp_path: Path) -> None:
+def test_loaders_and_train_and_promote(enc: HashedEncoder, tmp_path: Path) -> None:
     texts, labels = synthetic(n_per=20)
     jl = tmp_path / "a.jsonl"
     jl.write_text("".join(
@@ -237,7 +205,7 @@ def test_loaders_and_train_and_promote(enc: FakeEncoder, tmp_path: Path) -> None
 
 
 async def test_micro_batcher_batches_concurrent_submissions(head: EmbeddingHead) -> None:
-    enc = FakeEncoder(delay=0.005)
+    enc = HashedEncoder(delay=0.005)
     clf = Layer2Classifier(head, enc)
     batcher = MicroBatcher(clf, max_batch=16, max_wait_ms=5)
     queries = [
@@ -260,7 +228,7 @@ async def test_micro_batcher_batches_concurrent_submissions(head: EmbeddingHead)
         await batcher.submit("late")
 
 
-async def test_micro_batcher_reload_runs_off_loop(enc: FakeEncoder, tmp_path: Path) -> None:
+async def test_micro_batcher_reload_runs_off_loop(enc: HashedEncoder, tmp_path: Path) -> None:
     texts, labels = synthetic(n_per=10)
     reg = HeadWriter(tmp_path, encoder=enc)
     reg.propose(train_head(texts[::3], labels[::3], enc, lexical=None), texts, labels)
@@ -275,7 +243,7 @@ async def test_micro_batcher_reload_runs_off_loop(enc: FakeEncoder, tmp_path: Pa
 
 
 async def test_micro_batcher_close_drains(head: EmbeddingHead) -> None:
-    enc = FakeEncoder(delay=0.01)
+    enc = HashedEncoder(delay=0.01)
     batcher = MicroBatcher(Layer2Classifier(head, enc), max_batch=4, max_wait_ms=1)
     tasks = [asyncio.create_task(batcher.submit(f"hello {i}")) for i in range(10)]
     await asyncio.sleep(0)  # submissions enqueued
@@ -286,7 +254,7 @@ async def test_micro_batcher_close_drains(head: EmbeddingHead) -> None:
 
 
 async def test_micro_batcher_propagates_errors(head: EmbeddingHead) -> None:
-    class Boom(FakeEncoder):
+    class Boom(HashedEncoder):
         def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
             raise RuntimeError("encoder down")
 
@@ -297,7 +265,7 @@ async def test_micro_batcher_propagates_errors(head: EmbeddingHead) -> None:
 
 
 def test_lexical_block_reads_the_text_and_survives_save_and_load(
-    enc: FakeEncoder, tmp_path: Path
+    enc: HashedEncoder, tmp_path: Path
 ) -> None:
     # Spanish wording the (fake) encoder cannot see: only the char n-grams carry it.
     texts = ["¿cuánto he gastado este mes?", "¿cuántas llamadas llevo?", "mi factura de marzo",
@@ -320,15 +288,15 @@ def test_lexical_block_reads_the_text_and_survives_save_and_load(
     np.testing.assert_array_equal(again.predict_proba(x, asked), probs)
 
 
-class ShallowEncoder(FakeEncoder):
+class ShallowEncoder(HashedEncoder):
     """The early exit's encoder: it only knows the CONVERSATIONAL and PLATFORM words
     (others hash to nothing), so its head is sure of those and unsure of the rest."""
 
     model_name = "fake-bow-shallow"
     KNOWN: ClassVar[set[str]] = set(TOPICS["CONVERSATIONAL"] + TOPICS["PLATFORM"])
 
-    def _vec(self, text: str) -> np.ndarray:
-        return super()._vec(" ".join(w for w in text.split() if w in self.KNOWN))
+    def vector(self, text: str) -> np.ndarray:
+        return super().vector(" ".join(w for w in text.split() if w in self.KNOWN))
 
 
 @pytest.fixture(scope="module")
@@ -344,7 +312,7 @@ def early_head(head: EmbeddingHead, tmp_path_factory: pytest.TempPathFactory) ->
 def test_early_exit_decides_the_sure_texts_and_defers_the_rest(
     early_head: EmbeddingHead, head: EmbeddingHead
 ) -> None:
-    full_enc, shallow_enc = FakeEncoder(), ShallowEncoder()
+    full_enc, shallow_enc = HashedEncoder(), ShallowEncoder()
     clf = Layer2Classifier(early_head, full_enc, early_encoder=shallow_enc)
     texts = ["hello thanks bye", "write function code", "invoice usage quota", "x y"]
     preds = clf.classify_batch(texts)
@@ -356,11 +324,11 @@ def test_early_exit_decides_the_sure_texts_and_defers_the_rest(
     assert preds[1].label == "CODE_GENERATION"
     assert preds[1].confidence > 0.85
     # The unsure ones carry the full head's answer, not the shallow head's guess.
-    alone = Layer2Classifier(head, FakeEncoder())
+    alone = Layer2Classifier(head, HashedEncoder())
     assert [p.probabilities for p in alone.classify_batch([texts[1], texts[3]])] == [
         preds[1].probabilities, preds[3].probabilities]
     # A threshold above every confidence sends everything to the full encoder.
-    strict = Layer2Classifier(early_head, FakeEncoder(), early_encoder=ShallowEncoder(),
+    strict = Layer2Classifier(early_head, HashedEncoder(), early_encoder=ShallowEncoder(),
                               threshold=1.01)
     assert not any(p.early_exit for p in strict.classify_batch(texts))
 

@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from intentroute.cli import app
-from services.classifier.offline.inputs import InputError
-from services.classifier.offline.labelled import load_labelled
-from services.classifier.offline.routing_eval import load_lines
-from services.classifier.offline.rules_eval import load_paraphrases
+from offline.classifier.inputs import InputError
+from offline.classifier.labelled import load_labelled
+from offline.classifier.routing_eval import load_lines
+from offline.classifier.rules_eval import load_paraphrases
 from shared.contracts.routing import QueryType
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.classifier.offline.mixture import mix_members, prior_shift
+from offline.classifier.mixture import mix_members, prior_shift
 from shared.encoders.concat import ConcatEncoder
 
 LABELS = ["a", "b", "oos"]

@@ -4,14 +4,14 @@ import math
 
 import pytest
 
-from services.retriever.offline.metrics import (
+from offline.retriever.ranking_metrics import (
     evaluate_run,
     mrr_at_k,
     ndcg_at_k,
     recall_at_k,
     roc_auc,
 )
-from services.retriever.offline.relevance_calibration import calibrate
+from offline.retriever.relevance_calibration import calibrate
 from services.retriever.relevance import is_relevant
 
 QRELS = {"d1": 2, "d2": 1, "d3": 1}

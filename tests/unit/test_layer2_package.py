@@ -32,7 +32,7 @@ WORKER_MODULES = [
     "services.classifier.layer2.registry",
 ]
 # Training and evaluation code the worker must not load just by being imported.
-OFFLINE_ONLY = ("services.classifier.offline", "sklearn.linear_model",
+OFFLINE_ONLY = ("offline.classifier", "sklearn.linear_model",
                 "sklearn.model_selection", "scipy.optimize", "torch", "transformers",
                 "sentence_transformers")
 

@@ -14,19 +14,9 @@ from intentroute.stack.leftovers import (
     server_pids_left,
     wait_for_leftovers,
 )
-from intentroute.stack.ports import StackPorts, write_ports
 from intentroute.stack.state import StackInfo, write_state
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
+from intentroute.stack.tcp_ports import StackPorts, write_ports
+from testkit.clocks import ManualClock
 
 
 def _info(nats_pid: int = 0, postgres_pid: int = 0) -> StackInfo:
@@ -37,7 +27,7 @@ def _info(nats_pid: int = 0, postgres_pid: int = 0) -> StackInfo:
 
 
 def test_no_stack_json_no_wait(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = ManualClock()
     left = wait_for_leftovers(tmp_path, is_free=lambda _: False, clock=clock,
                               sleep=clock.sleep)
     assert left.dead_pid == 0
@@ -49,7 +39,7 @@ def test_waits_until_the_remembered_client_ports_are_free(tmp_path: Path) -> Non
     write_state(tmp_path, _info())
     write_ports(tmp_path, StackPorts(nats=[4222], postgres=5432, gateway_http=8080,
                                      parser=9000))
-    clock = Clock()
+    clock = ManualClock()
     # Postgres's port is released 1.5 s after the wait began; the parser's is internal
     # (`up` moves it when taken), so it is not waited for.
     left = wait_for_leftovers(tmp_path, is_free=lambda port: port != 5432 or clock.now >= 1.5,
@@ -63,7 +53,7 @@ def test_waits_until_the_remembered_client_ports_are_free(tmp_path: Path) -> Non
 def test_gives_up_after_the_timeout_naming_what_still_holds(tmp_path: Path) -> None:
     write_state(tmp_path, _info())
     write_ports(tmp_path, StackPorts(nats=[4222]))
-    clock = Clock()
+    clock = ManualClock()
     left = wait_for_leftovers(tmp_path, timeout=5.0, is_free=lambda _: False, clock=clock,
                               sleep=clock.sleep)
     assert left.holding == ("port 4222",)

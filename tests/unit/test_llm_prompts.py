@@ -4,7 +4,7 @@ reads the same in every server's form: JSON schema, grammar, parsed reply."""
 
 from __future__ import annotations
 
-from services.classifier.llm import render_classifier_prompt
+from services.classifier.layer3 import render_classifier_prompt
 from services.retriever.adapters import render_relevance_prompt
 from shared.contracts.pipeline import Passage
 from shared.contracts.routing import HistoryEntry, QueryType

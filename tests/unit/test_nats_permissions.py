@@ -167,7 +167,7 @@ def test_only_the_gateway_reads_feedback_and_acknowledges_it() -> None:
 
 
 def test_only_the_gateway_serves_replays_through_one_answer_consumers() -> None:
-    from services.gateway.replay import ReplayService  # noqa: F401  (the server side)
+    from services.gateway.replay_service import ReplayService  # noqa: F401  (the server side)
 
     gateway = service_permissions("gateway")
     assert "agent.replay.*" in gateway.subscribe
@@ -182,7 +182,7 @@ def test_only_the_gateway_serves_replays_through_one_answer_consumers() -> None:
 
 
 def test_the_feedback_consumer_is_the_one_granted() -> None:
-    from services.gateway.feedback import build_feedback_consumer
+    from services.gateway.feedback_recorder import build_feedback_consumer
     from shared.runtime.consumer import StageSpec
 
     spec: StageSpec = build_feedback_consumer(CommonSettings(), max_inflight=4).spec

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-from intentroute.stack.ports import PortPlan, Wanted, plan_ports
+from intentroute.stack.tcp_ports import PortPlan, Wanted, plan_ports
 from shared.common.otel import AGENT_ID, LAYER, QUERY_TYPE, REQUEST_ID, request_attributes
 from shared.common.settings import CommonSettings, SettingError
 from shared.runtime.telemetry import (

@@ -5,30 +5,9 @@ from __future__ import annotations
 import math
 
 from services.retriever.logic import RelevancePolicy, retrieve
-from services.retriever.ports import SearchResult
 from shared.contracts.pipeline import Passage
 from shared.contracts.routing import QueryType
-
-
-class FakeRetrieval:
-    """Scores every search with a fixed BM25 peak; records the queries."""
-
-    def __init__(self, top1: float) -> None:
-        self.top1 = top1
-        self.queries: list[str] = []
-
-    async def search(self, query: str, k: int) -> SearchResult:
-        self.queries.append(query)
-        passage = Passage(f"d{len(self.queries)}", "t", f"text for {query}", 1.0)
-        return SearchResult(passages=[passage], method="bm25", bm25_top1=self.top1,
-                            bm25_scores=[self.top1])
-
-    async def maybe_reload(self) -> bool:
-        return False
-
-    async def close(self) -> None:
-        pass
-
+from testkit.fakes import ScriptedRetrieval
 
 POLICY = RelevancePolicy(mode="embedding", signal="top1_bm25", threshold=5.0)
 
@@ -38,7 +17,7 @@ async def no_turns() -> list[str]:
 
 
 async def test_relevant_context_is_used_without_retry() -> None:
-    fake = FakeRetrieval(top1=9.0)
+    fake = ScriptedRetrieval(bm25_top1=9.0)
     got = await retrieve("what does addVar do", QueryType.RETRIEVAL, fake, k=8, policy=POLICY,
                          last_turns=no_turns)
     assert not got.retried
@@ -46,7 +25,7 @@ async def test_relevant_context_is_used_without_retry() -> None:
 
 
 async def test_insufficient_context_retries_exactly_once_then_generates() -> None:
-    fake = FakeRetrieval(top1=1.0)  # still insufficient after the retry
+    fake = ScriptedRetrieval(bm25_top1=1.0)  # still insufficient after the retry
     got = await retrieve("what does the frobnicate option of addVar do", QueryType.RETRIEVAL,
                          fake, k=8, policy=POLICY, last_turns=no_turns)
     assert got.retried
@@ -54,11 +33,11 @@ async def test_insufficient_context_retries_exactly_once_then_generates() -> Non
     assert fake.queries[1] != fake.queries[0]
     assert got.query == fake.queries[1]
     assert got.passages
-    assert got.passages[0].doc_id == "d2"
+    assert got.passages[0].text == f"About {fake.queries[1]}."  # the retry's passages
 
 
 async def test_code_generation_and_off_policy_never_retry() -> None:
-    fake = FakeRetrieval(top1=0.0)
+    fake = ScriptedRetrieval(bm25_top1=0.0)
     got = await retrieve("write a loop", QueryType.CODE_GENERATION, fake, k=8, policy=POLICY,
                          last_turns=no_turns)
     off = await retrieve("what is x", QueryType.RETRIEVAL, fake, k=8,
@@ -69,7 +48,7 @@ async def test_code_generation_and_off_policy_never_retry() -> None:
 
 
 async def test_follow_up_is_rewritten_from_previous_user_turns() -> None:
-    fake = FakeRetrieval(top1=9.0)
+    fake = ScriptedRetrieval(bm25_top1=9.0)
 
     async def turns() -> list[str]:
         return ["how do I declare a variable with addVar?"]
@@ -90,12 +69,12 @@ async def test_llm_judge_no_triggers_the_retry_and_none_does_not() -> None:
             return self.verdict
 
     policy = RelevancePolicy(mode="llm")
-    no = FakeRetrieval(top1=math.nan)
+    no = ScriptedRetrieval(bm25_top1=math.nan)
     got = await retrieve("what is y", QueryType.RETRIEVAL, no, k=8, policy=policy,
                          last_turns=no_turns, judge=Judge(False))
     assert got.retried
     assert len(no.queries) == 2
-    unknown = FakeRetrieval(top1=math.nan)
+    unknown = ScriptedRetrieval(bm25_top1=math.nan)
     got = await retrieve("what is y", QueryType.RETRIEVAL, unknown, k=8, policy=policy,
                          last_turns=no_turns, judge=Judge(None))
     assert not got.retried

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from offline.classifier.rules_eval import FINAL_PRECISION, run_eval_rules
 from services.classifier.cascade import Cascade, with_prior
 from services.classifier.layer1 import FINAL, PRIOR_CONFIDENCE, Family, RuleHit
-from services.classifier.offline.rules_eval import FINAL_PRECISION, run_eval_rules
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import Clarity, HistoryEntry, Layer, QueryType
 

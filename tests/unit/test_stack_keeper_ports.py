@@ -11,14 +11,15 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from intentroute.stack.auth import (
+from intentroute.stack.keeper import ServerKeeper
+from intentroute.stack.nats_users import (
     SERVICE_BCRYPT_COST,
     auth_files,
     bcrypt_cost,
     ensure_service_users,
 )
-from intentroute.stack.keeper import ServerKeeper
-from intentroute.stack.ports import (
+from intentroute.stack.procs import StackError
+from intentroute.stack.tcp_ports import (
     PORTS_FILE,
     PortTakenError,
     StackPorts,
@@ -27,24 +28,16 @@ from intentroute.stack.ports import (
     port_free,
     write_ports,
 )
-from intentroute.stack.procs import StackError
 from shared.auth.identity import hash_secret
 from shared.auth.natsconn import read_credential
 from shared.auth.permissions import STACK_USERS
-
-
-class FakeProc:
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        return self.returncode
+from testkit.clocks import ManualClock
+from testkit.procs import FakeProc
 
 
 class FakeServer:
     def __init__(self, fail_starts: int = 0) -> None:
-        self.proc: FakeProc | None = FakeProc(100)
+        self.proc: FakeProc | None = FakeProc(pid=100)
         self.starts = 0
         self.fail_starts = fail_starts
         self.stops = 0
@@ -54,7 +47,7 @@ class FakeServer:
         if self.fail_starts:
             self.fail_starts -= 1
             raise StackError("port in use")
-        self.proc = FakeProc(100 + self.starts)
+        self.proc = FakeProc(pid=100 + self.starts)
         return self
 
     def stop(self) -> None:
@@ -62,16 +55,8 @@ class FakeServer:
         self.proc = None
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_dead_server_is_started_again_after_the_first_delay_and_reported() -> None:
-    clock, server, seen = Clock(), FakeServer(), list[str]()
+    clock, server, seen = ManualClock(1000.0), FakeServer(), list[str]()
     keeper = ServerKeeper([("nats-server", server)], on_restart=seen.append, clock=clock)
     assert keeper.poll() == []
     assert server.proc is not None
@@ -87,7 +72,7 @@ def test_a_dead_server_is_started_again_after_the_first_delay_and_reported() -> 
 
 
 def test_a_server_that_keeps_dying_backs_off_and_a_failed_start_is_tried_again() -> None:
-    clock, server = Clock(), FakeServer(fail_starts=1)
+    clock, server = ManualClock(1000.0), FakeServer(fail_starts=1)
     keeper = ServerKeeper([("postgres", server)], clock=clock)
     assert server.proc is not None
     server.proc.returncode = -9

@@ -9,42 +9,13 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from intentroute.supervisor import FIRST_DELAY, HEALTHY_AFTER, Supervisor
+from testkit.clocks import ManualClock
+from testkit.procs import FakeProc
 
 
-class FakeProc:
-    pids = iter(range(1000, 2000))
-
-    def __init__(self) -> None:
-        self.pid = next(self.pids)
-        self.returncode: int | None = None
-        self.signals: list[int] = []
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        self.signals.append(sig)
-        self.returncode = -sig
-
-    def wait(self, timeout: float | None = None) -> int:
-        assert self.returncode is not None
-        return self.returncode
-
-    def kill(self) -> None:
-        self.returncode = -9
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def supervisor() -> tuple[Supervisor, list[FakeProc], Clock]:
+def supervisor() -> tuple[Supervisor, list[FakeProc], ManualClock]:
     spawned: list[FakeProc] = []
-    clock = Clock()
+    clock = ManualClock()
 
     def spawn(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
         proc = FakeProc()

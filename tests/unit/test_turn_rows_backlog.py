@@ -9,8 +9,9 @@ from typing import Any
 
 from nats.js.errors import NotFoundError
 
-from shared.runtime import turn_rows
-from shared.runtime.turn_rows import AnsweringStore
+from shared.runtime import row_queue
+from shared.runtime.row_queue import AnsweringStore
+from testkit.fakes import FakeStore
 
 
 class FakeJs:
@@ -30,11 +31,6 @@ class FakeJs:
         return SimpleNamespace(data=b"")
 
 
-class FakeStore:
-    async def last_history(self, agent_id: str, session_id: str, n: int = 6) -> list[Any]:
-        return []
-
-
 async def test_an_empty_queue_is_read_once_per_interval_and_no_session_is_asked() -> None:
     js = FakeJs(messages=0)
     store = AnsweringStore(FakeStore(), js)  # type: ignore[arg-type]
@@ -45,7 +41,7 @@ async def test_an_empty_queue_is_read_once_per_interval_and_no_session_is_asked(
 
 
 async def test_a_queue_holding_rows_is_asked_about_the_session(monkeypatch: Any) -> None:
-    monkeypatch.setattr(turn_rows, "BACKLOG_EVERY", 0.0)
+    monkeypatch.setattr(row_queue, "BACKLOG_EVERY", 0.0)
     js = FakeJs(messages=3)
     store = AnsweringStore(FakeStore(), js)  # type: ignore[arg-type]
     assert await store._pending("a", "s")

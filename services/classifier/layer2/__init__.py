@@ -8,5 +8,6 @@ calibrated confidence (ADR-0008 "Future Path", ADR-018 clarity gate).
 * `classifier`  `Layer2Classifier`: encoder(s) + current head -> predictions
 * `batcher`     `MicroBatcher`: concurrent submissions encoded together off the event loop
 
-Training, promotion and evaluation live in `services.classifier.offline`.
+Training, promotion and evaluation live in `offline.classifier` (tools/offline/, development
+only: the wheel does not ship it).
 """

@@ -3,7 +3,7 @@
 Layout under `root`: one directory per version (`v0001/`, `v0002/`, ...) and a `CURRENT`
 file naming the promoted one, replaced atomically. Workers read CURRENT and hot-reload
 when it changes; versions are added and promoted offline
-(`services.classifier.offline.promote.HeadWriter`).
+(`offline.classifier.promote.HeadWriter`).
 
 The registry lives outside the installed package (default `<state dir>/heads`): a head
 promoted into site-packages would be lost on reinstall. The package ships one head,

@@ -36,7 +36,7 @@ from shared.contracts.pipeline import Admitted
 from shared.contracts.response import ErrorInfo
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
-from shared.runtime.answers import request_log_row, write_after_answer
+from shared.runtime.endings import request_log_row, write_after_answer
 from shared.runtime.ports import Publisher
 from shared.store.ports import TurnStore
 from shared.store.writer import UNREACHABLE

@@ -23,7 +23,7 @@ from services.gateway.limits.logic import Admission, Ask, Grant, Held, Limits, V
 
 # Seconds after its deadline a request without a request-log row stops being waited
 # for: it is settled at its estimate (an error answer's rows are written for up to 30 s
-# after it, shared.runtime.answers.ERROR_ROWS_GRACE).
+# after it, shared.runtime.endings.ERROR_ROWS_GRACE).
 SETTLE_GRACE = 60.0
 
 _SQL_LEASE = """

@@ -1,0 +1,205 @@
+"""Feedback (ADR-0006): an agent's verdict on one of its own answers.
+
+Three entry points, one rule: NATS `agent.feedback.<agent_id>` (this module's consumer),
+gRPC `Feedback` (grpc_server.py) and HTTP `POST /agents/{agent_id}/feedback` (http.py).
+Each takes the agent from the credential (the subject only that agent may publish on, or
+the bearer token), never from the payload, and hands the decoded verdict to
+`FeedbackRecorder.record`, which answers with a `FeedbackAck`:
+
+* bad input (a body that does not decode, a bad request id, a grade outside 0..10) is
+  refused with the input error codes of requests (MALFORMED_JSON, MISSING_FIELD,
+  INVALID_FIELD);
+* a request id the agent never sent, its own unknown or another agent's, is refused with
+  UNKNOWN_REQUEST (the two are not told apart);
+* otherwise the verdict is stored, replacing the request's implicit outcome or an
+  earlier explicit verdict (a repeat updates, never counts twice), and the agent's
+  scores are refreshed shortly after (scoring.py).
+
+Over NATS the ack goes to `agent.response.<agent_id>._feedback.<request_id>`, which the
+agent can read like its answers (`_feedback._invalid` when the body's request id cannot
+be read); a subject whose agent part is not a valid id is reported on
+`intentroute.invalid`, never answered on a subject built from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from services.gateway.handlers import GatewayDeps
+from services.gateway.ports import FeedbackStore
+from services.gateway.validation import salvage_request_id, validation_code
+from shared.auth.permissions import FEEDBACK_DURABLE
+from shared.common.settings import CommonSettings
+from shared.contracts import feedback as feedback_contract
+from shared.contracts.codec import encode
+from shared.contracts.feedback import MAX_QUALITY, Feedback, FeedbackAck
+from shared.contracts.ids import id_problem
+from shared.contracts.response import ErrorCode
+from shared.runtime.consumer import Handler, StageSpec
+from shared.runtime.endings import report_invalid
+from shared.runtime.ports import Delivery
+from shared.store.writer import StoreUnavailableError
+
+log = logging.getLogger("intentroute.gateway.feedback")
+
+_INT4_MAX = 2**31 - 1
+# An unknown request id is looked up again after these delays: an error answer's
+# request-log row is written just after its final chunk goes out, so an agent that
+# answers at once may be a few milliseconds ahead of it.
+UNKNOWN_RETRIES = (0.2, 0.5)
+_decoder = msgspec.json.Decoder(Feedback)
+
+
+def refused(request_id: str, code: str, message: str) -> FeedbackAck:
+    return FeedbackAck(request_id=request_id, accepted=False, error_code=code, message=message)
+
+
+def decode_feedback(raw: bytes) -> Feedback | FeedbackAck:
+    """The verdict in `raw`, or the ack that refuses it."""
+    try:
+        return _decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        return refused(salvage_request_id(raw), validation_code(exc),
+                       f"feedback does not match the contract: {exc}")
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        # Not JSON, not UTF-8 (msgspec reports bad bytes in a string as a
+        # UnicodeDecodeError), or nested past the decoder's depth.
+        return refused(salvage_request_id(raw), ErrorCode.MALFORMED_JSON,
+                       f"feedback is not valid JSON: {exc}")
+
+
+def check_feedback(fb: Feedback) -> FeedbackAck | None:
+    """The ack refusing a decoded verdict whose values are out of bounds, or None."""
+    problem = id_problem("request_id", fb.request_id)
+    if problem:
+        code = ErrorCode.MISSING_FIELD if not fb.request_id else ErrorCode.INVALID_FIELD
+        return refused("", code, problem)
+    meta = fb.metadata
+    quality = meta.completion_quality
+    if quality is not None and not (math.isfinite(quality) and 0 <= quality <= MAX_QUALITY):
+        return refused(fb.request_id, ErrorCode.INVALID_FIELD,
+                       f"metadata.completion_quality must be within 0..{MAX_QUALITY:g}")
+    if meta.latency_ms is not None and not (math.isfinite(meta.latency_ms)
+                                            and meta.latency_ms >= 0):
+        return refused(fb.request_id, ErrorCode.INVALID_FIELD,
+                       "metadata.latency_ms must be a finite number >= 0")
+    if meta.token_count is not None and not 0 <= meta.token_count <= _INT4_MAX:
+        return refused(fb.request_id, ErrorCode.INVALID_FIELD,
+                       f"metadata.token_count must be within 0..{_INT4_MAX}")
+    return None
+
+
+class FeedbackRecorder:
+    """Checks and stores one agent's verdict; `on_recorded(agent_id)` is told of each one
+    stored (the score refresher marks the agent)."""
+
+    def __init__(
+        self,
+        store: FeedbackStore,
+        *,
+        on_recorded: Callable[[str], None] | None = None,
+        unknown_retries: Sequence[float] = UNKNOWN_RETRIES,
+    ) -> None:
+        self._store = store
+        self._on_recorded = on_recorded
+        self._retries = tuple(unknown_retries)
+
+    async def record(self, agent_id: str, fb: Feedback) -> FeedbackAck:
+        """The ack of `agent_id`'s verdict; StoreUnavailableError if the database cannot
+        be reached (each entry point answers that its own way)."""
+        bad = check_feedback(fb)
+        if bad is not None:
+            return bad
+        for delay in (*self._retries, None):
+            recorded = await self._store.record_explicit(agent_id, fb)
+            if recorded.stored:
+                if self._on_recorded is not None:
+                    self._on_recorded(agent_id)
+                return FeedbackAck(request_id=fb.request_id, accepted=True,
+                                   repeat=recorded.repeat)
+            if delay is not None:
+                await asyncio.sleep(delay)
+        return refused(fb.request_id, ErrorCode.UNKNOWN_REQUEST,
+                       f"request '{fb.request_id}' is not one of agent '{agent_id}'s requests")
+
+
+# ---- NATS: agent.feedback.<agent_id> -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FeedbackConsumer:
+    """The gateway's second durable consumer: every agent's feedback (AGENT_FEEDBACK)."""
+
+    spec: StageSpec
+
+    def bind(self, deps: GatewayDeps) -> Handler:
+        async def handler(msg: Delivery) -> None:
+            await on_feedback(msg, deps, max_deliver=self.spec.max_deliver)
+
+        return handler
+
+
+def build_feedback_consumer(common: CommonSettings, *, max_inflight: int) -> FeedbackConsumer:
+    return FeedbackConsumer(StageSpec(
+        stream=feedback_contract.STREAM,
+        subject=feedback_contract.SUBJECTS,
+        durable=FEEDBACK_DURABLE,
+        max_inflight=max_inflight,
+        ack_wait=common.ack_wait,
+        max_deliver=common.max_deliver,
+    ))
+
+
+async def on_feedback(msg: Delivery, deps: GatewayDeps, *, max_deliver: int) -> None:
+    """Decode, record, acknowledge to the agent. The store unreachable is retried
+    (nack with backoff); on the last allowed delivery the agent is told
+    STORE_UNAVAILABLE and the message is dead-lettered."""
+    agent = feedback_contract.agent_of(msg.subject)
+    problem = id_problem("agent_id", agent)
+    if problem:
+        await report_invalid(deps.bus, msg.subject, ErrorCode.INVALID_FIELD,
+                             f"feedback subject without a valid agent: {problem}")
+        return
+    decoded = decode_feedback(msg.data)
+    info = await deps.agents.get(agent)
+    if info is None or info.revoked:
+        # Addressed to the verdict's request id wherever the body names it (salvaging
+        # reads only the first 4 KiB of a body that does not decode).
+        rid = decoded.request_id if not id_problem("request_id", decoded.request_id) else ""
+        ack = refused(rid, ErrorCode.UNKNOWN_AGENT, f"agent '{agent}' is unknown or revoked")
+    else:
+        if isinstance(decoded, FeedbackAck):
+            ack = decoded
+        else:
+            try:
+                ack = await deps.feedback.record(agent, decoded)
+            except StoreUnavailableError as exc:
+                if msg.deliveries < max_deliver:
+                    log.warning("[feedback] store unreachable on delivery %d: %s",
+                                msg.deliveries, exc)
+                    await msg.nack(delay=min(0.2 * 2 ** (msg.deliveries - 1), 2.0))
+                    return
+                ack = refused(decoded.request_id, ErrorCode.STORE_UNAVAILABLE, str(exc))
+                await publish_ack(deps, agent, ack)
+                await msg.dead_letter(FEEDBACK_DURABLE, f"store unreachable: {exc}")
+                return
+    if not ack.accepted:
+        log.info("[feedback] %s of agent %r refused: %s %s", ack.request_id or "?", agent,
+                 ack.error_code, ack.message)
+    await publish_ack(deps, agent, ack)
+
+
+async def publish_ack(deps: GatewayDeps, agent: str, ack: FeedbackAck) -> None:
+    """On the agent's `_feedback.<request_id>`, or `_feedback._invalid` when the verdict's
+    request id cannot be part of a subject."""
+    rid = ack.request_id if not id_problem("request_id", ack.request_id) else (
+        feedback_contract.INVALID_ACK_ID)
+    # Core publish: stored by AGENT_RESPONSES all the same, and a repeat's ack is not
+    # dropped as a duplicate of the first.
+    await deps.bus.publish(feedback_contract.ack_subject(agent, rid), encode(ack))
