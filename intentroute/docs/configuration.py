@@ -218,16 +218,56 @@ def render() -> str:
         "(on / off also takes `1`/`0`, `true`/`false`, `yes`/`no`).",
         "",
     ]
+    cli = cli_variables()
     for section in found:
         summary = (inspect.getdoc(section.cls) or "").split("\n\n")[0]
         lines += [f"## {section.cls.__name__}", "",
                   f"Declared in `{section.path}`." + (f" {text(summary)}" if summary else ""),
                   ""]
-        lines += table(("variable", "default", "form", "what it does", "field"), (
-            (code(v.name), v.default, v.form, text(v.doc) or "—", code(v.field))
-            for v in section.variables))
+        lines += table(("variable", "default", "form", "what it does", "field"),
+                       _rows(section.variables))
+        lines.append("")
+    if cli:
+        lines += ["## Options of the CLI", "",
+                  "Declared on a command's option (`envvar=`): the option wins over the "
+                  "variable.", ""]
+        lines += table(("variable", "default", "form", "what it does", "option"), cli)
         lines.append("")
     return "\n".join(lines)
+
+
+def _rows(variables: tuple[Variable, ...]) -> list[tuple[str, ...]]:
+    """Table rows; a field documented by the comment of the field above it says so
+    rather than repeat it (a secret's file variable keeps its own line)."""
+    rows: list[tuple[str, ...]] = []
+    first: Variable | None = None
+    for v in variables:
+        if first is not None and v.doc and v.doc == first.doc:
+            what = f"See `{first.name}` above."
+        else:
+            what = text(v.doc) or "—"
+            if not v.name.endswith("_FILE"):
+                first = v
+        rows.append((code(v.name), v.default, v.form, what, code(v.field)))
+    return rows
+
+
+def cli_variables() -> list[tuple[str, ...]]:
+    """Rows for the variables a CLI option reads (`intentroute --debug`'s
+    INTENTROUTE_DEBUG), from the commands themselves."""
+    from intentroute.docs.cli_reference import PROGRAM, commands
+
+    rows: list[tuple[str, ...]] = []
+    for path, command, _ in commands():
+        for param in command.params:
+            names = param.envvar if isinstance(param.envvar, (list, tuple)) else \
+                [param.envvar] if param.envvar else []
+            for name in names:
+                option = " ".join((PROGRAM, *path, param.opts[0]))
+                form = "on / off" if getattr(param, "is_flag", False) else "text"
+                rows.append((code(name), _default(param.default), form,
+                             text(param.help or ""), code(option)))
+    return rows
 
 
 def undocumented() -> list[str]:

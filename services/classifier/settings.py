@@ -25,7 +25,8 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
     micro_batch_wait_ms: Annotated[float, env("CLASSIFIER_MICRO_BATCH_WAIT_MS")] = 2.0
     # Layer 2's sentence encoders, chosen when a head is trained (`train-classifier`):
     # the full head's and the early exit's (unset: the full head's); a trained head
-    # names its encoders and is served with them. README "Encoders" has the measurements.
+    # names its encoders and is served with them. docs/explanation/encoders.md has the
+    # measurements.
     encoder: Annotated[str, env("CLASSIFIER_ENCODER")] = DEFAULT_MODEL
     early_exit_encoder: Annotated[str, env(
         "CLASSIFIER_EARLY_EXIT_ENCODER", unset=lambda s, _: s.encoder)] = DEFAULT_MODEL
