@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-from mkdocs_hooks import site_readme  # noqa: E402
+from mkdocs_hooks import site_readme, table_pipes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,8 @@ def test_the_site_fetches_nothing_from_another_origin(site: Path) -> None:
         assert "fonts.gstatic" not in text, html
         # The theme fetches Mermaid from a CDN for a `mermaid` block: there is none.
         assert 'class="mermaid"' not in text, html
+        # A table's `a\|b` (written so for the repository host) shows as `a|b`.
+        assert "\\|" not in text, html
 
 
 def test_the_front_page_is_the_readme(site: Path) -> None:
@@ -77,3 +79,9 @@ def test_the_readme_links_into_the_site() -> None:
     assert site_readme('<img src="docs/a.svg">') == '<img src="a.svg">'
     assert site_readme("[y](#layout) [z](https://example.org/docs/x)") == (
         "[y](#layout) [z](https://example.org/docs/x)")
+
+
+def test_a_pipe_in_a_tables_code_reads_plain_on_the_site() -> None:
+    page = "| `a\\|b` | x \\| y |\n```sh\nx \\| y\n```\n`c\\|d` outside a table\n"
+    assert table_pipes(page) == (
+        "| `a|b` | x \\| y |\n```sh\nx \\| y\n```\n`c\\|d` outside a table\n")
