@@ -1,4 +1,4 @@
-"""MkDocs hooks (mkdocs.yml `hooks:`): the site's front page is the repository's README,
+r"""MkDocs hooks (mkdocs.yml `hooks:`): the site's front page is the repository's README,
 and table cells read the same on the site as on the repository host.
 
 `docs/index.md` is a placeholder; on a build its Markdown is replaced by README.md's,
@@ -30,8 +30,8 @@ CODE = re.compile(r"(`+)(.+?)\1")
 
 
 def table_pipes(text: str) -> str:
-    """`\\|` inside the code spans of table rows as a plain pipe (outside code, and
-    outside tables, Markdown already reads `\\|` as a pipe)."""
+    r"""`\|` inside the code spans of table rows as a plain pipe (outside code, and
+    outside tables, Markdown already reads `\|` as a pipe)."""
     def row(line: str) -> str:
         if not line.lstrip().startswith("|"):
             return line
