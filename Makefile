@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser run test test-unit lint bench clean
+.PHONY: install browser run test test-unit lint docs bench clean
 
 $(STAMP): pyproject.toml tools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,9 +49,16 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy services shared intentroute tools
 	$(VENV)/bin/lint-imports --no-cache
+	# The documentation site (mkdocs.yml): a broken link or anchor, or a page left out
+	# of the nav, fails the build (into ./site, ignored by git; nothing is fetched).
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
+# `make docs`: the site in ./site, to read offline (or `.venv/bin/mkdocs serve`).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: install
 	HF_HUB_OFFLINE=1 $(VENV)/bin/intentroute bench pipeline --json
 
 clean:
-	rm -rf .intentroute .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .intentroute .pytest_cache .mypy_cache .ruff_cache site

@@ -31,7 +31,7 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
     agent_hash_key_file: Annotated[str, env("AGENT_HASH_KEY_FILE")] = ""
     agent_hash_key: Annotated[str, env("AGENT_HASH_KEY")] = ""
     # How often the embedded JetStream fsyncs its store: a duration or "always"
-    # (README, Reliability: what a host crash can lose with each).
+    # (docs/guides/operations/reliability.md, Durability: what a host crash can lose).
     nats_sync_interval: Annotated[str, env("NATS_SYNC_INTERVAL")] = DEFAULT_SYNC_INTERVAL
     # A file holding DATABASE_URL's password (compose's secrets: the URL names the role,
     # the password never sits in the environment).

@@ -18,12 +18,15 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
     batch_size: Annotated[int, env("CLASSIFIER_BATCH")] = 32
     # Layer 2: the versioned head registry; None: `<state dir>/heads`, "": Layer 2 off.
     heads_dir: Annotated[str | None, env("CLASSIFIER_HEADS_DIR", parse=str)] = None
+    # Layer 2 decides at or above this confidence; below, the message goes on to Layer 3.
     threshold: Annotated[float, env("CLASSIFIER_THRESHOLD")] = DECIDE_THRESHOLD
+    # Messages the encoder embeds together, and milliseconds it waits to fill a batch.
     micro_batch: Annotated[int, env("CLASSIFIER_MICRO_BATCH")] = 32
     micro_batch_wait_ms: Annotated[float, env("CLASSIFIER_MICRO_BATCH_WAIT_MS")] = 2.0
     # Layer 2's sentence encoders, chosen when a head is trained (`train-classifier`):
     # the full head's and the early exit's (unset: the full head's); a trained head
-    # names its encoders and is served with them. README "Encoders" has the measurements.
+    # names its encoders and is served with them. docs/explanation/encoders.md has the
+    # measurements.
     encoder: Annotated[str, env("CLASSIFIER_ENCODER")] = DEFAULT_MODEL
     early_exit_encoder: Annotated[str, env(
         "CLASSIFIER_EARLY_EXIT_ENCODER", unset=lambda s, _: s.encoder)] = DEFAULT_MODEL

@@ -23,7 +23,10 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     common: CommonSettings
     # gRPC AskAgent / AskAgentStream / Feedback listener; empty host:port disables it.
     grpc_listen: Annotated[str, env("GATEWAY_GRPC_LISTEN")] = ""
+    # Seconds the gRPC and OpenAI doors follow an answer at most (a request's timeout_ms
+    # plus 2 s when that is shorter).
     answer_timeout: Annotated[float, env("GATEWAY_ANSWER_TIMEOUT")] = 120.0
+    # Requests one replica pulls and handles at once.
     batch_size: Annotated[int, env("GATEWAY_BATCH")] = 32
     # Fair share (fair_consumer.py): pipeline messages admitted and not yet through it,
     # over all replicas, are kept under GATEWAY_PIPELINE_DELAY seconds of the measured

@@ -14,7 +14,9 @@ class GeneratorSettings(msgspec.Struct, frozen=True, kw_only=True):
     # OpenAI-compatible server's OPENAI_* are common settings (Layer 3, the relevance
     # judge and the CLI read them).
     common: CommonSettings
+    # The model slot this worker serves (`worker generator-main` / `-conversational`).
     slot: Annotated[ModelSlot, env("GENERATOR_SLOT")] = ModelSlot.MAIN
+    # Seconds one model step of the fallback chain may take (bounded by the deadline).
     ollama_timeout: Annotated[float, env("OLLAMA_TIMEOUT")] = 120.0
     # "auto" (Ollama when OLLAMA_HOST is set, else the OpenAI-compatible server when
     # OPENAI_BASE_URL is, else extractive) | "ollama" | "openai" | "extractive" | "echo"

@@ -17,6 +17,7 @@ class RetrieverSettings(msgspec.Struct, frozen=True, kw_only=True):
     common: CommonSettings
     # bm25 | dense | hybrid
     method: Annotated[str, env("RETRIEVER_METHOD")] = "hybrid"
+    # Passages handed to the generator.
     top_k: Annotated[int, env("RETRIEVER_TOP_K")] = 8
     # The hybrid's fusion (services/retriever/fusion.py): "score" adds BM25's and the
     # cosine's scores each divided by its best hit, "rrf" is Reciprocal Rank Fusion.
@@ -30,13 +31,17 @@ class RetrieverSettings(msgspec.Struct, frozen=True, kw_only=True):
         rrf_k="RETRIEVER_RRF_K",
         depth="RETRIEVER_FUSION_DEPTH",
     )] = FusionSettings()
+    # The sentence encoder of the index and the queries (ingest again after a change).
     embedding_model: Annotated[str, env("EMBEDDING_MODEL")] = DEFAULT_MODEL
     # Elasticsearch backend instead of the embedded index when set.
     es_url: Annotated[str, env("ES_URL")] = ""
     es_index: Annotated[str, env("ES_INDEX")] = "intentroute-kb"
+    # Messages one replica pulls and handles at once.
     batch_size: Annotated[int, env("RETRIEVER_BATCH")] = 16
     # Relevance check for RETRIEVAL: "embedding" | "llm" | "off"
     relevance_mode: Annotated[str, env("RELEVANCE_CHECK")] = "embedding"
+    # The embedding check's signal and threshold ("nan": the calibrated one), and how
+    # the one retry reformulates the query ("broaden", "prf", "both").
     relevance_signal: Annotated[str, env("RELEVANCE_SIGNAL")] = "combined"
     relevance_threshold: Annotated[float, env("RELEVANCE_THRESHOLD")] = float("nan")
     retry_strategy: Annotated[str, env("RELEVANCE_RETRY_STRATEGY")] = "broaden"

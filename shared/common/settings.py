@@ -93,6 +93,7 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Replicas of every stream: 3 keeps every stream through the loss of any one node
     # of a cluster. 0: as many as the servers, up to 3 (1 on a single server).
     stream_replicas: Annotated[int, env("NATS_STREAM_REPLICAS")] = 0
+    # PostgreSQL (sessions, history, the request log); "": the CLI's embedded server.
     database_url: Annotated[str, env("DATABASE_URL")] = ""
     # Seconds a stage may hold a message without a sign of life before JetStream
     # redelivers it to another replica (a busy stage keeps its messages alive).
@@ -125,6 +126,8 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_host: Annotated[str, env("METRICS_HOST")] = "127.0.0.1"
     # Seconds between two readings of the stages' consumer lag (with metrics on).
     metrics_interval: Annotated[float, env("METRICS_INTERVAL", unit="seconds")] = 5.0
+    # Log lines (shared.runtime.logs): the level (per-request lines are DEBUG), and text
+    # or one JSON object per line.
     log_level: Annotated[str, env("LOG_LEVEL")] = "INFO"
     log_format: Annotated[LogFormat, env("LOG_FORMAT")] = LogFormat.TEXT
     # Where the embedded stack keeps its state: servers' data, credentials, index, heads.

@@ -68,6 +68,7 @@ class LimitSettings(msgspec.Struct, frozen=True, kw_only=True):
                                             blank_is_unset=True)] = None
     budget_month: Annotated[float | None, env("LIMIT_BUDGET_MONTH", parse=_amount,
                                               blank_is_unset=True)] = None
+    # Past a budget: refuse (BUDGET_EXCEEDED), or degrade (the extractive answer, marked).
     on_budget: Annotated[OnBudget, env("LIMIT_ON_BUDGET")] = OnBudget.REFUSE
 
     @classmethod
