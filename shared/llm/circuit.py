@@ -28,9 +28,11 @@ from typing import Protocol
 
 import msgspec
 
+from shared.contracts import circuits
+
 log = logging.getLogger("intentroute.llm")
 
-BUCKET = "LLM_CIRCUITS"
+BUCKET = circuits.BUCKET
 
 
 class State(enum.StrEnum):

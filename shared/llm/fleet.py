@@ -50,11 +50,13 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from shared.common.envvars import SettingError
 from shared.policy import chain
 
 
-class FleetError(ValueError):
-    """A fleet declaration that cannot be used: the message says what to change."""
+class FleetError(SettingError):
+    """A fleet declaration that cannot be used: the message says what to change (a
+    setting's error: one line and exit 2, before any worker starts)."""
 
 
 class BackendKind(enum.StrEnum):

@@ -10,15 +10,15 @@ from opentelemetry.trace import NoOpTracer
 
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.ports import ChatBackend, TokenCounts
-from shared.llm.faults import Fault, ModelError
-from shared.llm.fleet import Fleet
-from shared.llm.walk import Walker
 from services.generator.prompts import ChatMessage
 from services.generator.settings import GeneratorSettings
 from shared.client.caller import assemble
 from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import ModelSlot, QueryType
+from shared.llm.faults import Fault, ModelError
+from shared.llm.fleet import Fleet
+from shared.llm.walk import Walker
 from shared.policy.agent import AgentPolicy
 from shared.store.rows import RequestLogRow, TurnRow
 from testkit.fakes import FakePolicies, FakeStore, RecordingBus
