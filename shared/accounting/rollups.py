@@ -76,7 +76,12 @@ SELECT a.day, a.agent_id, a.model, a.query_type, a.layer, a.requests, a.errors, 
         + a.tokens_out / 1000.0 * coalesce(p.output_per_1k, 0)
         + a.compute_s * coalesce(p.per_compute_s, 0))::float8 AS cost,
        a.pct[1] AS latency_p50_ms, a.pct[2] AS latency_p95_ms, a.pct[3] AS latency_p99_ms
-FROM agg a LEFT JOIN prices p ON p.agent_id = a.agent_id AND p.model = a.model
+FROM agg a LEFT JOIN LATERAL (
+    -- The model's price under its `backend/model` name, else its own (set before fleets).
+    SELECT * FROM prices p
+    WHERE p.agent_id = a.agent_id
+      AND p.model IN (a.model, substr(a.model, strpos(a.model, '/') + 1))
+    ORDER BY p.model = a.model DESC LIMIT 1) p ON true
 """
 ROLLUP_ROWS_SQL = _ROLLUP_ROWS.format(
     pct="percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY total_ms) "

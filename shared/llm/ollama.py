@@ -29,7 +29,7 @@ class OllamaBackend:
         import httpx
         import ollama
 
-        if isinstance(exc, ollama.ResponseError):
+        if isinstance(exc, ollama.ResponseError) and not answered:  # mid-answer: CUT
             return classify_status(exc.status_code, str(exc.error))
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | ConnectionRefusedError):
             return ModelError(Fault.UNREACHABLE, f"{self.host}: {exc!r}")

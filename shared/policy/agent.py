@@ -77,6 +77,15 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     per_compute_s: float = 0.0
 
 
+def price_of(prices: dict[str, Price], model: str) -> Price | None:
+    """A model's price: under its `backend/model` name, else under the model's own name
+    (prices set before models were named by their backend)."""
+    found = prices.get(model)
+    if found is None and "/" in model:
+        found = prices.get(model.partition("/")[2])
+    return found
+
+
 class AgentPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     clarity_threshold: float | None = None
     clarity_policy: ClarityPolicy | None = None

@@ -9,7 +9,9 @@ model from what the caller already has (shared.llm.walk): the delivered answer i
 two (or more) models' work. The request log's `model`, `tokens_in` and `tokens_out`
 are the model that wrote the end of it and the sums; `model_parts` is every part as
 `[[model, tokens_in, tokens_out], ...]` (NULL when one model wrote it all). The row's
-cost is its parts' costs when it has parts: `intentroute_parts_cost(prices, parts)` is
+cost is its parts' costs when it has parts (and a model's price is found under its
+`backend/model` name or, set before fleets, its own: `intentroute_price`):
+`intentroute_parts_cost(prices, parts)` is
 the parts' cost less what pricing the sums at the row's model would give, so whatever
 priced a row before prices it right by adding it. `intentroute_lease` (0012) is
 written out again with that one addition (a migration keeps doing what it did); the
@@ -31,18 +33,30 @@ SIGNATURE = ("intentroute_lease(text, text, bigint, float8, text[], float8[], fl
 # prices: {model: [input_per_1k, output_per_1k, per_compute_s]}; parts: [[model, in, out]].
 # The parts' token cost, less the sums' cost at the row's own model (its last part's):
 # added to a row's usual cost it makes each part count at its own price.
+# A model's price in the agent's table: under its `backend/model` name, else under the
+# model's own name (the prices set before models were named by their backend).
+_PRICE = """
+CREATE FUNCTION intentroute_price(p_prices jsonb, p_model text) RETURNS jsonb
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT coalesce(p_prices -> p_model,
+                    p_prices -> substr(p_model, strpos(p_model, '/') + 1))
+$fn$
+"""
+
 _PARTS_COST = """
 CREATE FUNCTION intentroute_parts_cost(p_prices jsonb, p_parts jsonb) RETURNS float8
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT coalesce(sum(
                (x.value ->> 1)::float8 / 1000.0
-                   * coalesce((p_prices -> (x.value ->> 0) ->> 0)::float8, 0)
+                   * coalesce((public.intentroute_price(p_prices, x.value ->> 0) ->> 0)::float8, 0)
              + (x.value ->> 2)::float8 / 1000.0
-                   * coalesce((p_prices -> (x.value ->> 0) ->> 1)::float8, 0)
+                   * coalesce((public.intentroute_price(p_prices, x.value ->> 0) ->> 1)::float8, 0)
              - (x.value ->> 1)::float8 / 1000.0
-                   * coalesce((p_prices -> (p_parts -> -1 ->> 0) ->> 0)::float8, 0)
+                   * coalesce((public.intentroute_price(p_prices, p_parts -> -1 ->> 0)
+                                ->> 0)::float8, 0)
              - (x.value ->> 2)::float8 / 1000.0
-                   * coalesce((p_prices -> (p_parts -> -1 ->> 0) ->> 1)::float8, 0)), 0)
+                   * coalesce((public.intentroute_price(p_prices, p_parts -> -1 ->> 0)
+                                ->> 1)::float8, 0)), 0)
     FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_parts) = 'array' THEN p_parts
                                    ELSE '[]'::jsonb END) AS x
 $fn$
@@ -73,6 +87,7 @@ DECLARE
     into_minute float8 := p_now - floor(p_now / 60) * 60;
     done record;
     cost float8;
+    price jsonb;
     own int;            -- this replica's allowance kept (requests it may still admit)
     leased int;         -- the other replicas' unexpired allowances
     returned int := 0;  -- what this replica gave back of its last allowance
@@ -172,10 +187,10 @@ BEGIN
                model_parts FROM held
         WHERE answered
     LOOP
-        cost := done.tokens_in / 1000.0 * coalesce((p_prices -> done.model ->> 0)::float8, 0)
-              + done.tokens_out / 1000.0 * coalesce((p_prices -> done.model ->> 1)::float8, 0)
-              + coalesce(done.compute_ms, 0) / 1000.0
-                * coalesce((p_prices -> done.model ->> 2)::float8, 0)
+        price := intentroute_price(p_prices, done.model);
+        cost := done.tokens_in / 1000.0 * coalesce((price ->> 0)::float8, 0)
+              + done.tokens_out / 1000.0 * coalesce((price ->> 1)::float8, 0)
+              + coalesce(done.compute_ms, 0) / 1000.0 * coalesce((price ->> 2)::float8, 0)
               + intentroute_parts_cost(p_prices, done.model_parts);
         IF (done.created_at AT TIME ZONE 'UTC')::date = s.day THEN
             s.spent_day := s.spent_day + cost;
@@ -629,6 +644,7 @@ $fn$
 
 def upgrade() -> None:
     op.execute("ALTER TABLE request_log ADD COLUMN model_parts jsonb")
+    op.execute(_PRICE)
     op.execute(_PARTS_COST)
     op.execute(_LEASE)
     op.execute(f"REVOKE ALL ON FUNCTION {SIGNATURE} FROM PUBLIC")
@@ -638,4 +654,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(_LEASE_0012)
     op.execute("DROP FUNCTION IF EXISTS intentroute_parts_cost(jsonb, jsonb)")
+    op.execute("DROP FUNCTION IF EXISTS intentroute_price(jsonb, text)")
     op.execute("ALTER TABLE request_log DROP COLUMN IF EXISTS model_parts")
