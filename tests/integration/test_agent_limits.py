@@ -302,4 +302,4 @@ async def test_a_resent_request_id_erases_no_bill_and_escapes_no_budget(
         ["ok", "error:MISSING_FIELD"] * 2)
     victim_rows = await db.fetch("SELECT outcome, model FROM request_log WHERE agent_id = "
                                  "'lim-victim'")
-    assert [(r["outcome"], r["model"]) for r in victim_rows] == [("ok", MODEL)]
+    assert [(r["outcome"], r["model"]) for r in victim_rows] == [("ok", f"ollama/{MODEL}")]
