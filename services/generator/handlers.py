@@ -15,6 +15,7 @@ from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import QueryType
 from shared.llm.walk import Walker
+from shared.policy.agent import AgentPolicy
 from shared.policy.chain import EXTRACTIVE, Step
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
@@ -46,6 +47,12 @@ class GeneratorDeps(StageDeps):
     health: FleetHealth | None = None
 
 
+def chosen_model(asked: str, policy: AgentPolicy, slot_model: str) -> str:
+    """The chain's first model: the one the caller asked for when the agent's policy
+    lists it (`models=`), else the slot's (a model server must be there at all)."""
+    return asked if asked and slot_model and asked in policy.models else slot_model
+
+
 def build_stage(settings: GeneratorSettings) -> Stage[Routed, GeneratorDeps]:
     slot = settings.slot.value
 
@@ -75,7 +82,8 @@ async def generate(
         previous = await deps.store.previous_answer(req.agent_id, req.session_id) or ""
     policy = deps.policies.policy_for(req.agent_id, req.request_id)
     steps = ([Step(EXTRACTIVE)] if env.degraded else
-             steps_for(policy, settings.slot.value, deps.model))
+             steps_for(policy, settings.slot.value, chosen_model(req.model, policy,
+                                                                 deps.model)))
     timing = timing_for(policy, settings.common)
 
     async def produce(sink: Sink, on_restart: Callable[[], Awaitable[None]]) -> Answered:
