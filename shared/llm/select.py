@@ -26,6 +26,7 @@ from shared.llm.fleet import (
     check_fleet,
     load_fleet,
     seed_fleet,
+    url_problem,
 )
 from shared.llm.ollama import OllamaBackend
 from shared.llm.openai import LlamaCppBackend, OpenAIBackend
@@ -39,6 +40,7 @@ def open_fleet(common: CommonSettings) -> Fleet:
     if common.llm_fleet:
         fleet = load_fleet(Path(common.llm_fleet))
     else:
+        _check_seed_urls(common)
         fleet = seed_fleet({
             "ollama_host": common.ollama_host, "model_main": common.model_main,
             "model_conversational": common.model_conversational,
@@ -54,6 +56,16 @@ def open_fleet(common: CommonSettings) -> Fleet:
         relevance=_refs(common.relevance_llm_chain) or list(slots.relevance)))
     check_fleet(fleet)
     return fleet
+
+
+def _check_seed_urls(common: CommonSettings) -> None:
+    """The seed variables' URLs, named by their variable (FleetError)."""
+    for variable, url, kind in (("OLLAMA_HOST", common.ollama_host, BackendKind.OLLAMA),
+                                ("OPENAI_BASE_URL", common.openai_base_url,
+                                 BackendKind.OPENAI)):
+        problem = url_problem(kind, url) if url else ""
+        if problem:
+            raise FleetError(f"{variable}: {problem}")
 
 
 def _refs(text: str) -> list[str]:
