@@ -30,7 +30,8 @@ then `data: [DONE]`), or with `"stream": false` one `chat.completion` object; `G
 
 A prefill (the last message's role is `assistant`) is continued: the answer is the rest
 of the words after the prefill's own (a model that continues one). "429-retry" and
-"500-once" alternate per model name: a failure, then an answer, then a failure, ...
+"500-once" alternate per request (the same model and messages: a retry of it): a
+failure, then an answer, then a failure, ...
 
 Every request is recorded (`calls`). In tests: `async with FaultProvider() as p:` (a free
 loopback port; `p.base_url`). As a process for a demo or a benchmark:
@@ -209,14 +210,16 @@ class FaultProvider:
         self.calls.append(Call(model, bool(body.get("stream")), prefill, outcome,
                                time.monotonic(), body))
 
-    def _alternate(self, model: str) -> bool:
-        """True when this request of an alternating fault fails (the next one will not)."""
-        owed = self._owed.get(model, False)
-        self._owed[model] = not owed
+    def _alternate(self, model: str, messages: list[Any]) -> bool:
+        """True when this request of an alternating fault fails: the same request (the
+        same model and messages: a retry) is answered the next time."""
+        key = f"{model}\n{json.dumps(messages, sort_keys=True)}"
+        owed = self._owed.get(key, False)
+        self._owed[key] = not owed
         return not owed
 
-    def _refusal(self, model: str, prefill: int) -> tuple[int, dict[str, Any],
-                                                           dict[str, str]] | None:
+    def _refusal(self, model: str, messages: list[Any],
+                 prefill: int) -> tuple[int, dict[str, Any], dict[str, str]] | None:
         """An error answer the fault gives before any byte of an answer (None: none)."""
         refusals: dict[str, tuple[int, dict[str, Any], dict[str, str]]] = {
             "429": (429, RATE_LIMITED_NO_HINT, {}),
@@ -227,9 +230,9 @@ class FaultProvider:
         }
         if model in refusals:
             return refusals[model]
-        if model == "429-retry" and self._alternate(model):
+        if model == "429-retry" and self._alternate(model, messages):
             return 429, RATE_LIMITED, {"Retry-After": "1"}
-        if model == "500-once" and self._alternate(model):
+        if model == "500-once" and self._alternate(model, messages):
             return 500, SERVER_ERROR, {}
         if model == "prefill-reject" and prefill >= 0:
             return 400, PREFILL_REFUSED, {}
@@ -248,7 +251,7 @@ class FaultProvider:
             return web.json_response(_error(
                 f"The model `{model}` does not exist or you do not have access to it.",
                 "invalid_request_error", "model_not_found"), status=404)
-        refused = self._refusal(model, prefill)
+        refused = self._refusal(model, messages, prefill)
         if refused is not None:
             status, error, headers = refused
             self._record(model, body, prefill, str(status))
