@@ -28,6 +28,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from nats.aio.client import Client
 
 from shared.client.caller import ask
 from shared.contracts.response import ChunkKind, ResponseChunk
@@ -138,6 +139,7 @@ class Faults:
         self.provider = provider
         self.env = env
         self.connect = connect
+        self.connected: dict[str, Client] = {}
         self.db = db
 
     def generator_env(self, slot_model: str, **extra: str) -> dict[str, str]:
@@ -148,12 +150,14 @@ class Faults:
         async with running(self.generator_env(f"{BAD}/{fault}", **extra), (GENERATOR,)):
             yield
 
-    async def ask(self, agent: str, fault: str, query: str = "say that again") -> Asked:
-        nc = await self.connect(agent)
-        req = make_request(query, agent_id=agent, query_type="CONVERSATIONAL")
+    async def ask(self, agent: str, fault: str) -> Asked:
+        """One request of `agent`; `fault` is the model whose calls are counted."""
+        if agent not in self.connected:
+            self.connected[agent] = await self.connect(agent)
+        req = make_request("say that again", agent_id=agent, query_type="CONVERSATIONAL")
         since = time.monotonic()
         chunks, arrived = [], []
-        async for chunk in ask(nc, req, timeout=30):
+        async for chunk in ask(self.connected[agent], req, timeout=30):
             chunks.append(chunk)
             arrived.append(time.monotonic())
         return Asked(agent, req.request_id, req.session_id, chunks, arrived,
