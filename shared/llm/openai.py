@@ -27,7 +27,7 @@ from shared.llm.ports import (
 )
 
 if TYPE_CHECKING:
-    import httpx
+    pass
 
 log = logging.getLogger("intentroute.llm")
 
@@ -41,11 +41,10 @@ class ProbeFailure(NamedTuple):
 
 class OpenAIBackend:
     """A call that fails before any answer because the server closed the kept-alive
-    connection it went out on ("Server disconnected without sending a response") is
-    sent once more (a label here; an answer's stream raises RESET, which the chain
-    retries once): against llama.cpp's server, 2 of ~40 calls of `bench codegen` that
-    followed another at once failed so, in 0.0 s. `name` is the backend's name in the
-    fleet."""
+    connection it went out on ("Server disconnected without sending a response") raises
+    RESET, which the chain retries once on the same model (shared.llm.walk): against
+    llama.cpp's server, 2 of ~40 calls of `bench codegen` that followed another at once
+    failed so, in 0.0 s. `name` is the backend's name in the fleet."""
 
     name = "openai"
 
@@ -143,8 +142,8 @@ class OpenAIBackend:
         body = {"model": model, "messages": _messages(messages), "temperature": 0,
                 "max_tokens": 32, "stream": False, **self.constraint(choice)}
         try:
-            response = await asyncio.wait_for(self._post("chat/completions", body),
-                                              time_left(timeout))
+            response = await asyncio.wait_for(
+                self._client.post("chat/completions", json=body), time_left(timeout))
         except TimeoutError as exc:
             raise ModelError(Fault.NO_RESPONSE, f"{self.base_url}: no answer within "
                              f"{timeout:g}s") from exc
@@ -161,17 +160,6 @@ class OpenAIBackend:
             return None
         text = answer.choices[0].message.content if answer.choices else None
         return choice.parse(text or "")
-
-    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        """POST, sent once more on a fresh connection when the server closed the kept-alive
-        one it went out on before any answer (see `stream`)."""
-        import httpx
-
-        try:
-            return await self._client.post(path, json=body)
-        except httpx.RemoteProtocolError:
-            log.info("openai: the server dropped a kept-alive connection; sent again")
-            return await self._client.post(path, json=body)
 
     async def aclose(self) -> None:
         await self._client.aclose()

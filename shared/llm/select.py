@@ -10,7 +10,8 @@ seed variables name, for callers that ask one server (the CLI's probes).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,16 +73,19 @@ def _refs(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def open_clients(fleet: Fleet, *, timeout: float) -> dict[str, Client]:
-    """One client per backend; keys read from their references now."""
+def open_clients(fleet: Fleet, *, timeout: float,
+                 environ: Mapping[str, str] | None = None) -> dict[str, Client]:
+    """One client per backend; keys read from their references now, in `environ`
+    (default: the process's)."""
+    environ = os.environ if environ is None else environ
     clients: dict[str, Client] = {}
     for name, spec in fleet.backends.items():
         if spec.kind is BackendKind.OLLAMA:
             clients[name] = OllamaBackend(spec.url, timeout=timeout, name=name)
         else:
             dialect = LlamaCppBackend if spec.kind is BackendKind.LOCAL else OpenAIBackend
-            clients[name] = dialect(spec.url, api_key=spec.api_key(), timeout=timeout,
-                                    name=name)
+            clients[name] = dialect(spec.url, api_key=spec.api_key(environ),
+                                    timeout=timeout, name=name)
     return clients
 
 
@@ -128,7 +132,10 @@ def open_walker(common: CommonSettings, nc: Any, *, timeout: float,
     """The walker of `fleet` (default: the settings'), with its clients and the shared
     circuits on `nc`'s JetStream when given; and how to close its clients."""
     fleet = open_fleet(common) if fleet is None else fleet
-    clients = open_clients(fleet, timeout=timeout)
+    # The seed fleet's key is OPENAI_API_KEY: the settings' value (a worker's settings
+    # may come from a mapping, not the process's environment).
+    environ = {**os.environ, "OPENAI_API_KEY": common.openai_api_key}
+    clients = open_clients(fleet, timeout=timeout, environ=environ)
     board = None
     if nc is not None and fleet.backends:
         board = CircuitBoard(KvCircuits(nc.jetstream()),

@@ -175,6 +175,14 @@ class _Run:
             self.abandoned, self.sent = False, ""
             self.walked.parts.clear()
 
+    async def abandon(self) -> None:
+        """The walk ends in an error: what the caller has of a broken answer is taken
+        back (the reset marker) before the error, never left looking like an answer."""
+        if self.abandoned:
+            await self._on_restart()
+            self.abandoned, self.sent = False, ""
+            self.walked.parts.clear()
+
     def after(self, fault: Fault, streamed: str, ref: str, spec: ModelSpec) -> None:
         """What a step's fault leaves for the next steps."""
         self.only_down = self.only_down and fault in DOWN
@@ -286,7 +294,9 @@ class Walker:
                 run.walked.fell_back = n > 0
                 return run.walked
             if run.walked.error_code:  # a content filter: no other model is asked
+                await run.abandon()
                 return run.walked
+        await run.abandon()
         return run.unanswered(ended_in_error=bool(steps) and steps[-1].ref == ERROR)
 
     def _ttft_for(self, step: Step, run: _Run, timing: Timing,
@@ -427,8 +437,9 @@ class Walker:
                     last = exc
                     if self.board and exc.fault in COUNTS_AGAINST_BACKEND:
                         await self.board.failure(ticket, exc.detail)
-                    if exc.fault is Fault.RESET and attempt < RESET_RETRIES:
-                        continue
+                    if exc.fault in (Fault.RESET, Fault.SERVER_ERROR) and (
+                            attempt < RESET_RETRIES):
+                        continue  # once more on the same model (faults.py)
                     break
                 if self.board:
                     await self.board.success(ticket)

@@ -61,10 +61,6 @@ CHAINS = {
     "ff-ctx": [f"{SMALL}/ok", f"{GOOD}/ok", "extractive"],
     "ff-error": ["error"],
 }
-# Words went out, then the answer ended in an error: the caller is not told to drop them.
-PARTIAL_NOT_RESET = pytest.mark.xfail(strict=True, reason=(
-    "generator handlers.generate sets env.seq = out.seq before raising PermanentError, so "
-    "answer_error (last.seq < start_seq) sends no reset marker before the error"))
 
 
 def fleet_toml(base_url: str) -> str:
@@ -311,7 +307,7 @@ async def test_a_cut_answer_whose_fallback_refuses_the_prefill_is_restarted(
 
 
 @pytest.mark.parametrize("fault", [
-    "content-filter", pytest.param("content-filter-mid", marks=PARTIAL_NOT_RESET)])
+    "content-filter", "content-filter-mid"])
 async def test_a_content_filter_is_a_typed_error_and_no_other_model_is_asked(
     faults: Faults, fault: str,
 ) -> None:
@@ -337,7 +333,7 @@ def assert_partial_text_reset_before_the_error(got: Asked) -> None:
 
 
 @pytest.mark.parametrize("fault", [
-    "silent", pytest.param("cut-40", marks=PARTIAL_NOT_RESET)])
+    "silent", "cut-40"])
 async def test_a_chain_ending_in_error_answers_a_typed_error(
     faults: Faults, fault: str,
 ) -> None:

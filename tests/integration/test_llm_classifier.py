@@ -193,10 +193,7 @@ async def test_rc01_prefixed_query_never_reaches_the_llm(fake_ollama) -> None:
 
 
 @pytest.mark.parametrize(("fault", "calls"), [
-    ("context-length", 1), ("content-filter", 1), ("silent", 1), ("500", 1),
-    pytest.param("reset", 2, marks=pytest.mark.xfail(strict=True, reason=(
-        "asked 4 times: OpenAIBackend.choose resends a dropped call itself (_post) and "
-        "Walker.choose retries RESET once more"))),
+    ("context-length", 1), ("content-filter", 1), ("silent", 1), ("500", 2), ("reset", 2),
 ])
 async def test_layer3_asks_a_failing_model_as_its_fault_allows_then_the_next(
     fault: str, calls: int,

@@ -1,8 +1,8 @@
 """A call to an OpenAI-compatible server whose connection is closed before any answer
 ("Server disconnected without sending a response", as llama.cpp's server did on a
-kept-alive connection) is sent once more: a label by the client itself, a streamed
-answer by the chain walker (the client names the drop RESET); a second such close is
-the backend's error."""
+kept-alive connection) is sent once more, a label as a streamed answer, by the chain
+walker (the client names the drop RESET and resends nothing itself: the two together
+sent a label four times); a second such close is the backend's error."""
 
 from __future__ import annotations
 
@@ -87,7 +87,8 @@ async def test_a_dropped_call_is_sent_once_more() -> None:
     server = Dropping(1, COMPLETION)
     async with server as url:
         backend = OpenAIBackend(url)
-        assert await backend.choose("m", MESSAGES, LABEL, timeout=5) == "B"
+        assert await Walker.single(backend, "m").choose(
+            ["openai/m"], MESSAGES, LABEL, timeout=5) == ("B", "openai/m")
         await backend.aclose()
     assert server.requests == 2
     # A stream's drop before any byte is RESET, which the chain retries once.
@@ -107,7 +108,7 @@ async def test_two_drops_in_a_row_are_an_error() -> None:
     async with server as url:
         backend = OpenAIBackend(url)
         with pytest.raises(BackendUnavailableError, match="RemoteProtocolError"):
-            await backend.choose("m", MESSAGES, LABEL, timeout=5)
+            await Walker.single(backend, "m").choose(["openai/m"], MESSAGES, LABEL, timeout=5)
         await backend.aclose()
     assert server.requests == 2
     server = Dropping(2, STREAM)
