@@ -243,5 +243,32 @@ def set_policy(
 
 @agent_app.command("show")
 def show(name: Annotated[str, typer.Argument(help="Agent id")]) -> None:
-    """An agent's policy as JSON (`{}`: the global defaults); changes nothing."""
-    typer.echo(encode_policy(_policy_action(lambda pool: show_policy(pool, name))))
+    """An agent's policy as JSON (`{}`: the global defaults), then on stderr each model
+    slot's chain as a request walks it; changes nothing."""
+    policy = _policy_action(lambda pool: show_policy(pool, name))
+    typer.echo(encode_policy(policy))
+    for line in walked_chains(policy):
+        typer.echo(line, err=True)
+
+
+def walked_chains(policy: AgentPolicy) -> list[str]:
+    """Each slot's chain as it will be walked, with the latency targets that time it:
+    the slot's model from this environment's fleet (LLM_FLEET or the seed variables)."""
+    from shared.llm.select import open_fleet
+    from shared.policy.chain import build_chain, describe_chain
+
+    common = settings().common
+    try:
+        fleet = open_fleet(common)
+    except ValueError:
+        fleet = None
+    ttft = policy.ttft_ms if policy.ttft_ms is not None else common.llm_ttft_ms
+    stall = policy.stall_ms if policy.stall_ms is not None else common.llm_stall_ms
+    lines = []
+    for slot in ("main", "conversational"):
+        model = fleet.slot_model(slot) if fleet is not None else "slot/<the slot's model>"
+        steps = build_chain(model, policy.fallback.get(slot))
+        lines.append(f"{slot}:")
+        lines += [f"  {line}" for line in describe_chain(steps, ttft_ms=ttft,
+                                                          stall_ms=stall)]
+    return lines

@@ -135,6 +135,7 @@ def up(
     counts = parse_replicas(replicas or [])
     cli = settings()
     configure_logging(level=cli.common.log_level, fmt=cli.common.log_format, worker="up")
+    _check_fleet(cli)
     state_dir = cli.state_dir
     embedded_nats = not cli.nats_url
     _check_cluster_size(nats_cluster, embedded_nats)
@@ -248,6 +249,17 @@ def _metrics_wanted(cli: CliSettings, counts: dict[str, int]) -> tuple[int, int 
             explicit or PROMETHEUS_PORT):
         return 0, None
     return sum(counts.values()), explicit
+
+
+def _check_fleet(cli: CliSettings) -> None:
+    """Every model server the settings declare, checked before anything starts: a
+    malformed URL (no scheme, no host, an OpenAI-compatible one without /v1), a key not
+    given by reference, a slot naming a model no backend serves: one line, exit 2
+    (FleetError is a setting's error). Whether each answers is the workers' start-up
+    probe's to say, at once, in one warning line."""
+    from shared.llm.select import open_fleet
+
+    open_fleet(cli.common)
 
 
 def _check_cluster_size(nodes: int, embedded_nats: bool) -> None:

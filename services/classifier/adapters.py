@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from services.classifier.layer2.batcher import MicroBatcher
 from services.classifier.layer2.classifier import Layer2Classifier
@@ -74,15 +75,16 @@ def build_layer2(settings: ClassifierSettings) -> BatchedLayer2 | None:
                          max_wait_ms=settings.micro_batch_wait_ms)
 
 
-def build_llm(settings: ClassifierSettings) -> LlmLabeler | None:
-    """Layer 3 on the configured model server (Ollama, else the OpenAI-compatible one);
-    None without a server or a model."""
-    from shared.llm.select import open_backend
+def build_llm(settings: ClassifierSettings, nc: Any = None) -> LlmLabeler | None:
+    """Layer 3 on its chain of fleet models (shared.llm.select.label_chain), the shared
+    circuits on `nc` when given; None without a model server or a model."""
+    from shared.llm.select import label_chain, open_walker
 
-    backend = open_backend(settings.common, timeout=settings.llm_timeout)
-    if backend is None or not settings.llm_model:
+    walker, _ = open_walker(settings.common, nc, timeout=settings.llm_timeout)
+    refs = label_chain(walker.fleet, settings.common, "classifier", settings.llm_model)
+    if not refs:
         return None
-    return ModelLabeler(backend, settings.llm_model, timeout=settings.llm_timeout)
+    return ModelLabeler(walker, refs, timeout=settings.llm_timeout)
 
 
 __all__ = ["BatchedLayer2", "build_classifier", "build_layer2", "build_llm"]

@@ -28,7 +28,7 @@ def create_app(
         cascade = Cascade(
             CascadeConfig(threshold=settings.threshold),
             layer2=layer2,
-            llm=build_llm(settings),
+            llm=build_llm(settings, wiring.nc),
         )
         policies = await open_policy_cache(wiring.store.pool,
                                            refresh=settings.common.policy_refresh,

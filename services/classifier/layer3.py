@@ -15,6 +15,7 @@ from services.classifier.layer1 import points_elsewhere
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
 from shared.llm.choice import Choice
 from shared.llm.ports import BackendUnavailableError, ChatMessage, ChoiceBackend
+from shared.llm.walk import Walker
 
 log = logging.getLogger("intentroute.classifier")
 
@@ -48,13 +49,25 @@ def render_classifier_prompt(
 
 
 class ModelLabeler:
-    """Layer 3 on any model backend. Returns None when the model does not answer in time
-    or answers off-schema (the cascade then falls back to Layer 2's guess)."""
+    """Layer 3 on its own short chain of fleet models (CLASSIFIER_LLM_CHAIN, else
+    CLASSIFIER_LLM_MODEL on the default backend), walked with the fleet's fault handling:
+    a model refusing the prompt's length or a content filter is not asked again, an
+    open circuit is passed over. Returns None when no model answers in time or one
+    answers off-schema (the cascade then falls back to Layer 2's guess)."""
 
-    def __init__(self, backend: ChoiceBackend, model: str, *, timeout: float = 3.0) -> None:
-        self.backend = backend
-        self.model = model
+    def __init__(self, walker: Walker, refs: list[str], *, timeout: float = 3.0) -> None:
+        self.walker = walker
+        self.refs = refs
         self.timeout = timeout
+
+    @classmethod
+    def on(cls, backend: ChoiceBackend, model: str, *, timeout: float = 3.0) -> ModelLabeler:
+        """On one client and model (tests, evaluations)."""
+        return cls(Walker.single(backend, model), [f"{backend.name}/{model}"], timeout=timeout)
+
+    @property
+    def model(self) -> str:
+        return self.refs[0] if self.refs else ""
 
     async def warm(self, *, timeout: float = 60.0) -> None:
         """One call outside any request, so the server holds the prompt's fixed part
@@ -62,8 +75,8 @@ class ModelLabeler:
         Cold, that first call took 7.5 s on SmolLM2-135M here (one thread, loaded
         machine) against 0.6 s warm, past the 3 s timeout."""
         try:
-            await self.backend.choose(self.model, render_classifier_prompt("hello", [], ""),
-                                      LABELS, timeout=timeout)
+            await self.walker.choose(self.refs[:1], render_classifier_prompt("hello", [], ""),
+                                     LABELS, timeout=timeout)
         except BackendUnavailableError as exc:
             log.warning("[classify] LLM classifier warm-up failed: %s", exc)
 
@@ -77,8 +90,8 @@ class ModelLabeler:
         messages = render_classifier_prompt(
             query, history if points_elsewhere(query) else [], editor_context)
         try:
-            chosen = await self.backend.choose(self.model, messages, LABELS,
-                                               timeout=self.timeout)
+            chosen, _ = await self.walker.choose(self.refs, messages, LABELS,
+                                                 timeout=self.timeout)
         except BackendUnavailableError as exc:
             log.warning("[classify] LLM classifier unavailable: %s", exc)
             return None

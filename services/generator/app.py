@@ -1,54 +1,18 @@
-"""Generator worker for one model slot: settings -> stage -> deps (model backend)."""
+"""Generator worker for one model slot: settings -> stage -> deps (the fleet's walker)."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
+from functools import partial
 
 from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
-from services.generator.backends import EchoBackend, OpenAIBackend, ProbeFailure
+from services.generator.backends import open_walker, refresh_circuits, report_probes
 from services.generator.handlers import GeneratorDeps, build_stage
-from services.generator.health import BackendHealth
-from services.generator.ports import ChatBackend
+from services.generator.health import FleetHealth
 from services.generator.settings import GeneratorSettings
-from shared.llm.select import open_backend
 from shared.runtime.worker import Wiring, build_app
 from shared.store.policy_cache import open_policy_cache
-
-log = logging.getLogger("intentroute.generator")
-
-
-def choose_backend(settings: GeneratorSettings) -> ChatBackend | None:
-    """None means the extractive answerer answers on its own."""
-    kind = settings.backend_kind
-    if kind == "echo":
-        return EchoBackend(settings.echo_delay)
-    if kind in ("ollama", "openai"):
-        return open_backend(settings.common, kind, timeout=settings.ollama_timeout)
-    return None
-
-
-async def report_probe(backend: OpenAIBackend, *, tries: int = 30, pause: float = 1.0,
-                       health: BackendHealth | None = None) -> ProbeFailure | None:
-    """A wrong URL or key fails every call, each answer falling back to the extractive
-    answerer: say why once, at start, in one warning line (not fatal), and in `health`
-    (`intentroute status`). A server not listening yet (`up --llm` starts it beside the
-    workers) is asked again meanwhile."""
-    problem = await backend.probe()
-    for _ in range(tries - 1):
-        if problem is None or problem.status is not None:
-            break
-        await asyncio.sleep(pause)
-        problem = await backend.probe()
-    if health is not None:
-        health.probe(problem.reason if problem else None)
-    if problem:
-        log.warning("openai backend: %s; answers fall back to the extractive answerer "
-                    "(check OPENAI_BASE_URL, /v1 included, and OPENAI_API_KEY)",
-                    problem.reason)
-    return problem
 
 
 def create_app(
@@ -59,18 +23,20 @@ def create_app(
     settings = settings or GeneratorSettings.from_env()
 
     async def make_deps(wiring: Wiring) -> GeneratorDeps:
-        backend = choose_backend(settings)
-        model = settings.model or ("echo" if isinstance(backend, EchoBackend) else "")
-        health = BackendHealth(backend.name if backend else "", model)
+        exits = wiring.base.exits
+        walker, model, closing = open_walker(settings, wiring.nc)
+        exits.push_async_callback(closing)
+        health = FleetHealth([model, *(r for r in walker.fleet.refs() if r != model)]
+                             if model else [])
         wiring.signals.watch_state("backend", health.state)
-        if isinstance(backend, OpenAIBackend):
-            wiring.base.exits.push_async_callback(backend.aclose)
-            probe = asyncio.create_task(report_probe(backend, health=health))
-            wiring.base.exits.callback(probe.cancel)
+        for backend in walker.fleet.backends:
+            wiring.signals.watch_breaker(f"llm:{backend}", partial(health.breaker, backend))
+        exits.push_async_callback(refresh_circuits(walker, health).stop)
+        exits.push_async_callback(report_probes(walker, health).stop)
         policies = await open_policy_cache(wiring.store.pool,
                                            refresh=settings.common.policy_refresh,
-                                           exits=wiring.base.exits)
-        return GeneratorDeps(**wiring.base.parts(), backend=backend, model=model,
+                                           exits=exits)
+        return GeneratorDeps(**wiring.base.parts(), walker=walker, model=model,
                              policies=policies, health=health)
 
     return build_app(service=f"generator-{settings.slot.value}", common=settings.common,

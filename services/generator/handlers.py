@@ -5,16 +5,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from services.generator.fallback import EXTRACTIVE, Answered, Sink, merged, steps_for
+from services.generator.fallback import Answered, Sink, merged, steps_for, timing_for
 from services.generator.fallback import produce as produce_answer
-from services.generator.health import BackendHealth
-from services.generator.ports import ChatBackend
+from services.generator.health import FleetHealth
 from services.generator.settings import GeneratorSettings
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import QueryType
+from shared.llm.walk import Walker
+from shared.policy.agent import AgentPolicy
+from shared.policy.chain import EXTRACTIVE, Step
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.endings import answer_usage
@@ -36,12 +38,19 @@ DEGRADED_BY = f"{EXTRACTIVE}:budget"
 
 @dataclass(kw_only=True)
 class GeneratorDeps(StageDeps):
-    backend: ChatBackend | None
-    # The slot's model (OLLAMA_MODEL_NAME[_CONVERSATIONAL]): the first step of every chain.
+    # The fleet's clients, declarations and shared circuits (shared.llm.walk).
+    walker: Walker
+    # The slot's model (`backend/model`, "" without a model server): every chain's first.
     model: str
     policies: Policies
-    # The backend's last outcomes, reported on the services API (`intentroute status`).
-    health: BackendHealth | None = None
+    # The models' last outcomes, reported on the services API (`intentroute status`).
+    health: FleetHealth | None = None
+
+
+def chosen_model(asked: str, policy: AgentPolicy, slot_model: str) -> str:
+    """The chain's first model: the one the caller asked for when the agent's policy
+    lists it (`models=`), else the slot's (a model server must be there at all)."""
+    return asked if asked and slot_model and asked in policy.models else slot_model
 
 
 def build_stage(settings: GeneratorSettings) -> Stage[Routed, GeneratorDeps]:
@@ -72,13 +81,15 @@ async def generate(
     if decision.type == QueryType.CONVERSATIONAL:
         previous = await deps.store.previous_answer(req.agent_id, req.session_id) or ""
     policy = deps.policies.policy_for(req.agent_id, req.request_id)
-    steps = ([EXTRACTIVE] if env.degraded else
-             steps_for(policy, settings.slot.value, deps.model, backend=deps.backend is not None))
+    steps = ([Step(EXTRACTIVE)] if env.degraded else
+             steps_for(policy, settings.slot.value, chosen_model(req.model, policy,
+                                                                 deps.model)))
+    timing = timing_for(policy, settings.common)
 
     async def produce(sink: Sink, on_restart: Callable[[], Awaitable[None]]) -> Answered:
         answered = await produce_answer(
-            deps.backend, deps.tracer, steps, env, previous_answer=previous, sink=sink,
-            on_restart=on_restart, timeout=settings.ollama_timeout, health=deps.health)
+            deps.walker, deps.tracer, steps, env, previous_answer=previous, sink=sink,
+            on_restart=on_restart, timing=timing, health=deps.health)
         if settings.common.accounting:
             env.usage = merged(env.usage, answered.usage)
         if env.degraded:
@@ -97,7 +108,8 @@ async def generate(
 
         answered = await produce(collect, restart)
         if answered.error:
-            raise PermanentError(ErrorCode.BACKEND_UNAVAILABLE, answered.error)
+            raise PermanentError(answered.error_code or ErrorCode.BACKEND_UNAVAILABLE,
+                                 answered.error)
         env.answered_by = answered.answered_by
         env.answer = "".join(parts)
         return Handoff(VALIDATE_SUBJECT, env, f"generated:{env.attempt}")
@@ -109,7 +121,8 @@ async def generate(
     if answered.error:
         # The answer so far (if any) was reset; the error follows it on the subject.
         env.seq = out.seq
-        raise PermanentError(ErrorCode.BACKEND_UNAVAILABLE, answered.error)
+        raise PermanentError(answered.error_code or ErrorCode.BACKEND_UNAVAILABLE,
+                             answered.error)
     await finish_turn(deps.store, env, answer=out.answer, answered_by=answered.answered_by,
                       first_chunk_at=out.first_text_at)
     await out.final(decision=decision, answered_by=answered.answered_by,

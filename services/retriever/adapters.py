@@ -14,6 +14,7 @@ from string import Template
 from shared.contracts.pipeline import Passage
 from shared.llm.choice import Choice
 from shared.llm.ports import BackendUnavailableError, ChatMessage, ChoiceBackend
+from shared.llm.walk import Walker
 
 log = logging.getLogger("intentroute.retriever")
 
@@ -35,18 +36,25 @@ def render_relevance_prompt(query: str, passages: list[Passage]) -> list[ChatMes
 
 
 class ModelRelevanceJudge:
-    """The judge on any model backend; None when no verdict could be had (the check then
-    does not retry)."""
+    """The judge on its own short chain of fleet models (RELEVANCE_LLM_CHAIN, else
+    RELEVANCE_LLM_MODEL on the default backend); None when no verdict could be had
+    (the check then does not retry)."""
 
-    def __init__(self, backend: ChoiceBackend, model: str, *, timeout: float = 5.0) -> None:
-        self.backend = backend
-        self.model = model
+    def __init__(self, walker: Walker, refs: list[str], *, timeout: float = 5.0) -> None:
+        self.walker = walker
+        self.refs = refs
         self.timeout = timeout
+
+    @classmethod
+    def on(cls, backend: ChoiceBackend, model: str, *,
+           timeout: float = 5.0) -> ModelRelevanceJudge:
+        """On one client and model (tests, evaluations)."""
+        return cls(Walker.single(backend, model), [f"{backend.name}/{model}"], timeout=timeout)
 
     async def relevant(self, query: str, passages: list[Passage]) -> bool | None:
         try:
-            verdict = await self.backend.choose(
-                self.model, render_relevance_prompt(query, passages), VERDICT,
+            verdict, _ = await self.walker.choose(
+                self.refs, render_relevance_prompt(query, passages), VERDICT,
                 timeout=self.timeout)
         except BackendUnavailableError as exc:
             log.warning("[retrieve] relevance judge unavailable: %s", exc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
@@ -31,19 +33,20 @@ def build_retrieval(settings: RetrieverSettings) -> Retrieval:
                              settings=settings.fusion)
 
 
-def build_judge(settings: RetrieverSettings) -> RelevanceJudge | None:
-    """The LLM relevance judge (RELEVANCE_CHECK=llm) on the configured model server
-    (Ollama, else the OpenAI-compatible one); None without a server or a model."""
-    if settings.relevance_mode != "llm" or not settings.relevance_model:
+def build_judge(settings: RetrieverSettings, nc: Any = None) -> RelevanceJudge | None:
+    """The LLM relevance judge (RELEVANCE_CHECK=llm) on its chain of fleet models
+    (shared.llm.select.label_chain), the shared circuits on `nc` when given; None
+    without a model server or a model."""
+    if settings.relevance_mode != "llm":
         return None
     from services.retriever.adapters import ModelRelevanceJudge
-    from shared.llm.select import open_backend
+    from shared.llm.select import label_chain, open_walker
 
-    backend = open_backend(settings.common, timeout=settings.relevance_timeout)
-    if backend is None:
+    walker, _ = open_walker(settings.common, nc, timeout=settings.relevance_timeout)
+    refs = label_chain(walker.fleet, settings.common, "relevance", settings.relevance_model)
+    if not refs:
         return None
-    return ModelRelevanceJudge(backend, settings.relevance_model,
-                               timeout=settings.relevance_timeout)
+    return ModelRelevanceJudge(walker, refs, timeout=settings.relevance_timeout)
 
 
 def create_app(
@@ -58,7 +61,7 @@ def create_app(
         backend = retrieval or build_retrieval(settings)
         wiring.base.exits.push_async_callback(backend.close)
         return RetrieverDeps(**wiring.base.parts(), retrieval=backend,
-                             judge=build_judge(settings))
+                             judge=build_judge(settings, wiring.nc))
 
     return build_app(service="retriever", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

@@ -34,7 +34,7 @@ import msgspec
 from shared.accounting.hashing import AgentNamer, identity
 from shared.accounting.rollups import Prices
 from shared.contracts.response import ErrorCode
-from shared.policy.agent import Price
+from shared.policy.agent import Price, price_of
 
 # Refusals at admission (per-agent limits): logged as `error:<CODE>`, nothing answered.
 REFUSALS = (ErrorCode.RATE_LIMITED.value, ErrorCode.CONCURRENCY_LIMITED.value,
@@ -150,7 +150,7 @@ def build_cost_report(model_rows: Sequence[Mapping[str, Any]],
     unpriced = []
     for row in model_rows:
         agent, model = row["agent_id"], row["model"]
-        priced = model in prices.get(agent, {})
+        priced = price_of(dict(prices.get(agent, {})), model) is not None
         by_agent[agent].append(ModelCost(
             model=model, requests=int(row["requests"]), errors=int(row["errors"]),
             fallbacks=int(row["fallbacks"]), tokens_in=int(row["tokens_in"]),
@@ -163,7 +163,8 @@ def build_cost_report(model_rows: Sequence[Mapping[str, Any]],
                              "compute_s": float(row["compute_s"])})
     agents = []
     for agent, models in sorted(by_agent.items()):
-        cost = _agent_cost(agent, models, prices.get(agent, {}).get(main_model), name)
+        cost = _agent_cost(agent, models, price_of(dict(prices.get(agent, {})), main_model),
+                           name)
         cost.refused = _by_code(refused.get(agent, {}))
         cost.currency = currencies.get(agent, "")
         agents.append(cost)

@@ -45,16 +45,29 @@ _ROLLUP_ROWS = """
 WITH prices AS (
     SELECT * FROM unnest($3::text[], $4::text[], $5::float8[], $6::float8[], $7::float8[])
         AS p(agent_id, model, input_per_1k, output_per_1k, per_compute_s)
+), rows AS (
+    -- An answer several models wrote (`model_parts`, migration 0016) counts each part's
+    -- tokens under its own model; the request itself (and its time) under its row's.
+    SELECT r.created_at, r.agent_id, r.query_type, r.layer, r.outcome, r.fallback,
+           r.total_ms, r.compute_ms,
+           coalesce(p.value ->> 0, r.model) AS model,
+           coalesce((p.value ->> 1)::int, r.tokens_in) AS tokens_in,
+           coalesce((p.value ->> 2)::int, r.tokens_out) AS tokens_out,
+           p.n IS NULL OR p.n = jsonb_array_length(r.model_parts) AS counted
+    FROM request_log r
+    LEFT JOIN LATERAL jsonb_array_elements(
+        CASE WHEN jsonb_typeof(r.model_parts) = 'array' THEN r.model_parts
+             ELSE '[]'::jsonb END) WITH ORDINALITY AS p(value, n) ON true
+    WHERE r.created_at >= $1 AND r.created_at < $2
 ), agg AS (
     SELECT (created_at AT TIME ZONE 'UTC')::date AS day, agent_id, model, query_type, layer,
-           count(*) AS requests,
-           count(*) FILTER (WHERE outcome LIKE 'error:%') AS errors,
-           count(*) FILTER (WHERE fallback) AS fallbacks,
+           count(*) FILTER (WHERE counted) AS requests,
+           count(*) FILTER (WHERE counted AND outcome LIKE 'error:%') AS errors,
+           count(*) FILTER (WHERE counted AND fallback) AS fallbacks,
            sum(tokens_in) AS tokens_in, sum(tokens_out) AS tokens_out,
-           coalesce(sum(compute_ms), 0) / 1000.0 AS compute_s,
+           coalesce(sum(compute_ms) FILTER (WHERE counted), 0) / 1000.0 AS compute_s,
            {pct} AS pct
-    FROM request_log
-    WHERE created_at >= $1 AND created_at < $2
+    FROM rows
     GROUP BY 1, 2, 3, 4, 5
 )
 SELECT a.day, a.agent_id, a.model, a.query_type, a.layer, a.requests, a.errors, a.fallbacks,
@@ -63,10 +76,16 @@ SELECT a.day, a.agent_id, a.model, a.query_type, a.layer, a.requests, a.errors, 
         + a.tokens_out / 1000.0 * coalesce(p.output_per_1k, 0)
         + a.compute_s * coalesce(p.per_compute_s, 0))::float8 AS cost,
        a.pct[1] AS latency_p50_ms, a.pct[2] AS latency_p95_ms, a.pct[3] AS latency_p99_ms
-FROM agg a LEFT JOIN prices p ON p.agent_id = a.agent_id AND p.model = a.model
+FROM agg a LEFT JOIN LATERAL (
+    -- The model's price under its `backend/model` name, else its own (set before fleets).
+    SELECT * FROM prices p
+    WHERE p.agent_id = a.agent_id
+      AND p.model IN (a.model, substr(a.model, strpos(a.model, '/') + 1))
+    ORDER BY p.model = a.model DESC LIMIT 1) p ON true
 """
 ROLLUP_ROWS_SQL = _ROLLUP_ROWS.format(
-    pct="percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY total_ms)")
+    pct="percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY total_ms) "
+        "FILTER (WHERE counted)")
 # Without the groups' percentiles (NULL), for a reader that takes the exact per-agent
 # ones instead: a hash aggregate, no sort of the rows. Over a day of 33,000 rows (50
 # agents, 300 groups) 28-59 ms instead of 125-150 ms (the sort on five text keys).

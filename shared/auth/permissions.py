@@ -41,7 +41,16 @@ import re
 from typing import NamedTuple
 
 from shared.auth.natsconn import inbox_prefix
-from shared.contracts import deadletter, feedback, pipeline, replay, request, response, turn_rows
+from shared.contracts import (
+    circuits,
+    deadletter,
+    feedback,
+    pipeline,
+    replay,
+    request,
+    response,
+    turn_rows,
+)
 from shared.contracts.routing import ModelSlot
 
 ADMIN_USER = "admin"
@@ -76,6 +85,7 @@ STREAM_SUBJECTS: dict[str, tuple[str, ...]] = {
     response.CLAIM_STREAM: (f"{response.CLAIM_SUBJECT_PREFIX}.>",),
     deadletter.STREAM: (f"{deadletter.SUBJECT_PREFIX}.>",),
     turn_rows.STREAM: (turn_rows.SUBJECTS,),
+    circuits.STREAM: (circuits.SUBJECTS,),
 }
 
 
@@ -142,6 +152,8 @@ class WorkerGrant(NamedTuple):
     # Also reads what the monitoring reader reads (`monitoring_subjects`): the gateway,
     # whose dashboard shows each stage's lag and errors.
     monitors: bool = False
+    # Calls model servers: reads and writes their shared circuits (shared.llm.circuit).
+    models: bool = False
 
 
 # A replay is answered with one reply per stored chunk, within this window of the
@@ -169,20 +181,24 @@ WORKER_GRANTS: dict[str, WorkerGrant] = {
         monitors=True,
     ),
     "classifier": WorkerGrant(
+        models=True,
         stream=pipeline.STREAM, durable="classifier", filter_subject=pipeline.CLASSIFY_SUBJECT,
         publish=(pipeline.RETRIEVE_SUBJECT, f"{pipeline.GENERATE_SUBJECT_PREFIX}.*"),
     ),
     "retriever": WorkerGrant(
+        models=True,
         stream=pipeline.STREAM, durable="retriever", filter_subject=pipeline.RETRIEVE_SUBJECT,
         publish=(pipeline.generate_subject(ModelSlot.MAIN),
                  pipeline.generate_subject(ModelSlot.CONVERSATIONAL)),
     ),
     "generator-main": WorkerGrant(
+        models=True,
         stream=pipeline.STREAM, durable="generator-main",
         filter_subject=pipeline.generate_subject(ModelSlot.MAIN),
         publish=(pipeline.VALIDATE_SUBJECT,),
     ),
     "generator-conversational": WorkerGrant(
+        models=True,
         stream=pipeline.STREAM, durable="generator-conversational",
         filter_subject=pipeline.generate_subject(ModelSlot.CONVERSATIONAL),
         publish=(),
@@ -300,6 +316,7 @@ def service_permissions(worker: str) -> Permissions:
         *consumer_grants(turn_rows.STREAM, turn_rows.DURABLE, turn_rows.SUBJECTS),
         deadletter.dead_letter_subject(turn_rows.DURABLE),
         *(monitoring_subjects() if grant.monitors else ()),
+        *(circuit_subjects() if grant.models else ()),
     ]
     # A per-agent reader hears every publication on its subject (the doorbell saying
     # which agent has requests waiting).
@@ -311,6 +328,12 @@ def service_permissions(worker: str) -> Permissions:
     return Permissions(publish=_unique(publish), subscribe=subscribe, allow_responses=True,
                        max_responses=grant.max_responses,
                        responses_seconds=grant.responses_seconds)
+
+
+def circuit_subjects() -> tuple[str, ...]:
+    """The model backends' circuits (the key-value bucket LLM_CIRCUITS): read a key,
+    write one (compare-and-set)."""
+    return (circuits.SUBJECTS, f"$JS.API.DIRECT.GET.{circuits.STREAM}.{circuits.SUBJECTS}")
 
 
 def services_api_subjects(name: str) -> tuple[str, ...]:

@@ -177,6 +177,25 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     openai_model_conversational: Annotated[str, env("OPENAI_MODEL_CONVERSATIONAL")] = ""
     openai_api_key: Annotated[str, env("OPENAI_API_KEY")] = ""
     openai_server: Annotated[OpenAIServer, env("OPENAI_SERVER")] = OpenAIServer.OPENAI
+    # The model fleet (shared.llm.fleet): a TOML file declaring every backend and its
+    # models ("" = the seed variables above as a one-backend fleet), and the models the
+    # slots and the label roles use (`backend/model`; "" = the fleet's own).
+    llm_fleet: Annotated[str, env("LLM_FLEET")] = ""
+    slot_main: Annotated[str, env("MODEL_MAIN")] = ""
+    slot_conversational: Annotated[str, env("MODEL_CONVERSATIONAL")] = ""
+    classifier_llm_chain: Annotated[str, env("CLASSIFIER_LLM_CHAIN")] = ""
+    relevance_llm_chain: Annotated[str, env("RELEVANCE_LLM_CHAIN")] = ""
+    # How long a model call may take (shared.llm.walk.Timing), unless the agent's policy
+    # says (`ttft_ms`, `stall_ms`): to the server's first byte, to the first token, and
+    # between two tokens; past one, the chain's next step answers.
+    llm_first_byte_ms: Annotated[float, env("LLM_FIRST_BYTE_MS", unit="milliseconds")] = 5000.0
+    llm_ttft_ms: Annotated[float, env("LLM_TTFT_MS", unit="milliseconds")] = 15000.0
+    llm_stall_ms: Annotated[float, env("LLM_STALL_MS", unit="milliseconds")] = 5000.0
+    # A backend's circuit (shared.llm.circuit): opens after this many failures in a row,
+    # probed again after the cooldown.
+    llm_circuit_failures: Annotated[int, env("LLM_CIRCUIT_FAILURES")] = 3
+    llm_circuit_cooldown: Annotated[float, env("LLM_CIRCUIT_COOLDOWN",
+                                               unit="seconds")] = 5.0
     # Per-agent accounting (ADR-0006): tokens, model, fallback, time to first chunk in
     # the request log and the implicit outcomes derived from it. Off only to measure
     # what it costs (`bench pipeline --no-accounting`).

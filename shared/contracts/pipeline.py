@@ -32,6 +32,15 @@ class Passage(msgspec.Struct, frozen=True):
     source: str = ""
 
 
+class UsagePart(msgspec.Struct, array_like=True, frozen=True):
+    """One model's share of an answer written by several (continued after a cut, or
+    generated again by another model): billed at its own model's price."""
+
+    model: str
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+
 class Usage(msgspec.Struct, kw_only=True):
     """What generating the answer took (ADR-0006 accounting), for the request log; set by
     the generator when ACCOUNTING is on, carried to the validator for CODE_GENERATION.
@@ -50,6 +59,9 @@ class Usage(msgspec.Struct, kw_only=True):
     # the steps before it failed.
     fallback: bool = False
     fallback_reason: str = ""
+    # The answer's parts when more than one model wrote it (else empty: `model` wrote
+    # it all); `tokens_in` / `tokens_out` are their sums.
+    parts: list[UsagePart] = []
 
 
 class Admitted(msgspec.Struct, kw_only=True):

@@ -53,6 +53,10 @@ class AgentRequest(msgspec.Struct, frozen=True, kw_only=True):
     # The caller's time budget in ms (0: the server's REQUEST_DEADLINE); it may only
     # shorten the server's.
     timeout_ms: int = 0
+    # A fleet model (`backend/model`) the caller asks for: the first step of its chain
+    # when the agent's policy lists it (`models=`); routing and the rest of the agent's
+    # chain still apply. "" = the slot's model.
+    model: str = ""
 
 
 class Problem(msgspec.Struct, frozen=True):
@@ -63,6 +67,8 @@ class Problem(msgspec.Struct, frozen=True):
 
 
 _REQUIRED = ("request_id", "session_id", "query")
+# A model name as the request log's column holds it.
+MAX_MODEL_CHARS = 128
 _IDS = ("request_id", "session_id", "agent_id")
 _QUERY_TYPES = tuple(t.value for t in QueryType)
 _TEXTS = {"query": MAX_QUERY_CHARS, "extra_context": MAX_CONTEXT_CHARS,
@@ -109,6 +115,10 @@ def request_problem(req: AgentRequest) -> Problem | None:
         return Problem(ErrorCode.INVALID_FIELD,
                        f"timeout_ms must be 1 to {MAX_TIMEOUT_MS} ms (0: the server's "
                        f"deadline), got {req.timeout_ms}")
+    if len(req.model) > MAX_MODEL_CHARS or "\x00" in req.model:
+        return Problem(ErrorCode.INVALID_FIELD,
+                       f"field 'model' is a backend/model name of at most {MAX_MODEL_CHARS} "
+                       "characters")
     if req.query_type and req.query_type not in _QUERY_TYPES:
         allowed = ", ".join(_QUERY_TYPES)
         return Problem(ErrorCode.UNKNOWN_QUERY_TYPE,

@@ -99,6 +99,9 @@ class ErrorCode(enum.StrEnum):
     # No model of the agent's fallback chain answered and the chain ends in `error`
     # (the agent prefers an explicit error to the extractive answer).
     BACKEND_UNAVAILABLE = "BACKEND_UNAVAILABLE"
+    # A model provider's content filter refused the answer (its reason in the message);
+    # not retried on another model: the request itself is what it refused.
+    CONTENT_FILTERED = "CONTENT_FILTERED"
     # Feedback on a request id the agent never sent (unknown, or another agent's: the
     # two are not told apart, so no agent learns another's request ids).
     UNKNOWN_REQUEST = "UNKNOWN_REQUEST"

@@ -17,10 +17,17 @@ import msgspec
 
 from shared.common.deadline import time_left
 from shared.llm.choice import Choice
-from shared.llm.ports import BackendUnavailableError, ChatMessage, TokenCounts
+from shared.llm.faults import Fault, ModelError, classify_status
+from shared.llm.ports import (
+    ChatMessage,
+    Ended,
+    Started,
+    StreamEvent,
+    TokenCounts,
+)
 
 if TYPE_CHECKING:
-    import httpx
+    pass
 
 log = logging.getLogger("intentroute.llm")
 
@@ -34,19 +41,24 @@ class ProbeFailure(NamedTuple):
 
 class OpenAIBackend:
     """A call that fails before any answer because the server closed the kept-alive
-    connection it went out on ("Server disconnected without sending a response") is
-    sent once more: against llama.cpp's server, 2 of ~40 calls of `bench codegen` that
-    followed another at once failed so, in 0.0 s."""
+    connection it went out on ("Server disconnected without sending a response") raises
+    RESET, which the chain retries once on the same model (shared.llm.walk): against
+    llama.cpp's server, 2 of ~40 calls of `bench codegen` that followed another at once
+    failed so, in 0.0 s. `name` is the backend's name in the fleet."""
 
     name = "openai"
 
-    def __init__(self, base_url: str, *, api_key: str = "", timeout: float = 120.0) -> None:
+    def __init__(self, base_url: str, *, api_key: str = "", timeout: float = 120.0,
+                 name: str = "") -> None:
+        if name:
+            self.name = name
         import httpx
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # httpx joins a relative path onto the base's path ("http://h/v1" + "models" =
         # "http://h/v1/models").
-        self._client = httpx.AsyncClient(base_url=base_url.rstrip("/") + "/",
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.AsyncClient(base_url=self.base_url + "/",
                                          headers=headers, timeout=timeout)
 
     async def probe(self, timeout: float = 5.0) -> ProbeFailure | None:
@@ -66,39 +78,56 @@ class OpenAIBackend:
                             f"GET {url} -> HTTP {response.status_code}: {detail}")
 
     async def stream(
-        self, model: str, messages: list[ChatMessage]
-    ) -> AsyncIterator[str | TokenCounts]:
+        self, model: str, messages: list[ChatMessage], *, prefill: str = ""
+    ) -> AsyncIterator[StreamEvent]:
+        """One answer as server-sent events (ports.ChatBackend); faults as ModelError:
+        refused before any byte (connection refused: UNREACHABLE; dropped: RESET), an
+        HTTP error by its status and body (faults.classify_status), broken after the
+        first byte (CUT), a content-filter finish (CONTENT_FILTER)."""
         import httpx
 
         body = {"model": model, "stream": True, "stream_options": {"include_usage": True},
-                "messages": _messages(messages)}
-        for resend in (True, False):
-            answered = False
-            try:
-                async with self._client.stream("POST", "chat/completions",
-                                               json=body) as response:
-                    answered = True
-                    if response.status_code != 200:
-                        detail = (await response.aread())[:200].decode(errors="replace")
-                        raise BackendUnavailableError(
-                            f"openai: HTTP {response.status_code}: {detail}")
-                    async for line in response.aiter_lines():
-                        event = _sse_event(line)
-                        if event is None:
-                            continue
-                        for choice in event.choices:
-                            if choice.delta.content:
-                                yield choice.delta.content
-                        if event.usage is not None:
-                            yield TokenCounts(event.usage.prompt_tokens,
-                                              event.usage.completion_tokens)
-                return
-            except httpx.RemoteProtocolError as exc:
-                if answered or not resend:
-                    raise BackendUnavailableError(f"openai: {exc!r}") from exc
-                log.info("openai: the server dropped a kept-alive connection; sent again")
-            except httpx.HTTPError as exc:
-                raise BackendUnavailableError(f"openai: {exc!r}") from exc
+                "messages": _messages(messages, prefill)}
+        answered = False
+        try:
+            async with self._client.stream("POST", "chat/completions", json=body) as response:
+                answered = True
+                if response.status_code != 200:
+                    detail = (await response.aread())[:2000].decode(errors="replace")
+                    fault = classify_status(response.status_code, detail,
+                                            response.headers.get("retry-after"))
+                    if prefill and response.status_code == 400 and fault.fault in (
+                            Fault.REFUSED, Fault.CONTEXT_LENGTH) and "prefill" in detail.lower():
+                        raise ModelError(Fault.PREFILL_REFUSED, fault.detail, status=400)
+                    raise fault
+                yield Started()
+                finish, done = "", False
+                async for line in response.aiter_lines():
+                    if line.strip() == "data: [DONE]":
+                        done = True
+                        continue
+                    event = _sse_event(line)
+                    if event is None:
+                        continue
+                    for choice in event.choices:
+                        if choice.delta.content:
+                            yield choice.delta.content
+                        if choice.finish_reason:
+                            finish = choice.finish_reason
+                    if event.usage is not None:
+                        yield TokenCounts(event.usage.prompt_tokens,
+                                          event.usage.completion_tokens)
+                if finish == "content_filter":
+                    raise ModelError(Fault.CONTENT_FILTER,
+                                     "the provider's content filter stopped the answer")
+                yield Ended(marked=done or bool(finish), finish_reason=finish)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ModelError(Fault.UNREACHABLE, f"{self.base_url}: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            # Dropped before the response began (a kept-alive connection the server
+            # closed, a reset): RESET, retried once; after it: CUT mid-answer.
+            broke = Fault.CUT if answered else Fault.RESET
+            raise ModelError(broke, f"{self.base_url}: {exc!r}") from exc
 
     def constraint(self, choice: Choice) -> dict[str, Any]:
         """The body fields that constrain the answer to `choice`: OpenAI's structured
@@ -113,30 +142,24 @@ class OpenAIBackend:
         body = {"model": model, "messages": _messages(messages), "temperature": 0,
                 "max_tokens": 32, "stream": False, **self.constraint(choice)}
         try:
-            response = await asyncio.wait_for(self._post("chat/completions", body),
-                                              time_left(timeout))
-        except (TimeoutError, httpx.HTTPError) as exc:
-            raise BackendUnavailableError(f"openai: {exc!r}") from exc
+            response = await asyncio.wait_for(
+                self._client.post("chat/completions", json=body), time_left(timeout))
+        except TimeoutError as exc:
+            raise ModelError(Fault.NO_RESPONSE, f"{self.base_url}: no answer within "
+                             f"{timeout:g}s") from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ModelError(Fault.UNREACHABLE, f"{self.base_url}: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise ModelError(Fault.RESET, f"{self.base_url}: {exc!r}") from exc
         if response.status_code != 200:
-            detail = response.text[:200].replace("\n", " ")
-            raise BackendUnavailableError(f"openai: HTTP {response.status_code}: {detail}")
+            raise classify_status(response.status_code, response.text[:2000],
+                                  response.headers.get("retry-after"))
         try:
             answer = _COMPLETION.decode(response.content)
         except msgspec.DecodeError:
             return None
         text = answer.choices[0].message.content if answer.choices else None
         return choice.parse(text or "")
-
-    async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        """POST, sent once more on a fresh connection when the server closed the kept-alive
-        one it went out on before any answer (see `stream`)."""
-        import httpx
-
-        try:
-            return await self._client.post(path, json=body)
-        except httpx.RemoteProtocolError:
-            log.info("openai: the server dropped a kept-alive connection; sent again")
-            return await self._client.post(path, json=body)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -152,8 +175,13 @@ class LlamaCppBackend(OpenAIBackend):
         return {"grammar": choice.grammar(), "repeat_penalty": 1.0}
 
 
-def _messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.content} for m in messages]
+def _messages(messages: list[ChatMessage], prefill: str = "") -> list[dict[str, str]]:
+    """The chat's messages; a prefill is the assistant's own message, last, for the
+    model to continue (servers that take one continue it rather than answer anew)."""
+    out = [{"role": m.role, "content": m.content} for m in messages]
+    if prefill:
+        out.append({"role": "assistant", "content": prefill})
+    return out
 
 
 class _Delta(msgspec.Struct):
@@ -162,6 +190,7 @@ class _Delta(msgspec.Struct):
 
 class _Choice(msgspec.Struct):
     delta: _Delta = msgspec.field(default_factory=_Delta)
+    finish_reason: str | None = None
 
 
 class _Usage(msgspec.Struct):

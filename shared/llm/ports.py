@@ -27,16 +27,34 @@ class TokenCounts(msgspec.Struct, frozen=True):
     completion: int | None
 
 
+class Started(msgspec.Struct, frozen=True):
+    """The server answered (its first byte: the response's status and headers)."""
+
+
+class Ended(msgspec.Struct, frozen=True):
+    """The stream's end: `marked` when the server said it was complete (`[DONE]`, a
+    finish reason, Ollama's `done`), False when it simply stopped (finalised at once
+    with what came); `finish_reason` as the server gave it."""
+
+    marked: bool
+    finish_reason: str = ""
+
+
+StreamEvent = str | TokenCounts | Started | Ended
+
+
 class ChatBackend(Protocol):
-    """Streams the answer's text pieces and, at most once and last, the token counts the
-    model server reported for the call; raises `BackendUnavailableError` when the server
-    could not be reached or failed before the first token."""
+    """Streams one answer: `Started` when the server answers, the text pieces, at most
+    once the token counts it reported, and `Ended` last. `prefill` (an answer cut
+    mid-stream) is sent as the assistant's own message for the model to continue.
+    Raises `shared.llm.faults.ModelError` (a `BackendUnavailableError`) naming the
+    fault; a malformed event in the middle is skipped and logged, never passed on."""
 
     name: str
 
     def stream(
-        self, model: str, messages: list[ChatMessage]
-    ) -> AsyncIterator[str | TokenCounts]: ...
+        self, model: str, messages: list[ChatMessage], *, prefill: str = ""
+    ) -> AsyncIterator[StreamEvent]: ...
 
 
 class ChoiceBackend(Protocol):

@@ -5,9 +5,17 @@ Keys (an empty value unsets one):
 
     clarity_threshold=0.7          below it a decision NEEDS_CLARIFICATION (global: 0.65)
     clarity_policy=ask|proceed     what the classifier does then
-    fallback.main=MODEL,...,extractive|error
-                                   the ordered chain of a model slot; it ends in the
-                                   extractive answer or an explicit error
+    fallback.main=STEP,...,extractive|error
+                                   the ordered chain of a model slot after the slot's
+                                   own model; a step is `backend/model`, optionally
+                                   `@if_unavailable` or `@within=2s` (shared.policy.
+                                   chain); it ends in the extractive answer or an
+                                   explicit error
+    ttft_ms=2000 stall_ms=500      a model's first token and its gaps between tokens:
+                                   past either the chain's next step answers (global:
+                                   LLM_TTFT_MS, LLM_STALL_MS)
+    models=cloud/big-1,local/small the fleet models the agent may name as `model` at
+                                   the OpenAI door (routing and the chain still apply)
     slo_p95_ms=500                 latency SLO
     price.MODEL=IN,OUT[,COMPUTE_S] price per 1k input / output tokens and per compute
                                    second (local models)
@@ -32,6 +40,8 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+
+from shared.policy.chain import ChainError, check_chain, split_ref
 
 
 class PolicyError(ValueError):
@@ -67,6 +77,15 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     per_compute_s: float = 0.0
 
 
+def price_of(prices: dict[str, Price], model: str) -> Price | None:
+    """A model's price: under its `backend/model` name, else under the model's own name
+    (prices set before models were named by their backend)."""
+    found = prices.get(model)
+    if found is None and "/" in model:
+        found = prices.get(model.partition("/")[2])
+    return found
+
+
 class AgentPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     clarity_threshold: float | None = None
     clarity_policy: ClarityPolicy | None = None
@@ -89,6 +108,11 @@ class AgentPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     # The agent's share in the gateway's weighted fair scheduling (stored and
     # validated here; the scheduler reads it).
     weight: float | None = None
+    # Latency targets of its model calls (shared.llm.walk.Timing); None: the globals.
+    ttft_ms: float | None = None
+    stall_ms: float | None = None
+    # Fleet models (`backend/model`) it may choose at the OpenAI door.
+    models: list[str] = []
 
 
 SLOTS = ("main", "conversational")
@@ -173,14 +197,29 @@ def _reporting(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
 
 def fallback_chain(key: str, value: str) -> list[str]:
     steps = [step.strip() for step in value.split(",")]
-    if not steps or any(not step for step in steps):
-        raise PolicyError(f"{key}: empty step in {value!r}")
-    ends = {end.value for end in FallbackEnd}
-    if steps[-1] not in ends:
-        raise PolicyError(f"{key}: the chain must end in 'extractive' or 'error'")
-    if any(step in ends for step in steps[:-1]):
-        raise PolicyError(f"{key}: 'extractive' / 'error' may only be the last step")
+    try:
+        check_chain(steps)
+    except ChainError as exc:
+        raise PolicyError(f"{key}: {exc}") from None
     return steps
+
+
+def _model_calls(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
+    """One of the keys of the agent's model calls (latency targets, door models)."""
+    if key == "models":
+        return msgspec.structs.replace(policy, models=_models(key, value))
+    number = _number(key, value, low=1.0) if value else None
+    return msgspec.structs.replace(policy, **{key: number})
+
+
+def _models(key: str, value: str) -> list[str]:
+    refs = [part.strip() for part in value.split(",") if part.strip()]
+    for ref in refs:
+        try:
+            split_ref(ref)
+        except ChainError as exc:
+            raise PolicyError(f"{key}: {exc}") from None
+    return refs
 
 
 def apply_assignment(policy: AgentPolicy, assignment: str) -> AgentPolicy:
@@ -201,6 +240,8 @@ def apply_assignment(policy: AgentPolicy, assignment: str) -> AgentPolicy:
         return replace(policy, clarity_policy=ClarityPolicy(value) if value else None)
     if key in ("slo_p95_ms", "currency"):
         return _reporting(policy, key, value)
+    if key in ("ttft_ms", "stall_ms", "models"):
+        return _model_calls(policy, key, value)
     head, _, name = key.partition(".")
     if head == "fallback" and name:
         if name not in SLOTS:

@@ -61,7 +61,8 @@ def _accounting(env: Admitted | Routed) -> dict[str, Any]:
     return {"model": usage.model[:128], "tokens_in": usage.tokens_in,
             "tokens_out": usage.tokens_out, "tokens_note": usage.tokens_note[:64],
             "compute_ms": round(usage.compute_ms, 3), "fallback": usage.fallback,
-            "fallback_reason": usage.fallback_reason[:64]}
+            "fallback_reason": usage.fallback_reason[:64],
+            "model_parts": [(p.model[:128], p.tokens_in, p.tokens_out) for p in usage.parts]}
 
 
 def answer_usage(env: Routed) -> TokenUsage | None:

@@ -43,13 +43,33 @@ from shared.auth.natsconn import connect_kwargs
 from shared.auth.permissions import STREAM_SUBJECTS
 from shared.common.limits import StreamLimits
 from shared.common.settings import CommonSettings
-from shared.contracts import deadletter, feedback, pipeline, request, response, turn_rows
+from shared.contracts import (
+    circuits,
+    deadletter,
+    feedback,
+    pipeline,
+    request,
+    response,
+    turn_rows,
+)
 
 log = logging.getLogger("intentroute.bus")
 T = TypeVar("T")
 
 
-DIRECT_READ_STREAMS = frozenset({response.STREAM, response.CLAIM_STREAM, turn_rows.STREAM})
+DIRECT_READ_STREAMS = frozenset({response.STREAM, response.CLAIM_STREAM, turn_rows.STREAM,
+                                 circuits.STREAM})
+
+
+def circuit_bucket(response_ttl: float, limits: StreamLimits) -> StreamConfig:
+    """The key-value bucket of the model backends' circuits (shared.llm.circuit), as
+    JetStream keeps a bucket: one value per key, read directly. A key it ages out (an
+    idle backend's) reads as a closed circuit."""
+    cfg = _stream(circuits.STREAM, RetentionPolicy.LIMITS, response_ttl, limits)
+    cfg.max_msgs_per_subject = 1
+    cfg.allow_rollup_hdrs = True
+    cfg.deny_delete = True
+    return cfg
 
 
 def _stream(name: str, retention: RetentionPolicy, max_age: float, limits: StreamLimits, *,
@@ -101,6 +121,7 @@ def stream_configs(response_ttl: float, replicas: int = 1,
         # dead letters, so an outage shorter than a week loses none.
         _stream(turn_rows.STREAM, RetentionPolicy.WORK_QUEUE, lim.dead_letter_max_age, lim),
     ]
+    configs.append(circuit_bucket(response_ttl, lim))
     for cfg in configs:
         cfg.num_replicas = replicas
     # The streams workers read one message of by subject (the last chunk of an answer,

@@ -113,6 +113,9 @@ request_log = sa.Table(
     sa.Column("compute_ms", sa.Float, nullable=True),
     sa.Column("fallback", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("fallback_reason", sa.String(64), nullable=False, server_default=""),
+    # [[model, tokens_in, tokens_out], ...] of an answer several models wrote (migration
+    # 0016); NULL when one model wrote it all.
+    sa.Column("model_parts", JSONB, nullable=True),
     sa.Index("ix_request_log_agent_time", "agent_id", "created_at"),
     postgresql_partition_by="RANGE (created_at)",
 )

@@ -49,6 +49,9 @@ class RequestLogRow(msgspec.Struct, frozen=True, kw_only=True):
     compute_ms: float | None = None
     fallback: bool = False
     fallback_reason: str = ""
+    # The parts of an answer several models wrote, [[model, tokens_in, tokens_out], ...]
+    # ([] when one did): each is billed at its own model's price (migration 0016).
+    model_parts: list[tuple[str, int, int]] = []
     # Epoch seconds the gateway admitted the request (its envelope's `accepted_at`):
     # the row's created_at and partition key, the same for every write of the request.
     # None (no envelope: input the gateway rejected) = an existing row's, else now.

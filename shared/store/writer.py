@@ -110,14 +110,15 @@ INSERT INTO request_log
     (request_id, agent_id, session_id, query_type, layer, confidence, model_slot,
      answered_by, stage_ms, total_ms, outcome, validation_status, retried,
      model, tokens_in, tokens_out, tokens_note, first_chunk_ms, compute_ms, fallback,
-     fallback_reason, created_at)
+     fallback_reason, created_at, model_parts)
 SELECT r, a, s, t, l, c, ms, ab, sm::jsonb, tm, o, vs, rt, mo, ti, tt, tn, fc, cm, fb, fr,
-       COALESCE(to_timestamp(ca), now())
+       COALESCE(to_timestamp(ca), now()), mp::jsonb
 FROM unnest($16::text[], $17::text[], $18::text[], $19::text[], $20::text[], $21::float8[],
             $22::text[], $23::text[], $24::text[], $25::float8[], $26::text[], $27::text[],
             $28::bool[], $29::text[], $30::int4[], $31::int4[], $32::text[],
-            $33::float8[], $34::float8[], $35::bool[], $36::text[], $37::float8[])
-    AS u(r, a, s, t, l, c, ms, ab, sm, tm, o, vs, rt, mo, ti, tt, tn, fc, cm, fb, fr, ca)
+            $33::float8[], $34::float8[], $35::bool[], $36::text[], $37::float8[],
+            $44::text[])
+    AS u(r, a, s, t, l, c, ms, ab, sm, tm, o, vs, rt, mo, ti, tt, tn, fc, cm, fb, fr, ca, mp)
 ON CONFLICT (agent_id, request_id, created_at) DO UPDATE SET
     query_type = EXCLUDED.query_type, layer = EXCLUDED.layer,
     confidence = EXCLUDED.confidence, model_slot = EXCLUDED.model_slot,
@@ -127,7 +128,8 @@ ON CONFLICT (agent_id, request_id, created_at) DO UPDATE SET
     model = EXCLUDED.model, tokens_in = EXCLUDED.tokens_in,
     tokens_out = EXCLUDED.tokens_out, tokens_note = EXCLUDED.tokens_note,
     first_chunk_ms = EXCLUDED.first_chunk_ms, compute_ms = EXCLUDED.compute_ms,
-    fallback = EXCLUDED.fallback, fallback_reason = EXCLUDED.fallback_reason
+    fallback = EXCLUDED.fallback, fallback_reason = EXCLUDED.fallback_reason,
+    model_parts = EXCLUDED.model_parts
 """
 # Errors caused by the caller's own input or credential: they say nothing about how well
 # the pipeline serves the agent, so they leave no implicit outcome.
@@ -185,6 +187,7 @@ async def _write_batch(
     # are kept apart: one never replaces another's row.
     logs: dict[tuple[str, str, float | None], tuple[Any, ...]] = {}
     implicit: dict[tuple[str, str, float | None], tuple[Any, ...] | None] = {}
+    parts: dict[tuple[str, str, float | None], str | None] = {}
     for row in rows:
         if isinstance(row, HistoryRow):
             history.append(
@@ -212,6 +215,7 @@ async def _write_batch(
                 row.first_chunk_ms, row.compute_ms, row.fallback, row.fallback_reason,
                 row.created_at,
             )
+            parts[key] = json.dumps(row.model_parts) if row.model_parts else None
             if implicit_feedback:
                 implicit.pop(key, None)
                 implicit[key] = _implicit_row(row)
@@ -223,6 +227,7 @@ async def _write_batch(
         *_columns(list(logs.values()), 22),
         *_columns([f for f in implicit.values() if f is not None], 5),
         FeedbackSource.IMPLICIT.value,
+        [parts[key] for key in logs],
     )
 
 

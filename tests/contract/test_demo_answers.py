@@ -29,6 +29,8 @@ from shared.client.caller import assemble
 from shared.contracts.pipeline import Admitted, Passage
 from shared.contracts.response import ResponseChunk, ValidationStatus
 from shared.contracts.routing import ModelSlot
+from shared.llm.fleet import Fleet
+from shared.llm.walk import Walker
 from testkit.fakes import FakePolicies, FakeStore, InProcessParser, RecordingBus, ScriptedRetrieval
 from testkit.wire import ADMISSION, COMMON, request, run_on_wire
 
@@ -65,7 +67,8 @@ async def ask(query: str, *, editor: str = "", passages: list[Passage] | None = 
             ValidatorDeps(**base, checker=GuardedParser(InProcessParser()))),
         **{f"intentroute.stage.generate.{slot.value}": (
             generator_stage(GeneratorSettings(common=COMMON, slot=slot)),
-            GeneratorDeps(**base, backend=None, model="", policies=FakePolicies()))
+            GeneratorDeps(**base, walker=Walker(Fleet(), {}), model="",
+                          policies=FakePolicies()))
            for slot in ModelSlot},
     }
     admitted = Admitted(request=request("d-1", query, editor_context=editor), accepted_at=0.0)

@@ -34,6 +34,8 @@ from shared.contracts.feedback import FeedbackAck
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.response import ChunkKind, ResponseChunk
 from shared.contracts.routing import ModelSlot, QueryType
+from shared.llm.fleet import Fleet
+from shared.llm.walk import Walker
 from shared.store.rows import Row, TurnRow
 from shared.store.writer import StoreRejectedError
 from testkit.fakes import (
@@ -183,7 +185,8 @@ class Streaming:
 
     name = "fake"
 
-    async def stream(self, model: str, messages: list[ChatMessage]) -> AsyncIterator[str]:
+    async def stream(self, model: str, messages: list[ChatMessage], *,
+                     prefill: str = "") -> AsyncIterator[str]:
         for token in ("Loop ", "with ", "startLoop."):
             yield token
 
@@ -194,8 +197,8 @@ async def test_rows_the_database_refuses_are_answered_once_not_retried() -> None
     env = Routed(request=request("s-1", "en menos palabras"), accepted_at=time.time(),
                  decision=routed_decision(QueryType.CONVERSATIONAL))
     _, delivery = await run_on_wire(stage, env, GeneratorDeps(
-        bus=bus, store=store, tracer=NoOpTracer(), admission=ADMISSION, backend=Streaming(),
-        model="m", policies=FakePolicies()))
+        bus=bus, store=store, tracer=NoOpTracer(), admission=ADMISSION,
+        walker=Walker.single(Streaming(), "m"), model="fake/m", policies=FakePolicies()))
     assert delivery.nacked == []
     assert store.refusals == 1
     chunks = [decode_chunk(s.payload) for s in bus.sent if s.subject == "agent.response.a.s-1"]
@@ -212,8 +215,8 @@ async def test_nul_characters_in_an_answer_are_not_what_fails_its_turn() -> None
     env = Routed(request=request("a-1", "en menos palabras"), accepted_at=time.time(),
                  decision=routed_decision(QueryType.CONVERSATIONAL))
     await run_on_wire(stage, env, GeneratorDeps(
-        bus=bus, store=store, tracer=NoOpTracer(), admission=ADMISSION, backend=None, model="",
-        policies=FakePolicies()))
+        bus=bus, store=store, tracer=NoOpTracer(), admission=ADMISSION,
+        walker=Walker(Fleet(), {}), model="", policies=FakePolicies()))
     (turn,) = [r for r in store.rows if isinstance(r, TurnRow)]
     assert "\x00" not in turn.answer
     assert "addVar" in turn.answer

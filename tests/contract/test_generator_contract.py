@@ -9,13 +9,16 @@ from collections.abc import AsyncIterator
 from opentelemetry.trace import NoOpTracer
 
 from services.generator.handlers import GeneratorDeps, build_stage
-from services.generator.ports import BackendUnavailableError, ChatBackend, TokenCounts
+from services.generator.ports import ChatBackend, TokenCounts
 from services.generator.prompts import ChatMessage
 from services.generator.settings import GeneratorSettings
 from shared.client.caller import assemble
 from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import ModelSlot, QueryType
+from shared.llm.faults import Fault, ModelError
+from shared.llm.fleet import Fleet
+from shared.llm.walk import Walker
 from shared.policy.agent import AgentPolicy
 from shared.store.rows import RequestLogRow, TurnRow
 from testkit.fakes import FakePolicies, FakeStore, RecordingBus
@@ -38,27 +41,28 @@ class Scripted:
         self.calls: list[list[ChatMessage]] = []
         self.models: list[str] = []
 
-    async def stream(self, model: str, messages: list[ChatMessage]
+    async def stream(self, model: str, messages: list[ChatMessage], *, prefill: str = ""
                      ) -> AsyncIterator[str | TokenCounts]:
         self.calls.append(messages)
         self.models.append(model)
         if model in self.failing:
-            raise BackendUnavailableError(f"model {model!r} not found")
+            raise ModelError(Fault.REFUSED, f"model {model!r} not found")
         for token in self.tokens:
             if self.delay:
                 await asyncio.sleep(self.delay)
             yield token
         if self.fail_after:
-            raise BackendUnavailableError("connection reset")
+            raise ModelError(Fault.CUT, "connection reset")
         if self.counts is not None:
             yield self.counts
 
 
 def deps_for(bus: RecordingBus, store: FakeStore, backend: ChatBackend | None,
              policies: dict[str, AgentPolicy] | None = None) -> GeneratorDeps:
-    return GeneratorDeps(bus=bus, store=store, tracer=NoOpTracer(),
-        admission=ADMISSION, backend=backend,
-                         model="m" if backend else "", policies=FakePolicies(policies))
+    walker = Walker.single(backend, "m") if backend else Walker(Fleet(), {})
+    return GeneratorDeps(bus=bus, store=store, tracer=NoOpTracer(), admission=ADMISSION,
+                         walker=walker, model="fake/m" if backend else "",
+                         policies=FakePolicies(policies))
 
 
 def conversational(rid: str) -> Routed:
@@ -78,7 +82,7 @@ async def test_conversational_answer_streams_and_the_turn_is_stored_first() -> N
     assert sum(c.is_final for c in chunks) == 1
     assert chunks[-1].is_final
     assert assemble(chunks) == "Loop with startLoop."
-    assert chunks[-1].answered_by == "fake:m"
+    assert chunks[-1].answered_by == "fake/m"
     assert chunks[-1].query_type == "CONVERSATIONAL"
     # The previous answer reached the prompt.
     assert "startLoop(i, 1, 5)" in backend.calls[0][0].content
@@ -105,7 +109,7 @@ async def test_code_is_collected_and_handed_to_the_validator_not_streamed() -> N
     assert bus.sent[0][2] == "a:g-1::generated:0"  # agent:request:run:step (no run here)
     out = decode_routed(bus.sent[0][3])
     assert out.answer == "```avap\naddResult(1)\n```"
-    assert out.answered_by == "fake:m"
+    assert out.answered_by == "fake/m"
     assert "generate.main" in out.timings
     assert store.rows == []
 

@@ -51,9 +51,9 @@ async def test_a_model_answer_is_counted_as_the_backend_reported_it() -> None:
     backend = Scripted("Loops ", "use ", "startLoop.", counts=TokenCounts(321, 7), delay=0.1)
     bus, store = await run(retrieval("t-1"), backend)
     row = log_row(store)
-    assert (row.model, row.tokens_in, row.tokens_out, row.tokens_note) == ("m", 321, 7, "")
+    assert (row.model, row.tokens_in, row.tokens_out, row.tokens_note) == ("fake/m", 321, 7, "")
     assert (row.fallback, row.fallback_reason) == (False, "")
-    assert row.answered_by == "fake:m"
+    assert row.answered_by == "fake/m"
     assert row.compute_ms is not None
     assert row.compute_ms >= 300
     # Streamed in pieces: the first piece went out (with the second token, the stream
@@ -61,7 +61,7 @@ async def test_a_model_answer_is_counted_as_the_backend_reported_it() -> None:
     assert row.total_ms is not None
     assert row.first_chunk_ms is not None
     assert 200 <= row.first_chunk_ms <= row.total_ms - 80
-    assert bus.chunks("t-1")[-1].answered_by == "fake:m"
+    assert bus.chunks("t-1")[-1].answered_by == "fake/m"
 
 
 async def test_counts_the_backend_does_not_report_are_zero_with_a_note() -> None:
@@ -81,7 +81,7 @@ async def test_without_an_agent_chain_a_failing_model_falls_back_to_the_extracti
     row = log_row(store)
     assert (row.model, row.tokens_in, row.tokens_out, row.tokens_note) == (
         "extractive", 0, 0, "extractive")
-    assert (row.fallback, row.fallback_reason) == (True, "unavailable m")
+    assert (row.fallback, row.fallback_reason) == (True, "cut fake/m")
     assert backend.models == ["m"]
 
 
@@ -105,10 +105,10 @@ async def test_the_agents_chain_decides_what_a_failing_backends_request_gets() -
     chat, chat_row, chat_models = answers["chat"]
     assert chat.error is not None
     assert chat.error.code == "BACKEND_UNAVAILABLE"
-    assert "unavailable m" in chat.error.message
+    assert "refused fake/m" in chat.error.message
     assert chat_row.outcome == "error:BACKEND_UNAVAILABLE"
     assert (chat_row.fallback, chat_row.fallback_reason, chat_row.model) == (
-        True, "unavailable m", "")
+        True, "refused fake/m", "")
     assert ide_models == chat_models == ["m"]
 
     other, _, _ = answers["other"]
@@ -122,8 +122,8 @@ async def test_the_chain_tries_its_models_in_order_and_records_why_it_fell_back(
     assert backend.models == ["m", "m2", "m3"]
     assert assemble(bus.chunks("c-1")) == "small answer"
     row = log_row(store)
-    assert (row.model, row.answered_by, row.fallback) == ("m3", "fake:m3", True)
-    assert row.fallback_reason == "unavailable m +1"
+    assert (row.model, row.answered_by, row.fallback) == ("fake/m3", "fake/m3", True)
+    assert row.fallback_reason == "refused fake/m +1"
 
 
 async def test_the_slot_model_is_not_tried_twice_when_the_chain_names_it() -> None:
@@ -156,7 +156,7 @@ async def test_code_carries_its_accounting_to_the_validator() -> None:
     bus, store = await run(env, backend)
     out = decode_routed(bus.sent[0][3])
     assert out.usage is not None
-    assert (out.usage.model, out.usage.tokens_in, out.usage.tokens_out) == ("m", 50, 9)
+    assert (out.usage.model, out.usage.tokens_in, out.usage.tokens_out) == ("fake/m", 50, 9)
     assert store.rows == []
     # The RC-08 retry adds its own counts to the first attempt's.
     retry = msgspec.structs.replace(out, attempt=1, admission="")

@@ -113,7 +113,7 @@ async def test_a_streamed_answer_reads_as_openai_chunks_with_usage_last_and_rout
 ) -> None:
     door, base, _ = served
     door.script = [text(0, "checking", ChunkKind.STATUS), text(1, "Use "), text(2, "startLoop"),
-                   final(3, ".", answered_by="ollama:m", usage=TokenUsage(12, 3))]
+                   final(3, ".", answered_by="ollama/m", usage=TokenUsage(12, 3))]
     stream = await client(base).chat.completions.create(
         model="intentroute", messages=[{"role": "user", "content": "how do I loop?"}],
         stream=True, stream_options={"include_usage": True})
@@ -126,7 +126,7 @@ async def test_a_streamed_answer_reads_as_openai_chunks_with_usage_last_and_rout
     assert finish[0].model_extra is not None
     info = finish[0].model_extra["intentroute"]
     assert info["query_type"] == "RETRIEVAL"
-    assert info["answered_by"] == "ollama:m"
+    assert info["answered_by"] == "ollama/m"
     assert info["decision"]["layer"] == "rules"
     # OpenAI's include_usage: null usage on every chunk, then one with no choices.
     assert all(c.usage is None for c in chunks[:-1])

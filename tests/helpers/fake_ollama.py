@@ -19,6 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
+from testkit.loopback import serve_on_loopback
+
 Responder = Callable[[dict[str, Any]], list[str]]
 
 
@@ -104,12 +106,3 @@ class FakeOllama:
     async def stop(self) -> None:
         if self._runner:
             await self._runner.cleanup()
-
-
-async def serve_on_loopback(app: web.Application) -> tuple[web.AppRunner, int]:
-    """`app` served on 127.0.0.1 on a free port: its runner (to clean up) and the port."""
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

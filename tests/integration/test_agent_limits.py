@@ -208,7 +208,7 @@ async def test_a_budget_holds_across_two_gateways_streamed_and_collected_alike(
         assert late_final.error.code == ErrorCode.BUDGET_EXCEEDED
     rows = await db.fetch("SELECT query_type, outcome, model, tokens_out FROM request_log "
                           "WHERE agent_id = 'lim-budget'")
-    ok = [r for r in rows if r["outcome"] == "ok" and r["model"] == MODEL]
+    ok = [r for r in rows if r["outcome"] == "ok" and r["model"] == f"ollama/{MODEL}"]
     assert {r["query_type"] for r in ok} == {"RETRIEVAL", "CODE_GENERATION"}
     assert all(r["tokens_out"] == 4 for r in ok)  # both kinds counted as reported
     assert sum(r["outcome"] == "error:BUDGET_EXCEEDED" for r in rows) == len(refused) + 1
@@ -229,7 +229,7 @@ async def test_degrade_answers_past_the_budget_with_the_extractive_answerer_mark
     async with running(env, WORKERS[1:]):
         nc = await connect("lim-degrade")
         paid = make_request("how do I count?", agent_id="lim-degrade", query_type="RETRIEVAL")
-        assert final_of(await ask_all(nc, paid)).answered_by == f"ollama:{MODEL}"
+        assert final_of(await ask_all(nc, paid)).answered_by == f"ollama/{MODEL}"
         calls = len(fake_ollama.reported)
         for query_type in ("RETRIEVAL", "CODE_GENERATION"):
             past = make_request("write an endpoint that returns a total", agent_id="lim-degrade",
@@ -296,10 +296,10 @@ async def test_a_resent_request_id_erases_no_bill_and_escapes_no_budget(
         by_id.setdefault(row["request_id"], []).append(row["outcome"])
     billed = [r for r in rows if r["outcome"] == "ok"]
     assert len(billed) == 2
-    assert all(r["model"] == MODEL and r["tokens_out"] == 4 for r in billed)
+    assert all(r["model"] == f"ollama/{MODEL}" and r["tokens_out"] == 4 for r in billed)
     # Each answered id: its answer's row, then the resend's row of its own.
     assert sorted(v for r in billed for v in by_id[r["request_id"]]) == sorted(
         ["ok", "error:MISSING_FIELD"] * 2)
     victim_rows = await db.fetch("SELECT outcome, model FROM request_log WHERE agent_id = "
                                  "'lim-victim'")
-    assert [(r["outcome"], r["model"]) for r in victim_rows] == [("ok", MODEL)]
+    assert [(r["outcome"], r["model"]) for r in victim_rows] == [("ok", f"ollama/{MODEL}")]

@@ -206,18 +206,18 @@ async def test_the_agents_fallback_chain_decides_what_a_failing_backends_request
     assert chat.error is not None
     assert chat.error.code == "BACKEND_UNAVAILABLE"
     assert both.error is None
-    assert both.answered_by == "ollama:big:1.7b"
+    assert both.answered_by == "ollama/big:1.7b"
     assert dict(rows["pol-ide"]) == {
         "outcome": "ok", "model": "extractive", "answered_by": "extractive", "fallback": True,
-        "fallback_reason": "unavailable small:0.6b", "tokens_in": 0, "tokens_out": 0,
+        "fallback_reason": "refused ollama/small:0.6b", "tokens_in": 0, "tokens_out": 0,
         "tokens_note": "extractive"}
     assert dict(rows["pol-chat"]) == {
         "outcome": "error:BACKEND_UNAVAILABLE", "model": "", "answered_by": "",
-        "fallback": True, "fallback_reason": "unavailable small:0.6b", "tokens_in": 0,
+        "fallback": True, "fallback_reason": "refused ollama/small:0.6b", "tokens_in": 0,
         "tokens_out": 0, "tokens_note": ""}
     (_, prompt, completion), = [r for r in fake_ollama.reported if r[0] == "big:1.7b"]
     assert dict(rows["pol-both"]) == {
-        "outcome": "ok", "model": "big:1.7b", "answered_by": "ollama:big:1.7b",
-        "fallback": True, "fallback_reason": "unavailable small:0.6b", "tokens_in": prompt,
+        "outcome": "ok", "model": "ollama/big:1.7b", "answered_by": "ollama/big:1.7b",
+        "fallback": True, "fallback_reason": "refused ollama/small:0.6b", "tokens_in": prompt,
         "tokens_out": completion, "tokens_note": ""}
     assert fake_ollama.models == ["small:0.6b", "small:0.6b", "small:0.6b", "big:1.7b"]

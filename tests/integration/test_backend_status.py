@@ -41,9 +41,11 @@ def _status(nats_url: str, *args: str) -> Any:
 
 
 @pytest.mark.parametrize(("model", "fail_status", "expected"), [
-    ("gpt-nope", None, "failing: openai gpt-nope failed the last 3 calls: openai: HTTP 404"),
-    ("gpt-test", 500, "failing: openai gpt-test failed the last 3 calls: openai: HTTP 500"),
-    ("gpt-test", None, "ok: openai gpt-test answered the last call"),
+    ("gpt-nope", None, "failing: openai/gpt-nope failed the last 3 calls (refused: HTTP 404"),
+    # A 500 is retried once on the same model: two calls a request.
+    ("gpt-test", 500,
+     "failing: openai/gpt-test failed the last 6 calls (server_error: HTTP 500"),
+    ("gpt-test", None, "ok: openai/gpt-test answered the last call"),
 ], ids=["model-404", "server-500", "ok"])
 async def test_status_shows_the_generator_backend_state(
     nc: Any, nats_url: str, database_url: str, kb_index: Path, fake_openai: FakeOpenAI,
@@ -52,8 +54,11 @@ async def test_status_shows_the_generator_backend_state(
     fake_openai.fail_status = fail_status
     env = base_env(nats_url, database_url, kb_index, CLASSIFIER_HEADS_DIR="")
     # The model server is the generator's only: the classifier keeps its own layers.
+    # Its circuit stays closed (its state would be the line, and the next case's
+    # requests would skip the backend): the calls' own outcomes are shown.
     generator_env = {**env, "GENERATOR_BACKEND": "openai", "OPENAI_MODEL": model,
-                     "OPENAI_BASE_URL": fake_openai.base_url, "OPENAI_API_KEY": "sk-test"}
+                     "OPENAI_BASE_URL": fake_openai.base_url, "OPENAI_API_KEY": "sk-test",
+                     "LLM_CIRCUIT_FAILURES": "1000"}
     async with running(env, ("gateway", "classifier")), \
             running(generator_env, ("generator-conversational",)):
         for i in range(3):
@@ -62,7 +67,7 @@ async def test_status_shows_the_generator_backend_state(
             final = chunks[-1]
             assert final.is_final
             assert final.error is None
-            assert final.answered_by == ("openai:gpt-test" if expected.startswith("ok")
+            assert final.answered_by == ("openai/gpt-test" if expected.startswith("ok")
                                          else "extractive")
         as_json = await asyncio.to_thread(_status, nats_url, "--json")
         as_table = await asyncio.to_thread(_status, nats_url)

@@ -53,11 +53,12 @@ class Places:
     garbage: str  # not JSON
     refused: int  # a port nobody listens on
     silent: int  # a port that accepts connections and never says a word
+    fleet_with_key: str = ""  # an LLM_FLEET file with a key written into it
 
     def fill(self, text: str) -> str:
         return text.format(missing=self.missing, not_a_cred=self.not_a_cred,
                            garbage=self.garbage, refused=self.refused, silent=self.silent,
-                           prog=PROG)
+                           fleet_with_key=self.fleet_with_key, prog=PROG)
 
 
 MISSING = r"{missing}: no such file or directory: check the path"
@@ -91,6 +92,17 @@ CASES = [
          r"STAGE_ACK_WAIT: expected seconds as a number, got '2s'", {"STAGE_ACK_WAIT": "2s"}),
     Case("setting-not-a-switch", ("agent", "list"), 2,
          r"ACCOUNTING: expected on/off, got 'maybe'", {"ACCOUNTING": "maybe"}),
+    # A model server's URL is checked before anything starts (issue 31).
+    Case("model-url-without-scheme", ("up",), 2,
+         r"OPENAI_BASE_URL: 'localhost:8080' is not an http\(s\) URL with a host \(e\.g\. "
+         r"http://127\.0\.0\.1:11434\)", {"OPENAI_BASE_URL": "localhost:8080"}),
+    Case("model-url-without-v1", ("up",), 2,
+         r"OPENAI_BASE_URL: 'http://127\.0\.0\.1:8080': an OpenAI-compatible base URL ends "
+         r"in /v1 \(e\.g\. http://127\.0\.0\.1:8080/v1\)",
+         {"OPENAI_BASE_URL": "http://127.0.0.1:8080"}),
+    Case("model-fleet-key-in-the-file", ("up",), 2,
+         r"backend 'cloud': the key is given by reference \(env:NAME or file:/path\), never "
+         r"in the file", {"LLM_FLEET": "{fleet_with_key}"}),
     # A bad flag, argument or command: one line instead of Typer's usage box (7 lines).
     # (Run as `python -m intentroute.cli`, the program names itself so.)
     Case("unknown-flag", ("ask", "q", "--nope"), 2,
@@ -127,12 +139,16 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Places]:
     tmp = tmp_path_factory.mktemp("cli-errors")
     (tmp / "not-a-cred.json").write_text('{"nats": {}}')
     (tmp / "garbage.json").write_text("not json at all")
+    (tmp / "fleet.toml").write_text(
+        '[backends.cloud]\nkind = "openai"\nurl = "https://api.example.com/v1"\n'
+        'key = "sk-live-secret"\n')
     with socket.socket() as free:  # bound, then closed: refused from then on
         free.bind(("127.0.0.1", 0))
         refused = free.getsockname()[1]
     with silent_server() as silent:
         yield Places(missing=str(tmp / "missing.avap"), not_a_cred=str(tmp / "not-a-cred.json"),
-                     garbage=str(tmp / "garbage.json"), refused=refused, silent=silent)
+                     garbage=str(tmp / "garbage.json"), refused=refused, silent=silent,
+                     fleet_with_key=str(tmp / "fleet.toml"))
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,9 @@
 the real wire formats (Ollama's /api/chat, OpenAI's /v1/chat/completions): the answer
 constrained to the allowed labels by each server's own mechanism (Ollama `format`,
 OpenAI `response_format` with a strict JSON schema, llama.cpp's `grammar` field), the
-compact intent history in the prompt, an off-schema or missing answer falling back."""
+compact intent history in the prompt, an off-schema or missing answer falling back, and
+Layer 3's own chain walked past a failing model as its fault allows (the fault
+provider)."""
 
 from __future__ import annotations
 
@@ -21,9 +23,13 @@ from services.retriever.settings import RetrieverSettings
 from shared.contracts.pipeline import Passage
 from shared.contracts.request import AgentRequest
 from shared.contracts.routing import HistoryEntry, Layer, QueryType
+from shared.llm.fleet import BackendKind, BackendSpec, Fleet, ModelSpec
 from shared.llm.ollama import OllamaBackend
 from shared.llm.openai import LlamaCppBackend, OpenAIBackend
+from shared.llm.select import close_clients
+from shared.llm.walk import Walker
 from testkit.fakes import KeywordLayer2
+from testkit.fault_provider import FaultProvider
 from tests.helpers.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.integration
@@ -48,7 +54,7 @@ def schema_of(body: dict[str, Any]) -> dict[str, Any]:
 
 async def test_ollama_label_is_schema_constrained_and_sees_compact_history(fake_ollama) -> None:
     fake_ollama.responder = lambda body: ['{"type": ', '"CODE_GENERATION"}']
-    labeler = ModelLabeler(OllamaBackend(fake_ollama.url), "small:0.6b", timeout=5)
+    labeler = ModelLabeler.on(OllamaBackend(fake_ollama.url), "small:0.6b", timeout=5)
     history = [HistoryEntry(QueryType.CODE_GENERATION, "write an endpoint")] * 8
     label = await labeler.label("what about that part?", history, "addVar(x, 1)")
     assert label == QueryType.CODE_GENERATION
@@ -74,7 +80,7 @@ async def test_openai_label_is_constrained_by_a_strict_json_schema(
 ) -> None:
     fake_openai.pieces = ['{"type":', ' "PLATFORM"}']
     backend = OpenAIBackend(fake_openai.base_url, api_key="sk-test")
-    labeler = ModelLabeler(backend, "gpt-test-mini", timeout=5)
+    labeler = ModelLabeler.on(backend, "gpt-test-mini", timeout=5)
     label = await labeler.label("how much of it is left?", [], "")
     await backend.aclose()
     assert label == QueryType.PLATFORM
@@ -92,7 +98,7 @@ async def test_llamacpp_label_is_constrained_by_its_grammar_field(
 ) -> None:
     fake_openai.pieces = ['{"type": "CONVERSATIONAL"}']
     backend = LlamaCppBackend(fake_openai.base_url, api_key="sk-test")
-    label = await ModelLabeler(backend, "gpt-test", timeout=5).label("shorter", [], "")
+    label = await ModelLabeler.on(backend, "gpt-test", timeout=5).label("shorter", [], "")
     await backend.aclose()
     assert label == QueryType.CONVERSATIONAL
     [body] = fake_openai.bodies
@@ -106,7 +112,7 @@ async def test_the_relevance_judge_is_constrained_to_yes_or_no_on_each_backend(
     fake_ollama, fake_openai: FakeOpenAI,
 ) -> None:
     fake_ollama.responder = lambda body: ['{"relevant": "NO"}']
-    ollama = ModelRelevanceJudge(OllamaBackend(fake_ollama.url), "small", timeout=5)
+    ollama = ModelRelevanceJudge.on(OllamaBackend(fake_ollama.url), "small", timeout=5)
     assert await ollama.relevant("how do loops work?", PASSAGES) is False
     assert fake_ollama.requests[0]["format"] == VERDICT.schema()
     assert "startLoop(i, 1, 5)" in fake_ollama.requests[0]["messages"][0]["content"]
@@ -114,7 +120,7 @@ async def test_the_relevance_judge_is_constrained_to_yes_or_no_on_each_backend(
     fake_openai.pieces = ['{"relevant": "YES"}']
     for backend in (OpenAIBackend(fake_openai.base_url, api_key="sk-test"),
                     LlamaCppBackend(fake_openai.base_url, api_key="sk-test")):
-        judge = ModelRelevanceJudge(backend, "gpt-test", timeout=5)
+        judge = ModelRelevanceJudge.on(backend, "gpt-test", timeout=5)
         assert await judge.relevant("how do loops work?", PASSAGES) is True
         await backend.aclose()
     openai_body, llamacpp_body = fake_openai.bodies
@@ -126,25 +132,35 @@ async def test_the_settings_choose_the_backend_and_its_dialect(
     fake_ollama, fake_openai: FakeOpenAI,
 ) -> None:
     """Ollama when OLLAMA_HOST is set; else the OpenAI-compatible server in the dialect
-    OPENAI_SERVER names, with the conversational slot's model there."""
+    OPENAI_SERVER names (backend `local` for llama.cpp's), with the conversational
+    slot's model there; each role's chain names it `backend/model`."""
     openai = {"OPENAI_BASE_URL": fake_openai.base_url, "OPENAI_API_KEY": "sk-test",
               "OPENAI_MODEL": "gpt-test", "OPENAI_MODEL_CONVERSATIONAL": "gpt-test-mini"}
     on_ollama = build_llm(ClassifierSettings.from_env(
         {**openai, "OLLAMA_HOST": fake_ollama.url, "OLLAMA_MODEL_NAME": "big"}))
     assert isinstance(on_ollama, ModelLabeler)
-    assert (on_ollama.backend.name, on_ollama.model) == ("ollama", "big")
+    assert on_ollama.refs == ["ollama/big"]
+    assert isinstance(on_ollama.walker.clients["ollama"], OllamaBackend)
     plain = build_llm(ClassifierSettings.from_env(openai))
     assert isinstance(plain, ModelLabeler)
-    assert type(plain.backend) is OpenAIBackend
-    assert plain.model == "gpt-test-mini"
+    assert plain.refs == ["openai/gpt-test-mini"]
+    assert type(plain.walker.clients["openai"]) is OpenAIBackend
     local = build_llm(ClassifierSettings.from_env({**openai, "OPENAI_SERVER": "llamacpp"}))
     assert isinstance(local, ModelLabeler)
-    assert isinstance(local.backend, LlamaCppBackend)
+    assert local.refs == ["local/gpt-test-mini"]
+    assert isinstance(local.walker.clients["local"], LlamaCppBackend)
     assert build_llm(ClassifierSettings.from_env({})) is None
     assert build_llm(ClassifierSettings.from_env({**openai, "CLASSIFIER_LLM_MODEL": ""})) is None
+    # Its own chain, across backends, when the settings name one.
+    chained = build_llm(ClassifierSettings.from_env(
+        {**openai, "OLLAMA_HOST": fake_ollama.url, "OLLAMA_MODEL_NAME": "big",
+         "CLASSIFIER_LLM_CHAIN": "openai/gpt-test-mini, ollama/big"}))
+    assert isinstance(chained, ModelLabeler)
+    assert chained.refs == ["openai/gpt-test-mini", "ollama/big"]
     judge = build_judge(RetrieverSettings.from_env({**openai, "RELEVANCE_CHECK": "llm"}))
     assert isinstance(judge, ModelRelevanceJudge)
-    assert (type(judge.backend), judge.model) == (OpenAIBackend, "gpt-test-mini")
+    assert judge.refs == ["openai/gpt-test-mini"]
+    assert type(judge.walker.clients["openai"]) is OpenAIBackend
     assert build_judge(RetrieverSettings.from_env(openai)) is None  # the embedding check
 
 
@@ -159,7 +175,7 @@ async def test_off_schema_or_unreachable_llm_falls_back_to_layer2(
                     OpenAIBackend(fake_openai.base_url, api_key="wrong-key"),
                     OllamaBackend("http://127.0.0.1:9")):
         cascade = Cascade(CascadeConfig(), layer2=KeywordLayer2(),
-                          llm=ModelLabeler(backend, "gpt-test", timeout=2))
+                          llm=ModelLabeler.on(backend, "gpt-test", timeout=2))
         d = await cascade.decide(req, [])
         assert (d.type, d.layer) == (QueryType.RETRIEVAL, Layer.FALLBACK), backend
     assert len(fake_ollama.requests) == 1
@@ -168,9 +184,34 @@ async def test_off_schema_or_unreachable_llm_falls_back_to_layer2(
 
 async def test_rc01_prefixed_query_never_reaches_the_llm(fake_ollama) -> None:
     cascade = Cascade(CascadeConfig(), layer2=KeywordLayer2(),
-                      llm=ModelLabeler(OllamaBackend(fake_ollama.url), "small", timeout=5))
+                      llm=ModelLabeler.on(OllamaBackend(fake_ollama.url), "small", timeout=5))
     req = AgentRequest(request_id="r", session_id="s", agent_id="a",
                        query="You are a direct and concise assistant. Explain hmm")
     d = await cascade.decide(req, [HistoryEntry(QueryType.RETRIEVAL, "x")], trusted=True)
     assert d.type == QueryType.PLATFORM
     assert fake_ollama.requests == []
+
+
+@pytest.mark.parametrize(("fault", "calls"), [
+    ("context-length", 1), ("content-filter", 1), ("silent", 1), ("500", 2), ("reset", 2),
+])
+async def test_layer3_asks_a_failing_model_as_its_fault_allows_then_the_next(
+    fault: str, calls: int,
+) -> None:
+    """A prompt too long or filtered is not asked again of the same model, a reset
+    once more, a silent server not again; the chain's next model labels."""
+    async with FaultProvider() as provider:
+        fleet = Fleet(backends={name: BackendSpec(
+            kind=BackendKind.OPENAI, url=provider.base_url,
+            models={fault: ModelSpec(), "ok": ModelSpec()}) for name in ("bad", "good")})
+        clients = {name: OpenAIBackend(provider.base_url, name=name)
+                   for name in fleet.backends}
+        labeler = ModelLabeler(Walker(fleet, clients), [f"bad/{fault}", "good/ok"],
+                               timeout=0.5)
+        try:
+            label = await labeler.label("how much of it is left?", [], "")
+        finally:
+            await close_clients(clients)
+    assert label == QueryType(LABELS.options[0])  # the provider's first allowed label
+    assert provider.count(fault) == calls
+    assert provider.count("ok") == 1

@@ -63,11 +63,11 @@ async def test_the_local_model_answers_and_its_tokens_are_logged(
         chunks = await ask_all(nc, req, timeout=180)
     final = chunks[-1]
     assert final.error is None
-    assert final.answered_by == f"openai:{LOCAL_MODEL}"
+    assert final.answered_by == f"local/{LOCAL_MODEL}"
     assert "".join(c.text for c in chunks if c.kind == "text" or c.is_final).strip()
     row = await log_row(store, req.agent_id, req.request_id)
     assert (row["outcome"], row["model"], row["answered_by"], row["fallback"]) == (
-        "ok", LOCAL_MODEL, f"openai:{LOCAL_MODEL}", False)
+        "ok", f"local/{LOCAL_MODEL}", f"local/{LOCAL_MODEL}", False)
     assert row["tokens_in"] > 50  # the system prompt with the retrieved passages
     assert row["tokens_out"] > 0
 
@@ -85,4 +85,4 @@ async def test_a_wrong_key_is_refused_and_the_answer_falls_back(
     assert final.error is None
     assert final.answered_by == "extractive"
     row = await log_row(store, req.agent_id, req.request_id)
-    assert (row["fallback"], row["fallback_reason"]) == (True, f"unavailable {LOCAL_MODEL}")
+    assert (row["fallback"], row["fallback_reason"]) == (True, f"refused local/{LOCAL_MODEL}")

@@ -50,8 +50,8 @@ async def test_layer3_on_the_local_model_labels_an_ambiguous_message(
     llm = build_llm(ClassifierSettings.from_env(
         {**local_env, "CLASSIFIER_LLM_TIMEOUT": LABEL_TIMEOUT}))
     assert isinstance(llm, ModelLabeler)
-    assert isinstance(llm.backend, LlamaCppBackend)
-    assert llm.model == LOCAL_MODEL
+    assert llm.refs == [f"local/{LOCAL_MODEL}"]
+    assert isinstance(llm.walker.clients["local"], LlamaCppBackend)
     # Layer 2 (a stand-in here) is unsure of this message: it falls through to Layer 3.
     cascade = Cascade(CascadeConfig(), layer2=KeywordLayer2(), llm=llm)
     request = AgentRequest(request_id="r", session_id="s", agent_id="a",
@@ -70,6 +70,7 @@ async def test_the_relevance_judge_on_the_local_model_gives_a_verdict(
     judge = build_judge(RetrieverSettings.from_env(
         {**local_env, "RELEVANCE_CHECK": "llm", "RELEVANCE_TIMEOUT": LABEL_TIMEOUT}))
     assert isinstance(judge, ModelRelevanceJudge)
+    assert judge.refs == [f"local/{LOCAL_MODEL}"]
     passages = [Passage("loops#1", "Loops > startLoop",
                         "startLoop(i, 1, 10) repeats the block with i from 1 to 10; "
                         "endLoop() closes it.", 1.0)]
@@ -98,7 +99,7 @@ async def test_a_local_model_code_answer_is_parsed_and_retried_once_with_its_tra
         await proxy.stop()
     final = chunks[-1]
     assert final.error is None
-    assert final.answered_by == f"openai:{LOCAL_MODEL}"
+    assert final.answered_by == f"local/{LOCAL_MODEL}"
     # The real parser judged the real model's program: valid, or invalid after the retry.
     assert final.validation_status in (ValidationStatus.VALID,
                                        ValidationStatus.INVALID_UNRESOLVED)

@@ -103,7 +103,7 @@ async def test_the_sdk_streams_an_answer_with_its_route_and_the_usage_the_model_
     info = finish.model_extra["intentroute"]
     assert info["query_type"] == "RETRIEVAL"
     assert info["decision"]["layer"] == "declared"
-    assert info["answered_by"] == f"ollama:{MODEL}"
+    assert info["answered_by"] == f"ollama/{MODEL}"
     usage = chunks[-1].usage
     assert chunks[-1].choices == []
     assert usage is not None
@@ -124,7 +124,7 @@ async def test_a_collected_answer_carries_the_system_message_as_context_and_rout
     assert answer.choices[0].message.content == "".join(PIECES)
     assert answer.choices[0].finish_reason == "stop"
     assert raw.headers["X-Intentroute-Query-Type"] == "PLATFORM"
-    assert raw.headers["X-Intentroute-Answered-By"] == f"ollama:{MODEL}"
+    assert raw.headers["X-Intentroute-Answered-By"] == f"ollama/{MODEL}"
     request_id = raw.headers["X-Intentroute-Request-Id"]
     assert answer.id == f"chatcmpl-{request_id}"
     # The system message reached the PLATFORM prompt as the request's extra_context.

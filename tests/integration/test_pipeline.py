@@ -93,7 +93,7 @@ async def test_prd_scenario_1_platform_widget_served_by_conversational_model(
     assert final.decision is not None
     assert final.decision.model_slot == ModelSlot.CONVERSATIONAL
     assert fake_ollama.models == ["small:0.6b"]
-    assert final.answered_by == "ollama:small:0.6b"
+    assert final.answered_by == "ollama/small:0.6b"
     assert rec.queries == []
     system = fake_ollama.requests[0]["messages"][0]["content"]
     assert "usage_percentage=20" in system  # PLATFORM answers from extra_context

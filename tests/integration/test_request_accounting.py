@@ -70,9 +70,9 @@ async def test_streamed_and_validated_answers_are_counted_as_the_backend_reporte
     for kind in ("streamed", "validated"):
         row, (model, prompt_tokens, answer_tokens) = rows[kind], reported[kind]
         assert finals[kind].error is None
-        assert finals[kind].answered_by == "ollama:big:1.7b"
+        assert finals[kind].answered_by == "ollama/big:1.7b"
         assert (row["outcome"], row["model"], row["answered_by"]) == (
-            "ok", "big:1.7b", "ollama:big:1.7b")
+            "ok", "ollama/big:1.7b", "ollama/big:1.7b")
         assert model == "big:1.7b"
         assert (row["tokens_in"], row["tokens_out"], row["tokens_note"]) == (
             prompt_tokens, answer_tokens, "")
@@ -96,7 +96,7 @@ async def test_streamed_and_validated_answers_are_counted_as_the_backend_reporte
         assert (row["outcome"], row["model"], row["answered_by"]) == (
             "ok", "extractive", "extractive")
         assert (row["tokens_in"], row["tokens_out"], row["tokens_note"]) == (0, 0, "extractive")
-        assert (row["fallback"], row["fallback_reason"]) == (True, "unavailable big:1.7b")
+        assert (row["fallback"], row["fallback_reason"]) == (True, "cut ollama/big:1.7b")
         assert row["first_chunk_ms"] is not None
         assert row["compute_ms"] is not None
     # Pieces of the failed streamed answer had gone out: the caller was told to drop them.
@@ -113,10 +113,10 @@ async def test_with_accounting_off_the_log_keeps_its_accounting_columns_empty(
     async with running(env):
         for kind, req in requests().items():
             final = (await ask_all(nc, req))[-1]
-            assert final.answered_by == "ollama:big:1.7b"
+            assert final.answered_by == "ollama/big:1.7b"
             rows[kind] = await log_row(store, req)
     for row in rows.values():
-        assert (row["outcome"], row["answered_by"]) == ("ok", "ollama:big:1.7b")
+        assert (row["outcome"], row["answered_by"]) == ("ok", "ollama/big:1.7b")
         assert (row["model"], row["tokens_in"], row["tokens_out"], row["tokens_note"],
                 row["first_chunk_ms"], row["compute_ms"], row["fallback"],
                 row["fallback_reason"]) == ("", 0, 0, "", None, None, False, "")

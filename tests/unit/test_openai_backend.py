@@ -1,7 +1,9 @@
 """The generator's OpenAI-compatible backend against a fake OpenAI server in its real
 wire format: `OPENAI_BASE_URL` is taken as the OpenAI SDK takes it (`/v1` included,
-`/chat/completions` appended), the slots' models come from OPENAI_MODEL*, and a wrong
-key is named at start in one warning line carrying the HTTP status."""
+`/chat/completions` appended), the slots' models come from OPENAI_MODEL*, a base URL
+without `/v1` is refused at start with the fix, and a wrong key, a wrong path or a
+server that never listens is named at start in one warning line naming the backend,
+the URL and the HTTP status."""
 
 from __future__ import annotations
 
@@ -11,42 +13,64 @@ from collections.abc import AsyncIterator
 import pytest
 
 from intentroute.stack import free_port
-from services.generator.app import choose_backend, report_probe
-from services.generator.backends import OpenAIBackend
-from services.generator.ports import TokenCounts
-from services.generator.prompts import ChatMessage
+from services.generator.backends import Background, open_walker, report_probes
+from services.generator.health import FleetHealth
 from services.generator.settings import GeneratorSettings
 from shared.contracts.routing import ModelSlot
+from shared.llm.fleet import FleetError
+from shared.llm.openai import OpenAIBackend
+from shared.llm.ports import ChatMessage, Ended, Started, StreamEvent, TokenCounts
+from shared.llm.walk import Walker
 from tests.helpers.fake_openai import FakeOpenAI
 
 MESSAGES = [ChatMessage("system", "Be brief."), ChatMessage("user", "hello?")]
 
 
 @pytest.fixture
-async def fake_openai() -> AsyncIterator[FakeOpenAI]:
+async def fake_openai(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeOpenAI]:
+    # The seed fleet's backend reads its key by reference (`env:OPENAI_API_KEY`) from
+    # the process environment when its client is made.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     server = await FakeOpenAI().start()
     yield server
     await server.stop()
 
 
-async def collect(backend: OpenAIBackend, model: str) -> list[str | TokenCounts]:
+def settings_for(base_url: str, key: str = "sk-test") -> GeneratorSettings:
+    return GeneratorSettings.from_env({"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key,
+                                       "OPENAI_MODEL": "gpt-test"})
+
+
+async def probed(base_url: str, key: str = "sk-test", *, tries: int = 30,
+                 pause: float = 1.0) -> tuple[Walker, FleetHealth]:
+    """The generator's start-up probes of the fleet the settings declare, run to the end:
+    the walker and the models' health they left."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPENAI_API_KEY", key)
+        walker, model, close = open_walker(settings_for(base_url, key), None)
+    health = FleetHealth([model])
+    probes: Background = report_probes(walker, health, tries=tries, pause=pause)
     try:
-        return [piece async for piece in backend.stream(model, MESSAGES)]
+        await probes._task  # to its end (the worker stops it at exit instead)
     finally:
-        await backend.aclose()
+        await close()
+    return walker, health
 
 
 @pytest.mark.parametrize("suffix", ["", "/"])
 async def test_a_base_url_with_v1_streams_the_answer_and_its_counts(
     fake_openai: FakeOpenAI, suffix: str,
 ) -> None:
-    settings = GeneratorSettings.from_env({
-        "OPENAI_BASE_URL": fake_openai.base_url + suffix, "OPENAI_API_KEY": "sk-test",
-        "OPENAI_MODEL": "gpt-test"})
-    backend = choose_backend(settings)
+    walker, model, close = open_walker(settings_for(fake_openai.base_url + suffix), None)
+    assert model == "openai/gpt-test"
+    backend = walker.clients["openai"]
     assert isinstance(backend, OpenAIBackend)
-    got = await collect(backend, settings.model)
-    assert got == ["Hello", " from", " the", " model", TokenCounts(11, 4)]
+    try:
+        got: list[StreamEvent] = [e async for e in backend.stream("gpt-test", MESSAGES)]
+    finally:
+        await close()
+    assert got == [Started(), "Hello", " from", " the", " model", TokenCounts(11, 4),
+                   Ended(marked=True, finish_reason="stop")]
     assert fake_openai.seen == [("POST", "/v1/chat/completions")]
     assert fake_openai.bodies[0]["model"] == "gpt-test"
     assert fake_openai.bodies[0]["messages"][-1] == {"role": "user", "content": "hello?"}
@@ -55,57 +79,64 @@ async def test_a_base_url_with_v1_streams_the_answer_and_its_counts(
 async def test_the_probe_passes_with_the_right_key(
     fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    backend = OpenAIBackend(fake_openai.base_url, api_key="sk-test")
     with caplog.at_level(logging.WARNING, logger="intentroute.generator"):
-        assert await report_probe(backend) is None
-    await backend.aclose()
+        _, health = await probed(fake_openai.base_url)
     assert fake_openai.seen == [("GET", "/v1/models")]
     assert not caplog.records
+    assert health.state() == "ok: openai/gpt-test answered the start-up probe"
 
 
 async def test_a_wrong_key_is_named_at_start_with_the_status(
     fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    backend = OpenAIBackend(fake_openai.base_url, api_key="no-such-key")
     with caplog.at_level(logging.WARNING, logger="intentroute.generator"):
-        problem = await report_probe(backend)
-    await backend.aclose()
-    assert problem is not None
-    assert problem.status == 401
-    # One line, asked once (a status is an answer: no retry), naming the URL and the way out.
+        _, health = await probed(fake_openai.base_url, "no-such-key")
+    # One line, asked once (a status is an answer: no retry), naming the backend, the
+    # URL and the way out.
     assert fake_openai.seen == [("GET", "/v1/models")]
     [record] = caplog.records
     line = record.getMessage()
     assert "\n" not in line
+    assert line.startswith("backend openai: ")
     assert f"GET {fake_openai.base_url}/models -> HTTP 401" in line
     assert "invalid_api_key" in line
-    assert "OPENAI_API_KEY" in line
+    assert "its key" in line
+    assert health.state().startswith(
+        f"failing: openai/gpt-test at start (GET {fake_openai.base_url}/models -> HTTP 401")
 
 
-async def test_a_base_url_without_v1_is_named_by_the_404(
-    fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture,
+async def test_a_base_url_without_v1_is_refused_at_start_with_the_fix(
+    fake_openai: FakeOpenAI,
 ) -> None:
     root = fake_openai.base_url.removesuffix("/v1")
-    backend = OpenAIBackend(root, api_key="sk-test")
+    with pytest.raises(FleetError, match="ends in /v1") as refused:
+        open_walker(settings_for(root), None)
+    assert f"{root}/v1" in str(refused.value)
+    assert fake_openai.seen == []
+
+
+async def test_a_wrong_path_before_v1_is_named_by_the_404(
+    fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture,
+) -> None:
+    wrong = fake_openai.base_url.replace("/v1", "/openai/v1")
     with caplog.at_level(logging.WARNING, logger="intentroute.generator"):
-        problem = await report_probe(backend)
-    await backend.aclose()
-    assert problem is not None
-    assert problem.status == 404
-    assert "/v1 included" in caplog.records[0].getMessage()
+        await probed(wrong)
+    [record] = caplog.records
+    assert f"GET {wrong}/models -> HTTP 404" in record.getMessage()
+    assert "/v1 included" in record.getMessage()
 
 
 async def test_a_server_that_never_listens_is_named_after_the_tries(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    backend = OpenAIBackend(f"http://127.0.0.1:{free_port()}/v1", api_key="k")
+    url = f"http://127.0.0.1:{free_port()}/v1"
     with caplog.at_level(logging.WARNING, logger="intentroute.generator"):
-        problem = await report_probe(backend, tries=2, pause=0.0)
-    await backend.aclose()
-    assert problem is not None
-    assert problem.status is None
+        _, health = await probed(url, "k", tries=2, pause=0.0)
     [record] = caplog.records
-    assert "failed" in record.getMessage()
+    line = record.getMessage()
+    assert line.startswith("backend openai: ")
+    assert f"GET {url}/models failed" in line
+    assert health.state().startswith("failing: openai/gpt-test at start (GET ")
 
 
 def test_the_openai_models_fall_back_to_the_seed_names() -> None:

@@ -1,19 +1,23 @@
 """A call to an OpenAI-compatible server whose connection is closed before any answer
 ("Server disconnected without sending a response", as llama.cpp's server did on a
-kept-alive connection) is sent once more; a second such close, or one in the middle
-of an answer, is the backend's error."""
+kept-alive connection) is sent once more, a label as a streamed answer, by the chain
+walker (the client names the drop RESET and resends nothing itself: the two together
+sent a label four times); a second such close is the backend's error."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import time
 
 import pytest
 
 from shared.llm.choice import Choice
+from shared.llm.faults import Fault
 from shared.llm.openai import OpenAIBackend
-from shared.llm.ports import BackendUnavailableError, ChatMessage, TokenCounts
+from shared.llm.ports import BackendUnavailableError, ChatMessage
+from shared.llm.walk import Walked, Walker
+from shared.policy.chain import ERROR, Step
 
 MESSAGES = [ChatMessage("user", "hi")]
 LABEL = Choice("type", ("A", "B"))
@@ -62,34 +66,57 @@ STREAM = http(b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'
               b"data: [DONE]\n\n", "text/event-stream")
 
 
-async def collect(backend: OpenAIBackend) -> list[str | TokenCounts]:
-    pieces: AsyncIterator[str | TokenCounts] = backend.stream("m", MESSAGES)
-    return [piece async for piece in pieces]
+async def walk(backend: OpenAIBackend) -> tuple[Walked, str]:
+    """One answer streamed through the chain walker (one model, then an error): what
+    the walk says and the text the caller got."""
+    parts: list[str] = []
+
+    async def sink(text: str) -> None:
+        parts.append(text)
+
+    async def restart() -> None:
+        parts.clear()
+
+    walked = await Walker.single(backend, "m").stream_answer(
+        [Step("openai/m"), Step(ERROR)], MESSAGES, sink=sink, on_restart=restart,
+        extractive=str, accepted_at=time.time())
+    return walked, "".join(parts)
 
 
 async def test_a_dropped_call_is_sent_once_more() -> None:
     server = Dropping(1, COMPLETION)
     async with server as url:
         backend = OpenAIBackend(url)
-        assert await backend.choose("m", MESSAGES, LABEL, timeout=5) == "B"
+        assert await Walker.single(backend, "m").choose(
+            ["openai/m"], MESSAGES, LABEL, timeout=5) == ("B", "openai/m")
         await backend.aclose()
     assert server.requests == 2
+    # A stream's drop before any byte is RESET, which the chain retries once.
     server = Dropping(1, STREAM)
     async with server as url:
         backend = OpenAIBackend(url)
-        assert await collect(backend) == ["Hel", TokenCounts(3, 1)]
+        walked, text = await walk(backend)
         await backend.aclose()
+    assert (walked.answered_by, text) == ("openai/m", "Hel")
+    assert [a.fault for a in walked.attempts] == [Fault.RESET, None]
+    assert (walked.parts[0].tokens_in, walked.parts[0].tokens_out) == (3, 1)
     assert server.requests == 2
 
 
 async def test_two_drops_in_a_row_are_an_error() -> None:
-    for reply in (COMPLETION, STREAM):
-        server = Dropping(2, reply)
-        async with server as url:
-            backend = OpenAIBackend(url)
-            call = (backend.choose("m", MESSAGES, LABEL, timeout=5) if reply is COMPLETION
-                    else collect(backend))
-            with pytest.raises(BackendUnavailableError, match="RemoteProtocolError"):
-                await call
-            await backend.aclose()
-        assert server.requests == 2
+    server = Dropping(2, COMPLETION)
+    async with server as url:
+        backend = OpenAIBackend(url)
+        with pytest.raises(BackendUnavailableError, match="RemoteProtocolError"):
+            await Walker.single(backend, "m").choose(["openai/m"], MESSAGES, LABEL, timeout=5)
+        await backend.aclose()
+    assert server.requests == 2
+    server = Dropping(2, STREAM)
+    async with server as url:
+        backend = OpenAIBackend(url)
+        walked, text = await walk(backend)
+        await backend.aclose()
+    assert (walked.answered_by, walked.error_code, text) == ("", "BACKEND_UNAVAILABLE", "")
+    assert [a.fault for a in walked.attempts] == [Fault.RESET, Fault.RESET]
+    assert "RemoteProtocolError" in walked.attempts[-1].detail
+    assert server.requests == 2

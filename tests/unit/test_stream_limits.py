@@ -26,7 +26,7 @@ def test_every_stream_is_bounded_and_a_full_work_queue_refuses_new_messages() ->
     limits = StreamLimits(max_bytes=1000, max_msgs=10, work_max_age=60,
                           dead_letter_max_age=120, per_agent=3, max_consumers=7)
     configs = stream_configs(30, 1, limits)
-    assert len(configs) == 7
+    assert len(configs) == 8
     for cfg in configs:
         assert (cfg.max_bytes, cfg.max_msgs) == (1000, 10), cfg.name
         # One gateway consumer per active agent on the requests (only the gateway's).
@@ -40,4 +40,5 @@ def test_every_stream_is_bounded_and_a_full_work_queue_refuses_new_messages() ->
     per_agent = {c.name: (c.max_msgs_per_subject, c.discard_new_per_subject) for c in configs}
     assert per_agent.pop(request.STREAM) == (3, True)
     assert per_agent.pop(feedback.STREAM) == (3, True)
+    assert per_agent.pop("KV_LLM_CIRCUITS") == (1, False)  # one circuit per backend
     assert all(limit == (-1, False) for limit in per_agent.values()), per_agent

@@ -130,6 +130,29 @@ def bench_fairness(
              injector=injector), json_out)
 
 
+@bench_app.command("failover")
+def bench_failover(
+    json_out: JsonFlag = False,
+    requests: Annotated[int, typer.Option(help="Requests per fault")] = 20,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight at once")] = 4,
+    deadline: Annotated[float, typer.Option(
+        help="Each request's deadline, seconds (no final by then: hung)")] = 30.0,
+    outage: Annotated[float, typer.Option(help="Seconds the flapping model is down")] = 10.0,
+    fallback_prefill: Annotated[bool, typer.Option(
+        "--fallback-prefill/--no-fallback-prefill",
+        help="The healthy fallback continues a cut answer (else restarts it)")] = True,
+) -> None:
+    """Every way a model server fails (the fault-injecting provider), through a real
+    stack with two generator replicas: per fault, answers rescued, clean errors,
+    truncated successes (must be 0), hung requests (must be 0), attempts on the failing
+    model, wall time p95, the widest gap in a stream; for the flapping model, answers
+    served during its outage and the seconds until the primary answers again."""
+    from bench.failover import run
+
+    emit(run(requests=requests, concurrency=concurrency, deadline=deadline, outage=outage,
+             fallback_prefill=fallback_prefill), json_out)
+
+
 @bench_app.command("scaling")
 def bench_scaling(
     json_out: JsonFlag = False,

@@ -485,7 +485,8 @@ class PromptEchoBackend:
 
     name = "echo"
 
-    async def stream(self, model: str, messages: list[ChatMessage]) -> AsyncIterator[str]:
+    async def stream(self, model: str, messages: list[ChatMessage], *,
+                     prefill: str = "") -> AsyncIterator[str]:
         text = messages[-1].content + " | " + messages[0].content[:200]
         for start in range(0, len(text), 64):
             yield text[start:start + 64]

@@ -77,9 +77,11 @@ _SQL_SPENT = """
 SELECT coalesce(sum(
     l.tokens_in / 1000.0 * coalesce((p.value ->> 0)::float8, 0)
   + l.tokens_out / 1000.0 * coalesce((p.value ->> 1)::float8, 0)
-  + coalesce(l.compute_ms, 0) / 1000.0 * coalesce((p.value ->> 2)::float8, 0)), 0) AS spent,
+  + coalesce(l.compute_ms, 0) / 1000.0 * coalesce((p.value ->> 2)::float8, 0)
+  + intentroute_parts_cost($4::jsonb, l.model_parts)), 0) AS spent,
   count(*) AS requests
-FROM request_log l LEFT JOIN jsonb_each($4::jsonb) p ON p.key = l.model
+FROM request_log l LEFT JOIN LATERAL (
+    SELECT intentroute_price($4::jsonb, l.model) AS value) p ON true
 WHERE l.agent_id = $1 AND l.created_at >= $2 AND l.created_at < $3
 """
 

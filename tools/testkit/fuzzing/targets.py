@@ -54,6 +54,8 @@ from shared.contracts.pipeline import (
 from shared.contracts.request import AgentRequest, agent_of, request_subject
 from shared.contracts.response import ChunkKind, ErrorInfo, ResponseChunk
 from shared.contracts.routing import ModelSlot, QueryType
+from shared.llm.fleet import Fleet
+from shared.llm.walk import Walker
 from shared.policy.agent import AgentPolicy, ClarityPolicy
 from shared.runtime.stage import Stage, StageDeps
 from testkit.fakes import (
@@ -284,8 +286,9 @@ def _stage_examples(draw: st.DrawFn, subject: str, envelopes: st.SearchStrategy[
 
 
 def _generator_deps(ex: Example) -> GeneratorDeps:
-    return GeneratorDeps(**_base(ex), backend=PromptEchoBackend() if ex.backend else None,
-                         model="m" if ex.backend else "", policies=FakePolicies(POLICIES))
+    walker = Walker.single(PromptEchoBackend(), "m") if ex.backend else Walker(Fleet(), {})
+    return GeneratorDeps(**_base(ex), walker=walker, model="echo/m" if ex.backend else "",
+                         policies=FakePolicies(POLICIES))
 
 
 HANDLERS: dict[str, Handler] = {
