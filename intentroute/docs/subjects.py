@@ -40,7 +40,10 @@ def _type(schema: Mapping[str, Any]) -> str:
         return " or ".join(kinds)
     kind = schema.get("type", "any")
     if kind == "array":
-        return f"array of {_type(schema.get('items', {}))}"
+        if "prefixItems" in schema:  # a tuple (an array-like struct): its fields in order
+            return "[" + ", ".join(_type(s) for s in schema["prefixItems"]) + "]"
+        items = schema.get("items", {})
+        return f"array of {_type(items) if isinstance(items, Mapping) else 'any'}"
     if kind == "object" and "additionalProperties" in schema:
         return f"map of {_type(schema['additionalProperties'])}"
     if "enum" in schema:
