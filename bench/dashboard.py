@@ -45,7 +45,7 @@ from aiohttp import web
 
 from bench.browser import LAUNCH_ARGS, find_chromium
 from intentroute.stack import PostgresServer
-from services.gateway.dashboard import add_dashboard_routes
+from services.doors.dashboard import add_dashboard_routes
 from shared.policy.agent import AgentPolicy
 from shared.store import asyncpg_dsn, migrate
 from shared.store.policies import save_policy
@@ -130,8 +130,8 @@ async def seed(pool: asyncpg.Pool, *, agents: int, history_days: int, feedback_d
 
 async def index_use(pool: asyncpg.Pool, until: dt.date, days: int) -> dict[str, list[str]]:
     """The scans the planner picks for the dashboard's queries (EXPLAIN)."""
-    from services.gateway.dashboard.queries import BREAKDOWN_SQL, DAYS_SQL, FEEDBACK_SQL
-    from services.gateway.dashboard.rows import Window
+    from services.doors.dashboard.queries import BREAKDOWN_SQL, DAYS_SQL, FEEDBACK_SQL
+    from services.doors.dashboard.rows import Window
 
     window = Window.ending(until, days)
     start, end = window.bounds()

@@ -34,8 +34,8 @@ from shared.contracts.feedback import FeedbackAck
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.response import ChunkKind, ResponseChunk
 from shared.contracts.routing import ModelSlot, QueryType
+from shared.store.ports import StoreRejectedError
 from shared.store.rows import Row, TurnRow
-from shared.store.writer import StoreRejectedError
 from testkit.fakes import (
     FakeAgents,
     FakeFeedbackTable,

@@ -22,16 +22,16 @@ import pytest
 from aiohttp import web
 
 from bench.browser import LAUNCH_ARGS, find_chromium
-from services.gateway.dashboard import add_dashboard_routes
-from services.gateway.dashboard.auth import COOKIE
-from services.gateway.dashboard.queries import (
+from services.doors.dashboard import add_dashboard_routes
+from services.doors.dashboard.auth import COOKIE
+from services.doors.dashboard.queries import (
     BREAKDOWN_SQL,
     DAYS_SQL,
     FEEDBACK_SQL,
     OUTCOMES_SQL,
     SCORES_SQL,
 )
-from services.gateway.dashboard.rows import FeedbackGroup, OutcomeGroup, RollupGroup, ScoreRow
+from services.doors.dashboard.rows import FeedbackGroup, OutcomeGroup, RollupGroup, ScoreRow
 from shared.policy.agent import AgentPolicy, apply_assignment
 from shared.store import asyncpg_dsn
 from shared.store.policies import save_policy

@@ -179,8 +179,8 @@ async def test_the_gateway_checks_tokens_records_feedback_and_refreshes_scores(
 
 
 async def test_the_dashboard_reads_its_figures_as_the_gateway(deployment: Deployment) -> None:
-    from services.gateway.dashboard.queries import read_figures
-    from services.gateway.dashboard.rows import Window
+    from services.doors.dashboard.queries import read_figures
+    from services.doors.dashboard.rows import Window
 
     pool = await asyncpg.create_pool(asyncpg_dsn(deployment.url("gateway")), min_size=0,
                                      max_size=2)
