@@ -75,11 +75,11 @@ class StageService(Service):
                  endpoints: Sequence[Endpoint] = ()) -> None:
         meta = {"worker": worker, "pid": str(os.getpid()), "host": socket.gethostname(),
                 **metadata}
-        self._endpoints = [*(Endpoint.of(spec) for spec in specs), *endpoints]
+        self._counted = [*(Endpoint.of(spec) for spec in specs), *endpoints]
         super().__init__(nc, ServiceConfig(
             name=service_name(worker), version=_version(), metadata=meta,
             description=f"intentroute {worker} worker: {'stages ' if specs else ''}"
-                        + ", ".join(e.name for e in self._endpoints)))
+                        + ", ".join(e.name for e in self._counted)))
         self._worker = worker
         self._signals = signals
         self._meta = meta
@@ -92,13 +92,13 @@ class StageService(Service):
             description=f"intentroute {self._worker} worker", metadata=dict(self._meta),
             endpoints=[EndpointInfo(name=e.name, subject=e.subject, queue_group=e.name,
                                     metadata=dict(e.metadata))
-                       for e in self._endpoints])
+                       for e in self._counted])
 
     def stats(self) -> ServiceStats:
         breakers = self._signals.breaker_states()
         states = self._signals.state_lines()
         endpoints = []
-        for e in self._endpoints:
+        for e in self._counted:
             stats = self._signals.stage(e.name)
             data = stats.snapshot()
             if breakers:
