@@ -6,7 +6,7 @@ keeps: 50 agents x 2 models x 4 query types x 3 layers per day; and a year of ex
 daily percentiles per agent where the schema has `daily_agent_latency`), 90 days of
 feedback (every verdict is kept) and today's request log (`today_rows`, 33,000 by
 default: a day of 1,000,000 requests a month, which every load reads live since today
-is never final in the rollups), the gateway's dashboard routes serve it on
+is never final in the rollups), the doors' dashboard routes serve it on
 127.0.0.1, and:
 
 The dashboard is served by a process of its own (as the gateway would), the clients

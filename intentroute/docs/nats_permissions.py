@@ -43,10 +43,10 @@ from shared.auth.natsconn import inbox_prefix, read_credential
 from shared.auth.permissions import (
     ADMIN_USER,
     APP_ACCOUNT,
+    NATS_WORKERS,
     OPS_USER,
     SERVICES_API,
     SERVICES_VERBS,
-    NATS_WORKERS,
     STREAM_SUBJECTS,
     WORKER_GRANTS,
     service_user,

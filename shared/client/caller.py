@@ -1,6 +1,6 @@
 """Caller side of the contract: publish a request, follow its answer.
 
-Used by the CLI, the gateway's gRPC face, the tests and the benchmarks. A caller
+Used by the CLI, the doors (gRPC, HTTP, the OpenAI door), the tests and the benchmarks. A caller
 publishes on its own `agent.request.<agent_id>` (and its verdicts on
 `agent.feedback.<agent_id>`) and reads `agent.response.<agent_id>.<request_id>`; its
 credential allows nothing else. Live callers subscribe to the

@@ -613,9 +613,9 @@ async def test_page_follows_new_traffic_within_a_minute_and_says_when_it_read_it
     from playwright.async_api import async_playwright, expect
 
     problems: list[str] = []
-    gateway = await gateway_connection(nats_url)
+    doors = await doors_connection(nats_url)
     try:
-        async with (serve(store, token=TOKEN, refresh=1.0, nc=gateway) as url,
+        async with (serve(store, token=TOKEN, refresh=1.0, nc=doors) as url,
                     async_playwright() as pw):
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
             try:
@@ -686,5 +686,5 @@ async def test_page_follows_new_traffic_within_a_minute_and_says_when_it_read_it
             finally:
                 await browser.close()
     finally:
-        await gateway.drain()
+        await doors.drain()
     assert problems == []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.retriever.app import build_retrieval
+from services.retriever.bootstrap import build_retrieval
 from services.retriever.fusion import Fusion, FusionSettings
 from services.retriever.index import EmbeddedIndex
 from services.retriever.indexing.embedded_ingest import ingest

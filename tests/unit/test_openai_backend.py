@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from intentroute.stack import free_port
-from services.generator.app import choose_backend, report_probe
 from services.generator.backends import OpenAIBackend
+from services.generator.bootstrap import choose_backend, report_probe
 from services.generator.ports import TokenCounts
 from services.generator.prompts import ChatMessage
 from services.generator.settings import GeneratorSettings
