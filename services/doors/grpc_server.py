@@ -40,7 +40,6 @@ from shared.contracts.errors import (
 )
 from shared.contracts.feedback import (
     Feedback,
-    FeedbackAck,
     FeedbackMetadata,
     FeedbackOutcome,
 )
@@ -232,11 +231,6 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
             await abort(context, ack.error_code, ack.message)
         return agent_pb2.FeedbackReply(request_id=ack.request_id, accepted=True,
                                        repeat=ack.repeat)
-
-
-def feedback_status(ack: FeedbackAck) -> grpc.StatusCode:
-    """The status a refused verdict ends its call with."""
-    return grpc.StatusCode[door_status(ack.error_code).grpc]
 
 
 async def start_grpc(

@@ -344,6 +344,10 @@ class ClientWorker:
                                         metadata=metadata)
         await self.service_api.start()
         self.signals.consuming = True
+        # As a stage worker: what is built stays out of every collection, and young
+        # objects are collected less often (each call allocates many).
+        gc.freeze()
+        gc.set_threshold(20_000, 50, 100)
         log.info("worker %s started: %s", self.service,
                  ", ".join(e.name for e in self._endpoints) or "no endpoint")
 
