@@ -4,8 +4,8 @@ The workers and servers `up` starts run in sessions of their own, so the termina
 Ctrl-C (SIGINT to the foreground process group) reaches `up` alone and `up` decides the
 order. On the first SIGINT, SIGTERM or SIGHUP:
 
-1. the gateways get SIGTERM: no new request is taken (what waits in AGENT_REQUESTS stays
-   there for the next `up`); each hands off what it holds and exits;
+1. the doors and the gateways get SIGTERM: no new request is taken (what waits in
+   AGENT_REQUESTS stays there for the next `up`); each hands off what it holds and exits;
 2. the other workers keep running until the pipeline holds nothing (every consumer of
    INTENTROUTE_PIPELINE has no message pending or unacknowledged, twice in a row: a
    message moving between stages is never unseen in both passes) or the drain timeout
@@ -37,7 +37,7 @@ DEFAULT_DRAIN_TIMEOUT = 30.0
 # shared.runtime.streams.make_broker); a little more before SIGKILL.
 STOP_GRACE = 15.0
 # Who takes new work, and who serves the workers (stopped after them).
-ENTRY = frozenset({"gateway"})
+ENTRY = frozenset({"doors", "gateway"})
 HELPERS = frozenset({"parser", "llm"})
 POLL = 0.05
 

@@ -1,5 +1,5 @@
 """What `intentroute status` reads and how it turns two readings into a table: the
-reading and the rows are `shared.runtime.stage_status` (the gateway's dashboard shows
+reading and the rows are `shared.runtime.stage_status` (the doors' dashboard shows
 the same rows); this module adds the `--json` report."""
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Worker registry: name -> app factory. The CLI and tests start workers by name."""
+"""Worker registry: name -> app factory. The CLI and tests start workers by name.
+
+`STAGES` read the pipeline's streams; `doors` is the pipeline's client for callers that
+do not speak NATS; `WORKERS` (both) is what `intentroute up` and the tests start by
+default. `learner` (the learning job every LEARN_INTERVAL seconds) is started on demand:
+`up` runs it when LEARN_INTERVAL is set, or with `--replicas learner=N`."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from opentelemetry.trace import TracerProvider
 
 from shared.contracts.routing import ModelSlot
 
-WORKERS: tuple[str, ...] = (
+STAGES: tuple[str, ...] = (
     "gateway",
     "classifier",
     "retriever",
@@ -19,6 +24,11 @@ WORKERS: tuple[str, ...] = (
     "generator-conversational",
     "validator",
 )
+DOORS = "doors"
+LEARNER = "learner"
+WORKERS: tuple[str, ...] = (*STAGES, DOORS)
+# Every worker type `intentroute worker NAME` runs.
+ALL_WORKERS: tuple[str, ...] = (*WORKERS, LEARNER)
 
 
 def create_worker(
@@ -37,9 +47,11 @@ def create_worker(
             environ, ModelSlot.CONVERSATIONAL, tracer_provider
         ),
         "validator": lambda: _validator(environ, tracer_provider),
+        DOORS: lambda: _doors(environ, tracer_provider),
+        LEARNER: lambda: _learner(environ, tracer_provider),
     }
     if name not in factories:
-        raise KeyError(f"unknown worker {name!r}; known: {', '.join(WORKERS)}")
+        raise KeyError(f"unknown worker {name!r}; known: {', '.join(ALL_WORKERS)}")
     return factories[name]()
 
 
@@ -80,10 +92,25 @@ def _validator(environ: Mapping[str, str] | None, tp: TracerProvider | None) -> 
     return create_app(ValidatorSettings.from_env(environ), tracer_provider=tp)
 
 
+def _doors(environ: Mapping[str, str] | None, tp: TracerProvider | None) -> FastStream:
+    from services.doors.app import create_app
+    from services.doors.settings import DoorsSettings
+
+    return create_app(DoorsSettings.from_env(environ), tracer_provider=tp)
+
+
+def _learner(environ: Mapping[str, str] | None, tp: TracerProvider | None) -> FastStream:
+    from services.learner.app import create_app
+    from services.learner.settings import LearnerSettings
+
+    return create_app(LearnerSettings.from_env(environ), tracer_provider=tp)
+
+
 async def wait_for_consumers(nc: object, durables: list[str], timeout: float = 180.0) -> None:
     """Block until every worker's durable consumer exists (workers load models first);
-    the gateway, whose consumers are per agent and made on demand, until it answers
-    the services API (it registers once its consumer runs)."""
+    the gateway, whose consumers are per agent and made on demand, and a worker that
+    reads no stage (the doors), until it answers the services API (it registers once
+    it serves)."""
     from nats.errors import NoRespondersError
     from nats.errors import TimeoutError as NatsTimeoutError
     from nats.js.errors import NotFoundError
@@ -93,10 +120,10 @@ async def wait_for_consumers(nc: object, durables: list[str], timeout: float = 1
     js = nc.jetstream()  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
     for durable in durables:
-        grant = WORKER_GRANTS[durable]
+        grant = WORKER_GRANTS.get(durable)
         while True:
             try:
-                if grant.per_agent:
+                if grant is None or grant.per_agent:
                     await nc.request(  # type: ignore[attr-defined]
                         f"{SERVICES_API}.PING.{service_user(durable)}", b"", timeout=0.5)
                 else:

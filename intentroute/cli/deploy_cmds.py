@@ -80,7 +80,7 @@ def nats_auth(
     user (agents that speak NATS directly); then reload the servers (SIGHUP: `docker
     compose kill -s HUP nats-1 nats-2 nats-3`), twice a second apart when agents were
     added: nats-server wires a new account's service imports only on the reload after
-    the one that created it. The gateway's doors need no reload."""
+    the one that created it. The doors need no reload."""
     from intentroute.deploy.secrets import DeploySecrets, render_agents
     from shared.store.agents import AgentStore
 

@@ -13,11 +13,12 @@ import typer
 from intentroute.cli.apps import app, settings, urls
 from intentroute.stack.nats_users import auth_files, service_env
 from intentroute.stack.pgroles import stack_worker_url
-from intentroute.workers import WORKERS
+from intentroute.workers import ALL_WORKERS
 
 
 @app.command()
-def worker(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(WORKERS)}")]) -> None:
+def worker(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(ALL_WORKERS)}")]
+           ) -> None:
     """Run one worker (for ops: scale a stage by running more of these)."""
     nats_url, db_url = urls()
     cli = settings()
@@ -30,7 +31,7 @@ def worker(name: Annotated[str, typer.Argument(help=f"One of: {', '.join(WORKERS
         os.environ["DATABASE_URL"] = (db_url if cli.database_url else
                                       stack_worker_url(cli.state_dir / "postgres", name, db_url))
     cli = settings()
-    if not cli.common.nats_authenticated and name in WORKERS:
+    if not cli.common.nats_authenticated and name in ALL_WORKERS:
         from shared.auth.permissions import service_user
 
         if auth_files(cli.state_dir).credential(service_user(name)).exists():

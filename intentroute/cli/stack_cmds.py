@@ -52,6 +52,7 @@ from intentroute.stack.pgroles import (
     StageSecrets,
     database_urls,
     init_database,
+    learns,
     role_passwords,
 )
 from intentroute.stack.scrape import METRICS_TARGETS, metrics_ports, write_targets
@@ -65,7 +66,7 @@ from intentroute.stack.state import (
 )
 from intentroute.stack.tcp_ports import PortPlan, PortTakenError, StackPorts, Wanted, plan_ports
 from intentroute.supervisor import Supervisor
-from intentroute.workers import WORKERS
+from intentroute.workers import ALL_WORKERS, LEARNER, WORKERS
 from shared.auth.natsconn import connect_kwargs, tls_kwargs
 from shared.common.limits import StreamLimits
 from shared.common.otel import PROMETHEUS_PORT
@@ -75,17 +76,22 @@ from shared.runtime.logs import configure_logging
 DEMO_KB = Path(__file__).resolve().parent.parent.parent / "kb" / "avap"
 
 
-def parse_replicas(spec: list[str]) -> dict[str, int]:
+def parse_replicas(spec: list[str], *, learning: bool = False) -> dict[str, int]:
+    """Replicas per worker type: one of each of WORKERS, and one learner when the
+    learning job is on (`learning`: LEARN_INTERVAL > 0), unless `spec` says otherwise
+    (`doors=2`, `learner=1`, ...)."""
     counts = {name: 1 for name in WORKERS}
+    counts[LEARNER] = 1 if learning else 0
     for item in spec:
         for part in item.split(","):
             if not part.strip():
                 continue
             name, _, value = part.partition("=")
             if name.strip() not in counts:
-                raise typer.BadParameter(f"unknown worker {name!r}; known: {', '.join(WORKERS)}")
+                raise typer.BadParameter(
+                    f"unknown worker {name!r}; known: {', '.join(ALL_WORKERS)}")
             counts[name.strip()] = int(value)
-    return counts
+    return {name: count for name, count in counts.items() if count or name != LEARNER}
 
 
 @app.command()
@@ -119,11 +125,12 @@ def up(
         help="On Ctrl-C / SIGTERM: seconds the workers get to finish the requests in flight "
              "before they are stopped (default UP_DRAIN_TIMEOUT, else 30)")] = None,
     grpc: Annotated[bool, typer.Option(
-        "--grpc", help="Serve the gateway's gRPC face (AskAgent, Feedback, health, "
+        "--grpc", help="Serve the doors' gRPC face (AskAgent, Feedback, health, "
                        "reflection) on loopback, its address in stack.json "
                        "(gateway_grpc_address); GATEWAY_GRPC_LISTEN picks another")] = False,
 ) -> None:
-    """Start the embedded stack if needed, migrate, and run every worker.
+    """Start the embedded stack if needed, migrate, and run every worker (the doors
+    included; the learner when LEARN_INTERVAL is set).
 
     The embedded nats-server admits credentials only: the admin (this process), one
     service user per worker type, and the agents in the database (a `demo` agent is
@@ -132,8 +139,8 @@ def up(
     run as one cluster on loopback (same users, routes authenticated) and every stream
     has 3 replicas: losing one node loses nothing. A server that dies is started again
     on the same port; the next `up` in the same state dir takes the same ports."""
-    counts = parse_replicas(replicas or [])
     cli = settings()
+    counts = parse_replicas(replicas or [], learning=learns(os.environ.get("LEARN_INTERVAL", "")))
     configure_logging(level=cli.common.log_level, fmt=cli.common.log_format, worker="up")
     _check_fleet(cli)
     state_dir = cli.state_dir
@@ -279,8 +286,8 @@ def _server_tls(cli: CliSettings) -> ServerTls | None:
 
 
 class _HttpDoor(NamedTuple):
-    """The gateway's HTTP listener as `up` announces it ("": off / none generated), and
-    the dashboard's token (the gateway's environment alone gets it)."""
+    """The doors' HTTP listener as `up` announces it ("": off / none generated), and
+    the dashboard's token (the doors' environment alone gets it)."""
 
     url: str
     dashboard_url: str
@@ -289,7 +296,7 @@ class _HttpDoor(NamedTuple):
 
 
 def _gateway_grpc(env: dict[str, str], wanted: bool, port: int = 0) -> str:
-    """The gateway's gRPC listener under `up`: `--grpc` serves it at
+    """The doors' gRPC listener under `up`: `--grpc` serves it at
     DEFAULT_GATEWAY_GRPC_LISTEN (loopback, a port kept for the next `up`) unless
     GATEWAY_GRPC_LISTEN says where (which alone turns it on too). Sets the replicas'
     GATEWAY_GRPC_LISTEN (port 0 pinned: they share the port) and returns the address
@@ -315,7 +322,7 @@ def _database_roles(cli: CliSettings, server_url: str) -> DatabaseUrls:
 
 def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port: int = 0
                ) -> tuple[dict[str, str], _HttpDoor]:
-    """The environment every started process gets: the stack's NATS URL and the gateway's
+    """The environment every started process gets: the stack's NATS URL and the doors'
     HTTP listen address. No secret: the database URLs and the dashboard's token are each
     worker's own (StageSecrets). The dashboard is on, behind a token generated in the
     state dir, unless GATEWAY_DASHBOARD_TOKEN (or its _FILE) brings one."""
@@ -330,7 +337,7 @@ def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port:
     env["GATEWAY_HTTP_LISTEN"], http_url = gateway_http_listen(
         env.get("GATEWAY_HTTP_LISTEN", DEFAULT_GATEWAY_HTTP_LISTEN),
         lambda: http_port or free_port())
-    from services.gateway.dashboard.settings import DashboardSettings
+    from services.doors.dashboard.settings import DashboardSettings
 
     # GATEWAY_DASHBOARD_TOKEN, or the file GATEWAY_DASHBOARD_TOKEN_FILE names.
     token_file, token = "", DashboardSettings.from_env().token
@@ -426,8 +433,9 @@ def _run_until_stopped(supervisor: Supervisor, sync: AuthSync | None, state_dir:
                        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
     """Run the demo if asked, then keep the processes running until SIGINT / SIGTERM /
     SIGHUP (or the demo's end with `exit_after_demo`); then drain them in order
-    (intentroute.drain: the gateways first, the servers kept meanwhile; a second signal
-    stops at once) and remove the state files. The servers stop after this returns."""
+    (intentroute.drain: the doors and the gateways first, the servers kept meanwhile; a
+    second signal stops at once) and remove the state files. The servers stop after this
+    returns."""
     signals = StopSignals().install()
     try:
         if demo is not None:

@@ -8,11 +8,12 @@ it is committed). Users adapt them with kustomize overlays (image, namespace, re
 addresses: the ConfigMap).
 
 Per worker type and model slot one Deployment; the parser a Deployment and a Service;
-the gateway a Service for its HTTP and gRPC doors. NATS (e.g. the NATS Helm chart,
+the doors a Service for their HTTP and gRPC faces. NATS (e.g. the NATS Helm chart,
 given `auth.conf` of the `intentroute-nats-auth` Secret) and Postgres (a managed one) are
 external, named in the ConfigMap. Scaling (KEDA): each pipeline stage on its JetStream
 consumer's lag (`nats-jetstream` scaler: pending + ack pending); the gateway (one
-consumer per agent, which the scaler cannot sum) and the parser (no queue) on CPU.
+consumer per agent, which the scaler cannot sum), the doors and the parser (no queue) on
+CPU.
 Hardened (k8s_hardening.py): non-root, read-only, capability-less pods writing only to
 emptyDirs, secrets as files, a NetworkPolicy per component, a PodDisruptionBudget per
 Deployment.
@@ -31,8 +32,8 @@ from intentroute.deploy.k8s_hardening import (
     ADMISSION_KEY,
     APP,
     DASHBOARD_TOKEN,
-    GATEWAY_GRPC_PORT,
-    GATEWAY_HTTP_PORT,
+    DOORS_GRPC_PORT,
+    DOORS_HTTP_PORT,
     HOME,
     METRICS_PORT,
     PARSER_PORT,
@@ -57,7 +58,7 @@ from intentroute.deploy.secrets import NATS_MONITOR_PORT
 from intentroute.workers import WORKERS
 from shared.auth.natsconn import inbox_prefix
 from shared.auth.permissions import ADMIN_USER, WORKER_GRANTS, service_user
-from shared.store.roles import OWNER_ROLE, WORKER_ROLES
+from shared.store.roles import OWNER_ROLE, worker_role
 
 Doc = dict[str, Any]
 
@@ -74,7 +75,7 @@ LAG_THRESHOLD: dict[str, int] = {
     "classifier": 32, "retriever": 16, "generator-main": 16,
     "generator-conversational": 16, "validator": 16,
 }
-# CPU utilisation target of the gateway and the parser (of their requests).
+# CPU utilisation target of the gateway, the doors and the parser (of their requests).
 CPU_TARGET = 70
 
 
@@ -217,24 +218,26 @@ def _peers(o: K8sOptions) -> Peers:
 
 
 def _worker(worker: str, o: K8sOptions) -> list[Doc]:
-    role = WORKER_ROLES[worker]
+    role = worker_role(worker)
     user = service_user(worker)
-    files = [db_password(role), nats_password(user), ADMISSION_KEY]
-    env = [*_db_env(role, o), *_nats_env(user),
-           {"name": "INTENTROUTE_ADMISSION_KEY_FILE", "value": ADMISSION_KEY.file}]
+    files = [db_password(role), nats_password(user)]
+    env = [*_db_env(role, o), *_nats_env(user)]
+    if worker != "doors":  # the doors stamp no envelope: no admission key
+        files.append(ADMISSION_KEY)
+        env.append({"name": "INTENTROUTE_ADMISSION_KEY_FILE", "value": ADMISSION_KEY.file})
     mounts = [secrets_mount()]
     volumes: list[Doc] = []
     ports = [{"name": "metrics", "containerPort": METRICS_PORT}]
     # The scrape endpoint opens once the models are loaded (up to 5 min on a small node).
     health = "/metrics"
     ready = _probe("/metrics", "metrics", period=10, failures=3)
-    if worker == "gateway":
+    if worker == "doors":
         files.append(DASHBOARD_TOKEN)
-        env += [{"name": "GATEWAY_HTTP_LISTEN", "value": f"0.0.0.0:{GATEWAY_HTTP_PORT}"},
-                {"name": "GATEWAY_GRPC_LISTEN", "value": f"0.0.0.0:{GATEWAY_GRPC_PORT}"},
+        env += [{"name": "GATEWAY_HTTP_LISTEN", "value": f"0.0.0.0:{DOORS_HTTP_PORT}"},
+                {"name": "GATEWAY_GRPC_LISTEN", "value": f"0.0.0.0:{DOORS_GRPC_PORT}"},
                 {"name": "GATEWAY_DASHBOARD_TOKEN_FILE", "value": DASHBOARD_TOKEN.file}]
-        ports += [{"name": "http", "containerPort": GATEWAY_HTTP_PORT},
-                  {"name": "grpc", "containerPort": GATEWAY_GRPC_PORT}]
+        ports += [{"name": "http", "containerPort": DOORS_HTTP_PORT},
+                  {"name": "grpc", "containerPort": DOORS_GRPC_PORT}]
         health = "/healthz"
         ready = _probe("/readyz", "http", period=5, failures=2)
     if worker == "retriever":
@@ -246,7 +249,7 @@ def _worker(worker: str, o: K8sOptions) -> list[Doc]:
     heavy = worker in ("classifier", "retriever")
     container = _container(worker, ["worker", worker], o, env=env, mounts=mounts,
                            cpu="1" if heavy else "250m", memory="2Gi" if heavy else "1Gi")
-    port = "http" if worker == "gateway" else "metrics"
+    port = "http" if worker == "doors" else "metrics"
     container.update(
         ports=ports,
         startupProbe=_probe(health, port, period=5, failures=60),
@@ -255,9 +258,10 @@ def _worker(worker: str, o: K8sOptions) -> list[Doc]:
     name = f"{APP}-{worker}"
     pod = _pod([container], [secrets_volume(files), *volumes])
     docs = [_deployment(name, worker, pod)]
-    if worker == "gateway":
-        docs.append(_service(name, worker, {"http": GATEWAY_HTTP_PORT,
-                                            "grpc": GATEWAY_GRPC_PORT}))
+    if worker == "doors":
+        docs.append(_service(name, worker, {"http": DOORS_HTTP_PORT,
+                                            "grpc": DOORS_GRPC_PORT}))
+    if worker in ("gateway", "doors"):
         docs.append(_scaled_object(name, worker, o, _cpu_trigger()))
     else:
         docs.append(_scaled_object(name, worker, o, _lag_trigger(worker, o)))

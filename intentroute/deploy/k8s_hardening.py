@@ -16,7 +16,7 @@ traffic in and out except the paths the architecture uses:
     component       in                                 out
     every worker    metrics (9464) from pods of the    DNS (53), NATS (NATS_URL's ports),
                     cluster (Prometheus)               Postgres (PG_ADDRESS's port)
-    gateway         also HTTP (8080), gRPC (50052)
+    doors           also HTTP (8080), gRPC (50052)
                     from anywhere
     classifier,                                        also the model server
     retriever,                                         (OLLAMA_HOST's port)
@@ -57,8 +57,9 @@ UID = 10001
 # besides the index volume (ingest).
 WRITABLE = {"state": (HOME, "2Gi"), "tmp": ("/tmp", "1Gi")}
 METRICS_PORT = 9464
-GATEWAY_HTTP_PORT = 8080
-GATEWAY_GRPC_PORT = 50052
+# The doors' faces: HTTP (feedback, the OpenAI door, the dashboard, probes) and gRPC.
+DOORS_HTTP_PORT = 8080
+DOORS_GRPC_PORT = 50052
 PARSER_PORT = 50051
 # The stages that call the model server: the generators' answers, the classifier's
 # Layer 3, the retriever's relevance judge.
@@ -101,6 +102,8 @@ NATS_SECRET = f"{APP}-nats"
 NATS_AUTH_SECRET = f"{APP}-nats-auth"
 ADMISSION_SECRET = f"{APP}-admission"
 POSTGRES_SECRET = f"{APP}-postgres"
+# The dashboard's token: the doors' (the Secret keeps the name it had when the dashboard
+# was the gateway's).
 GATEWAY_SECRET = f"{APP}-gateway"
 
 
@@ -195,8 +198,8 @@ def _tcp(*ports: int) -> list[Doc]:
 def network_policy(component: str, peers: Peers) -> Doc:
     ingress: list[Doc] = []
     egress: list[Doc] = []
-    if component == "gateway":  # clients and an ingress controller, wherever they are
-        ingress.append({"ports": _tcp(GATEWAY_HTTP_PORT, GATEWAY_GRPC_PORT)})
+    if component == "doors":  # clients and an ingress controller, wherever they are
+        ingress.append({"ports": _tcp(DOORS_HTTP_PORT, DOORS_GRPC_PORT)})
     if component in WORKERS:  # the scrape endpoint, for pods of any namespace
         ingress.append({"from": [{"namespaceSelector": {}}], "ports": _tcp(METRICS_PORT)})
     if component == "parser":

@@ -10,7 +10,7 @@ Kubernetes run with the same users, permissions, admission key and Postgres role
                         cluster's route secret) and route.hash, nats-<n>.conf (each
                         node's server part)
     <dir>/postgres/     superuser, roles/<role> (one password per role)
-    <dir>/dashboard-token  the gateway's dashboard token (GATEWAY_DASHBOARD_TOKEN_FILE)
+    <dir>/dashboard-token  the doors' dashboard token (GATEWAY_DASHBOARD_TOKEN_FILE)
     <dir>/gateway.env   the same token as an env file: GATEWAY_DASHBOARD_TOKEN=...
 
 Every file is 0600 in 0700 directories. Running it again keeps every secret and

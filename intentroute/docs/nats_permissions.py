@@ -43,6 +43,7 @@ from shared.auth.natsconn import inbox_prefix, read_credential
 from shared.auth.permissions import (
     ADMIN_USER,
     APP_ACCOUNT,
+    NATS_WORKERS,
     OPS_USER,
     SERVICES_API,
     SERVICES_VERBS,
@@ -103,9 +104,10 @@ class Role(NamedTuple):
 
 
 def roles() -> list[Role]:
-    """The admin, the ops reader, each service user, an agent (`<self>`)."""
+    """The admin, the ops reader, each service user (the stages', the doors', the
+    learner's), an agent (`<self>`)."""
     return [Role("admin", ADMIN_USER), Role("ops", OPS_USER),
-            *(Role(worker, service_user(worker)) for worker in WORKER_GRANTS),
+            *(Role(worker, service_user(worker)) for worker in NATS_WORKERS),
             Role("agent", SELF_AGENT)]
 
 
@@ -232,7 +234,7 @@ def _stream_rows(stream: str, consumers: Sequence[tuple[str, tuple[str, ...]]],
 
 def _service_rows() -> list[Probe]:
     section = "Services API, system account, inboxes"
-    names = [service_user(worker) for worker in WORKER_GRANTS]
+    names = [service_user(worker) for worker in NATS_WORKERS]
     found = [f"{SERVICES_API}.{verb}" for verb in SERVICES_VERBS]
     # Each verb to one service's name (and to an instance of it, `.<id>`).
     ping, info, stats = SERVICES_VERBS
@@ -563,7 +565,7 @@ async def generate_async(state_dir: Path) -> str:
     # What `up`'s sync (`apply_agents`) writes for these agents; the server reads it at
     # its start as a restarted `up`'s does.
     write_auth(files, agents)
-    for user in [ADMIN_USER, OPS_USER, *(service_user(w) for w in WORKER_GRANTS)]:
+    for user in [ADMIN_USER, OPS_USER, *(service_user(w) for w in NATS_WORKERS)]:
         logins[user] = dict(read_credential(files.credential(user)).nats)
     users, accounts = read_config(files.auth.read_text(encoding="utf-8"))
     rows = with_granted(probes(), users)

@@ -71,7 +71,7 @@ def server_pids_left(info: StackInfo, state_dir: Path) -> list[int]:
 
 def client_ports_held(ports: StackPorts, is_free: Callable[[int], bool] = port_free
                       ) -> list[int]:
-    """The remembered ports clients hold (NATS, Postgres, the gateway's HTTP and gRPC)
+    """The remembered ports clients hold (NATS, Postgres, the doors' HTTP and gRPC)
     that something still listens on."""
     wanted = [*ports.nats, ports.postgres, ports.gateway_http, ports.gateway_grpc]
     return [port for port in wanted if port and not is_free(port)]

@@ -40,7 +40,13 @@ from shared.auth.natsconn import (
     with_server,
     write_credential,
 )
-from shared.auth.permissions import ADMIN_USER, OPS_USER, STACK_USERS, service_user
+from shared.auth.permissions import (
+    ADMIN_USER,
+    CLIENT_GRANTS,
+    OPS_USER,
+    STACK_USERS,
+    service_user,
+)
 from shared.store import asyncpg_dsn
 from shared.store.agent_changes import AgentChanges
 from shared.store.agents import AgentStore
@@ -168,13 +174,16 @@ def ops_kwargs(state_dir: Path) -> dict[str, str]:
 
 
 def service_env(state_dir: Path, worker: str) -> dict[str, str]:
-    """The environment a worker process connects with: its service user and the
-    deployment's admission key (shared.auth.admission)."""
+    """The environment a worker process connects with: its service user and, for a
+    stage, the deployment's admission key (shared.auth.admission; a worker that reads no
+    stage, the doors or the learner, stamps no envelope and gets none)."""
     files = auth_files(state_dir)
     nats = read_credential(files.credential(service_user(worker))).nats
-    return {"NATS_USER": nats["user"], "NATS_PASSWORD": nats["password"],
-            "NATS_INBOX_PREFIX": nats["inbox_prefix"],
-            "INTENTROUTE_ADMISSION_KEY": files.admission_key.read_text(encoding="utf-8")}
+    env = {"NATS_USER": nats["user"], "NATS_PASSWORD": nats["password"],
+           "NATS_INBOX_PREFIX": nats["inbox_prefix"]}
+    if worker not in CLIENT_GRANTS:
+        env["INTENTROUTE_ADMISSION_KEY"] = files.admission_key.read_text(encoding="utf-8")
+    return env
 
 
 def write_auth(files: AuthFiles, agents: Iterable[tuple[str, str]]) -> bool:

@@ -24,7 +24,7 @@ import asyncpg
 
 from intentroute.stack.nats_users import write_private
 from shared.store import asyncpg_dsn
-from shared.store.roles import LEARNER_ROLE, OWNER_ROLE, ROLES, WORKER_ROLES
+from shared.store.roles import LEARNER_ROLE, OWNER_ROLE, ROLES, worker_role
 
 ROLES_DIR = "roles"
 
@@ -60,7 +60,7 @@ def read_passwords(folder: Path) -> dict[str, str]:
 def stack_worker_url(postgres_dir: Path, worker: str, owner_url: str) -> str:
     """A worker's URL on a running embedded stack (`intentroute worker NAME`): its role's,
     from the owner's URL in stack.json and the role's password file."""
-    role = WORKER_ROLES.get(worker, "")
+    role = _role_of(worker)
     path = postgres_dir / ROLES_DIR / role
     if not role or not path.is_file():
         return owner_url
@@ -91,36 +91,39 @@ class DatabaseUrls(NamedTuple):
     roles: Mapping[str, str]
 
     def worker(self, name: str) -> str:
-        """A worker's URL: its role's, or the one URL when there are no roles."""
-        role = WORKER_ROLES.get(name, "")
-        return self.roles.get(role, self.owner)
+        """A worker's URL (the learner's too): its role's, or the one URL when there are
+        no roles."""
+        return self.roles.get(_role_of(name), self.owner)
 
     @property
     def learner(self) -> str:
         return self.roles.get(LEARNER_ROLE, self.owner)
 
 
+def _role_of(worker: str) -> str:
+    try:
+        return worker_role(worker)
+    except KeyError:
+        return ""
+
+
 class StageSecrets(NamedTuple):
-    """What `up` hands each worker beyond the common environment: its own database URL,
-    and to the gateway alone the dashboard's token and, when it runs the learning job
-    (LEARN_INTERVAL), the learner's URL."""
+    """What `up` hands each worker beyond the common environment: its own database URL
+    (the learner's role to the learner), and to the doors alone the dashboard's token."""
 
     db: DatabaseUrls
     dashboard_token: str = ""
 
     def env_for(self, worker: str, env: Mapping[str, str]) -> dict[str, str]:
         out = {"DATABASE_URL": self.db.worker(worker)}
-        if worker == "gateway":
-            if self.dashboard_token:
-                out["GATEWAY_DASHBOARD_TOKEN"] = self.dashboard_token
-            if _learns(env.get("LEARN_INTERVAL", "")):
-                out["LEARN_DATABASE_URL"] = self.db.learner
+        if worker == "doors" and self.dashboard_token:
+            out["GATEWAY_DASHBOARD_TOKEN"] = self.dashboard_token
         return out
 
 
-def _learns(interval: str) -> bool:
-    """LEARN_INTERVAL turns the job on (a value the gateway will refuse counts as on: it
-    says why itself)."""
+def learns(interval: str) -> bool:
+    """LEARN_INTERVAL turns the learner on (a value the learner will refuse counts as
+    on: it says why itself)."""
     try:
         return float(interval or 0) > 0
     except ValueError:

@@ -19,7 +19,7 @@ class StackInfo(msgspec.Struct):
     # change) and its pid (signalled to reload it).
     nats_config: str = ""
     nats_pid: int = 0
-    # The gateway's HTTP listener (`POST {gateway_http_url}/agents/{agent_id}/feedback`).
+    # The doors' HTTP listener (`POST {gateway_http_url}/agents/{agent_id}/feedback`).
     gateway_http_url: str = ""
     # The operator dashboard and the file holding its token (owner-readable only).
     dashboard_url: str = ""
@@ -29,7 +29,7 @@ class StackInfo(msgspec.Struct):
     # The embedded Postgres's postmaster. `up` rewrites this file when it restarts a
     # server that died, so the pids here are the running ones.
     postgres_pid: int = 0
-    # The gateway's gRPC listener (`up --grpc`, or GATEWAY_GRPC_LISTEN), `host:port` as
+    # The doors' gRPC listener (`up --grpc`, or GATEWAY_GRPC_LISTEN), `host:port` as
     # gRPC channels and grpcurl take it: AskAgent, Feedback, health and reflection.
     gateway_grpc_address: str = ""
     # The workers' Prometheus endpoints (on by default under `up`): the first process's
@@ -70,7 +70,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-# `up` serves the gateway's HTTP face on loopback unless GATEWAY_HTTP_LISTEN says where.
+# `up` serves the doors' HTTP face on loopback unless GATEWAY_HTTP_LISTEN says where.
 DEFAULT_GATEWAY_HTTP_LISTEN = "127.0.0.1:0"
 
 
@@ -83,7 +83,7 @@ def gateway_http_listen(listen: str, pick_port: Callable[[], int]) -> tuple[str,
     return listen, f"http://{address}" if address else ""
 
 
-# `up --grpc` serves the gateway's gRPC face on loopback unless GATEWAY_GRPC_LISTEN says
+# `up --grpc` serves the doors' gRPC face on loopback unless GATEWAY_GRPC_LISTEN says
 # where.
 DEFAULT_GATEWAY_GRPC_LISTEN = "127.0.0.1:0"
 

@@ -1,13 +1,13 @@
 """Stable addresses for `intentroute up`: the ports of one state directory's stack.
 
 Every port `up` picks (NATS client ports and, for a cluster, route ports; Postgres; the
-gateway's HTTP listener and, with `--grpc`, its gRPC one; the parser; the local model)
+doors' HTTP listener and, with `--grpc`, its gRPC one; the parser; the local model)
 is written to `<state>/ports.json`, and the next `up` in that directory takes the same
 ones again, so a client holding the old URL reconnects to the new stack. A port set
 explicitly (`--nats-port` / `NATS_PORT`, `--postgres-port` / `POSTGRES_PORT`) wins over
 the remembered one; 0 asks for a free port.
 
-A port clients hold (NATS, Postgres, the gateway's HTTP and gRPC) that is wanted (set
+A port clients hold (NATS, Postgres, the doors' HTTP and gRPC) that is wanted (set
 or remembered) and taken by another process is not swapped for a free one: `up` stops with
 one line naming the port and how to choose another. A silently moved server is what
 the stable ports exist to prevent (a client would keep trying the old address, or reach

@@ -1,10 +1,11 @@
 """Feedback (ADR-0006): an agent's verdict on one of its own answers.
 
-Three entry points, one rule: NATS `agent.feedback.<agent_id>` (this module's consumer),
-gRPC `Feedback` (grpc_server.py) and HTTP `POST /agents/{agent_id}/feedback` (http.py).
-Each takes the agent from the credential (the subject only that agent may publish on, or
-the bearer token), never from the payload, and hands the decoded verdict to
-`FeedbackRecorder.record`, which answers with a `FeedbackAck`:
+One entry point: NATS `agent.feedback.<agent_id>` (this module's consumer). The doors'
+gRPC `Feedback` and HTTP `POST /agents/{agent_id}/feedback` (services/doors) publish
+there on the agent's behalf, once its bearer token is checked, and wait for the ack. The
+agent is the subject's (only its credential, or the doors, may publish there), never the
+payload's; the decoded verdict goes to `FeedbackRecorder.record`, which answers with a
+`FeedbackAck`:
 
 * bad input (a body that does not decode, a bad request id, a grade outside 0..10) is
   refused with the input error codes of requests (MALFORMED_JSON, MISSING_FIELD,
@@ -25,74 +26,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import msgspec
-
 from services.gateway.handlers import GatewayDeps
 from services.gateway.ports import FeedbackStore
-from services.gateway.validation import salvage_request_id, validation_code
 from shared.auth.permissions import FEEDBACK_DURABLE
 from shared.common.settings import CommonSettings
 from shared.contracts import feedback as feedback_contract
+from shared.contracts.checks import check_feedback, decode_feedback, refused
 from shared.contracts.codec import encode
-from shared.contracts.feedback import MAX_QUALITY, Feedback, FeedbackAck
+from shared.contracts.feedback import Feedback, FeedbackAck
 from shared.contracts.ids import id_problem
 from shared.contracts.response import ErrorCode
 from shared.runtime.consumer import Handler, StageSpec
 from shared.runtime.endings import report_invalid
 from shared.runtime.ports import Delivery
-from shared.store.writer import StoreUnavailableError
+from shared.store.ports import StoreUnavailableError
 
 log = logging.getLogger("intentroute.gateway.feedback")
 
-_INT4_MAX = 2**31 - 1
 # An unknown request id is looked up again after these delays: an error answer's
 # request-log row is written just after its final chunk goes out, so an agent that
 # answers at once may be a few milliseconds ahead of it.
 UNKNOWN_RETRIES = (0.2, 0.5)
-_decoder = msgspec.json.Decoder(Feedback)
-
-
-def refused(request_id: str, code: str, message: str) -> FeedbackAck:
-    return FeedbackAck(request_id=request_id, accepted=False, error_code=code, message=message)
-
-
-def decode_feedback(raw: bytes) -> Feedback | FeedbackAck:
-    """The verdict in `raw`, or the ack that refuses it."""
-    try:
-        return _decoder.decode(raw)
-    except msgspec.ValidationError as exc:
-        return refused(salvage_request_id(raw), validation_code(exc),
-                       f"feedback does not match the contract: {exc}")
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-        # Not JSON, not UTF-8 (msgspec reports bad bytes in a string as a
-        # UnicodeDecodeError), or nested past the decoder's depth.
-        return refused(salvage_request_id(raw), ErrorCode.MALFORMED_JSON,
-                       f"feedback is not valid JSON: {exc}")
-
-
-def check_feedback(fb: Feedback) -> FeedbackAck | None:
-    """The ack refusing a decoded verdict whose values are out of bounds, or None."""
-    problem = id_problem("request_id", fb.request_id)
-    if problem:
-        code = ErrorCode.MISSING_FIELD if not fb.request_id else ErrorCode.INVALID_FIELD
-        return refused("", code, problem)
-    meta = fb.metadata
-    quality = meta.completion_quality
-    if quality is not None and not (math.isfinite(quality) and 0 <= quality <= MAX_QUALITY):
-        return refused(fb.request_id, ErrorCode.INVALID_FIELD,
-                       f"metadata.completion_quality must be within 0..{MAX_QUALITY:g}")
-    if meta.latency_ms is not None and not (math.isfinite(meta.latency_ms)
-                                            and meta.latency_ms >= 0):
-        return refused(fb.request_id, ErrorCode.INVALID_FIELD,
-                       "metadata.latency_ms must be a finite number >= 0")
-    if meta.token_count is not None and not 0 <= meta.token_count <= _INT4_MAX:
-        return refused(fb.request_id, ErrorCode.INVALID_FIELD,
-                       f"metadata.token_count must be within 0..{_INT4_MAX}")
-    return None
 
 
 class FeedbackRecorder:

@@ -20,13 +20,15 @@ import time
 from dataclasses import dataclass
 
 from services.gateway.limits.gate import LimitGate, answer_refusal
-from services.gateway.limits.logic import Verdict, refusal
+from services.gateway.limits.logic import refusal
+from services.gateway.limits.ports import Verdict
 from services.gateway.ports import VerdictRecorder
 from services.gateway.settings import GatewaySettings
-from services.gateway.validation import InputError, parse_request, salvage_field
 from shared.auth.ports import AgentDirectory
 from shared.contracts import request as request_contract
+from shared.contracts.checks import parse_request, salvage_field
 from shared.contracts.codec import encode
+from shared.contracts.errors import InvalidInputError, PermanentError
 from shared.contracts.pipeline import CLASSIFY_SUBJECT, Admitted
 from shared.contracts.request import agent_of
 from shared.contracts.response import (
@@ -42,7 +44,7 @@ from shared.contracts.response import (
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.endings import write_after_answer
 from shared.runtime.ports import Delivery
-from shared.runtime.stage import Call, Decode, Handoff, PermanentError, Stage, StageDeps, stage_spec
+from shared.runtime.stage import Call, Decode, Handoff, Stage, StageDeps, stage_spec
 from shared.store.rows import RequestLogRow
 
 log = logging.getLogger("intentroute.gateway")
@@ -57,21 +59,15 @@ class GatewayDeps(StageDeps):
     limits: LimitGate | None = None
 
 
-class InvalidRequestError(ValueError):
-    def __init__(self, error: InputError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
 def admitter(budget: float) -> Decode[Admitted]:
-    """The gateway's decoder: the checked request of the subject's agent, or
-    InvalidRequestError; its deadline is `budget` seconds from now, or sooner if the
+    """The gateway's decoder: the checked request of the subject's agent (else it raises
+    the InvalidInputError); its deadline is `budget` seconds from now, or sooner if the
     caller asked for less (`timeout_ms`)."""
 
     def admit(msg: Delivery) -> Admitted:
         parsed = parse_request(msg.data, agent_of(msg.subject))
-        if isinstance(parsed, InputError):
-            raise InvalidRequestError(parsed)
+        if isinstance(parsed, InvalidInputError):
+            raise parsed
         now = time.time()
         asked = parsed.timeout_ms / 1000 if parsed.timeout_ms > 0 else budget
         return Admitted(request=parsed, accepted_at=now, deadline=now + min(budget, asked),
@@ -117,7 +113,7 @@ async def reject_input(deps: GatewayDeps, msg: Delivery, exc: Exception) -> None
     """Bad input ends as a final error chunk to its agent, never as a silent drop: on
     its request id's subject when the id is new (the id is then used), else on the
     agent's `_invalid` subject."""
-    error = exc.error if isinstance(exc, InvalidRequestError) else InputError(
+    error = exc if isinstance(exc, InvalidInputError) else InvalidInputError(
         ErrorCode.MALFORMED_JSON, f"request does not decode: {exc}")
     agent = agent_of(msg.subject)
     log.warning("[gateway] rejected request %r of %r: %s %s", error.request_id, agent,
@@ -158,8 +154,8 @@ async def on_request(env: Admitted, call: Call, deps: GatewayDeps) -> Handoff | 
     agent = await deps.agents.get(env.request.agent_id)
     if agent is None or agent.revoked:
         # Publishing needs a live credential; this is a request queued before revocation.
-        raise PermanentError(ErrorCode.UNKNOWN_AGENT,
-                             f"agent '{env.request.agent_id}' is unknown or revoked")
+        raise PermanentError(f"agent '{env.request.agent_id}' is unknown or revoked",
+                             code=ErrorCode.UNKNOWN_AGENT)
     env.trusted = agent.trusted
     if deps.limits is not None:
         admission, limits = await deps.limits.check(env)

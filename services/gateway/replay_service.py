@@ -12,7 +12,8 @@ A reply subject is never taken on trust: a replay is answered only on a reply su
 that leads back to the asker alone. Through an agent's own account (every agent's, on a
 stack with auth: shared.auth.permissions) the server replaces the caller's reply subject
 with a mapping of its own (`_R_.…`, which no client may set) into that account; a
-caller in the stack's account must use the agent's own inbox (`_INBOX.<agent_id>.…`).
+caller in the stack's account must use the agent's own inbox (`_INBOX.<agent_id>.…`),
+or be the doors (`_INBOX.intentroute-doors.…`: they follow answers on agents' behalf).
 Anything else (another agent's answer or request subject, the JetStream API) is refused
 without a reply, one log line per `REFUSED_LOG_EVERY` seconds at most.
 
@@ -39,7 +40,12 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from shared.auth.natsconn import inbox_prefix
-from shared.auth.permissions import REPLAY_MAX_REPLIES, REPLAY_REPLY_SECONDS
+from shared.auth.permissions import (
+    DOORS,
+    REPLAY_MAX_REPLIES,
+    REPLAY_REPLY_SECONDS,
+    service_user,
+)
 from shared.contracts import replay as replay_contract
 from shared.contracts import response as response_contract
 from shared.contracts.codec import decode_chunk, encode
@@ -67,9 +73,14 @@ _SERVICE_REPLY = "_R_."
 REFUSED_LOG_EVERY = 10.0
 
 
+# The doors ask on behalf of every agent (their answers' replays after a reconnect):
+# their inbox, which only their NATS user may read, leads back to the asker too.
+_DOORS_INBOX = f"{inbox_prefix(service_user(DOORS))}."
+
+
 def reply_is_the_askers(reply: str, agent: str) -> bool:
     """Does `reply` lead back to `agent` only (see the module doc)?"""
-    return reply.startswith((_SERVICE_REPLY, f"{inbox_prefix(agent)}."))
+    return reply.startswith((_SERVICE_REPLY, f"{inbox_prefix(agent)}.", _DOORS_INBOX))
 
 
 def error_chunk(request_id: str, code: ErrorCode, message: str, *, seq: int = 0,

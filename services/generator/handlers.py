@@ -108,8 +108,8 @@ async def generate(
 
         answered = await produce(collect, restart)
         if answered.error:
-            raise PermanentError(answered.error_code or ErrorCode.BACKEND_UNAVAILABLE,
-                                 answered.error)
+            raise PermanentError(answered.error,
+                                 code=answered.error_code or ErrorCode.BACKEND_UNAVAILABLE)
         env.answered_by = answered.answered_by
         env.answer = "".join(parts)
         return Handoff(VALIDATE_SUBJECT, env, f"generated:{env.attempt}")
@@ -121,8 +121,8 @@ async def generate(
     if answered.error:
         # The answer so far (if any) was reset; the error follows it on the subject.
         env.seq = out.seq
-        raise PermanentError(answered.error_code or ErrorCode.BACKEND_UNAVAILABLE,
-                             answered.error)
+        raise PermanentError(answered.error,
+                             code=answered.error_code or ErrorCode.BACKEND_UNAVAILABLE)
     await finish_turn(deps.store, env, answer=out.answer, answered_by=answered.answered_by,
                       first_chunk_at=out.first_text_at)
     await out.final(decision=decision, answered_by=answered.answered_by,

@@ -38,8 +38,8 @@ def build_stage(settings: RetrieverSettings) -> Stage[Routed, RetrieverDeps]:
         decision = env.decision
         # RC-04 guard: a PLATFORM/CONVERSATIONAL envelope here is a routing bug.
         if decision.type not in RETRIEVING_TYPES:
-            raise PermanentError(ErrorCode.RC04_VIOLATION,
-                                 f"{decision.type} request reached the retriever")
+            raise PermanentError(f"{decision.type} request reached the retriever",
+                                 code=ErrorCode.RC04_VIOLATION)
         await deps.retrieval.maybe_reload()
         req = env.request
 

@@ -16,7 +16,9 @@ import grpc
 from services.validator.breaker import CircuitBreaker
 from services.validator.ports import CheckResult, CheckStatus, ParseOutcome, ParserClient
 from shared.common.deadline import time_left
+from shared.contracts.errors import RetryableError
 from shared.contracts.parser import TraceLine
+from shared.contracts.response import ErrorCode
 from shared.grpc import avap_parser_pb2, avap_parser_pb2_grpc
 
 log = logging.getLogger("intentroute.validator")
@@ -32,20 +34,27 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-class ParserError(Exception):
-    """The parser did not produce a verdict."""
+class ParserError(RetryableError):
+    """The parser did not produce a verdict (GuardedParser answers UNAVAILABLE: never
+    raised past it)."""
+
+    code = ErrorCode.BACKEND_UNAVAILABLE
 
 
 class ParserUnavailableError(ParserError):
-    """Unreachable, timed out or failing: counts against the circuit breaker."""
+    """Unreachable, timed out or failing: counts against the circuit breaker. `status`:
+    the gRPC status it failed with, if any."""
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(self, message: str, status: grpc.StatusCode | None = None) -> None:
         super().__init__(message)
-        self.code = code
+        self.status = status
 
 
 class ParserRejectedError(ParserError):
     """The parser is up but refused this request (e.g. code too large)."""
+
+    code = ErrorCode.STAGE_FAILED
+    retryable = False
 
 
 def grpc_target(url: str) -> str:

@@ -33,12 +33,11 @@ import msgspec
 
 from shared.accounting.hashing import AgentNamer, identity
 from shared.accounting.rollups import Prices
-from shared.contracts.response import ErrorCode
+from shared.contracts.errors import ADMISSION_REFUSALS
 from shared.policy.agent import Price, price_of
 
 # Refusals at admission (per-agent limits): logged as `error:<CODE>`, nothing answered.
-REFUSALS = (ErrorCode.RATE_LIMITED.value, ErrorCode.CONCURRENCY_LIMITED.value,
-            ErrorCode.QUOTA_EXCEEDED.value, ErrorCode.BUDGET_EXCEEDED.value)
+REFUSALS = tuple(code.value for code in ADMISSION_REFUSALS)
 ERROR_PREFIX = "error:"
 
 TRAILING_DAYS = 28

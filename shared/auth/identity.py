@@ -37,7 +37,7 @@ log = logging.getLogger("intentroute.auth")
 
 def bearer_value(authorization: str) -> str:
     """The token of an `Authorization: Bearer <token>` value ("" if it is not one): the
-    one parser of the gateway's HTTP, gRPC and dashboard credentials."""
+    one parser of the doors' HTTP, gRPC and dashboard credentials."""
     scheme, _, token = authorization.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 

@@ -3,8 +3,11 @@
 Four kinds of user connect to NATS:
 - `admin`: the `intentroute up` process and operator commands; everything (it declares
   the streams).
-- one service user per worker type (`intentroute-<worker>`): its stage's durable
-  consumer and the subjects its stage hands off to, nothing else. Workers never
+- one service user per worker type (`intentroute-<worker>`): a stage's worker its
+  durable consumer and the subjects its stage hands off to, nothing else
+  (`WORKER_GRANTS`); a worker that reads no stage what it does on agents' behalf
+  (`CLIENT_GRANTS`: the doors publish agents' requests and verdicts and follow their
+  answers and replays; the learner only answers the services API). Workers never
   create, update or delete streams. Each answers the services API (`$SRV.PING / INFO
   / STATS`) under its own name only: it subscribes to the control subjects of every
   service and of its name, and replies to each request once (`allow_responses`)
@@ -149,8 +152,8 @@ class WorkerGrant(NamedTuple):
     # Replies it may send to one request it received (`Permissions.max_responses`).
     max_responses: int = 1
     responses_seconds: float = 0.0
-    # Also reads what the monitoring reader reads (`monitoring_subjects`): the gateway,
-    # whose dashboard shows each stage's lag and errors.
+    # Also reads what the monitoring reader reads (`monitoring_subjects`; no stage does:
+    # the dashboard is the doors', CLIENT_GRANTS).
     monitors: bool = False
     # Calls model servers: reads and writes their shared circuits (shared.llm.circuit).
     models: bool = False
@@ -165,20 +168,18 @@ REPLAY_CONSUMER_CREATE = f"$JS.API.CONSUMER.CREATE.{response.STREAM}.*.{AGENT_RE
 REPLAY_CONSUMER_DELETE = f"$JS.API.CONSUMER.DELETE.{response.STREAM}.*"
 
 WORKER_GRANTS: dict[str, WorkerGrant] = {
-    # Its gRPC face asks on behalf of authenticated callers: publish any agent's
-    # request, follow every response. It also reads every agent's feedback and
-    # acknowledges it on that agent's responses. It serves agents' late replays
-    # (`agent.replay.*`) through short-lived consumers of its own, answering each on
-    # the asker's reply subject.
+    # Admission: every agent's requests, in fair turns, handed to the classifier. It
+    # also reads every agent's feedback and acknowledges it on that agent's responses,
+    # and serves agents' late replays (`agent.replay.*`) through short-lived consumers
+    # of its own, answering each on the asker's reply subject.
     "gateway": WorkerGrant(
         stream=request.STREAM, durable="gateway", filter_subject=AGENT_REQUEST_ANY,
         per_agent=True,
-        publish=(pipeline.CLASSIFY_SUBJECT, AGENT_REQUEST_ANY, FEEDBACK_ACK_ANY,
+        publish=(pipeline.CLASSIFY_SUBJECT, FEEDBACK_ACK_ANY,
                  REPLAY_CONSUMER_CREATE, REPLAY_CONSUMER_DELETE),
-        subscribe=(f"{response.SUBJECT_PREFIX}.>", replay.SUBJECTS),
+        subscribe=(replay.SUBJECTS,),
         consumers=(ConsumerGrant(feedback.STREAM, FEEDBACK_DURABLE, AGENT_FEEDBACK_ANY),),
         max_responses=REPLAY_MAX_REPLIES, responses_seconds=REPLAY_REPLY_SECONDS,
-        monitors=True,
     ),
     "classifier": WorkerGrant(
         models=True,
@@ -209,6 +210,34 @@ WORKER_GRANTS: dict[str, WorkerGrant] = {
         publish=(pipeline.generate_subject(ModelSlot.MAIN),),
     ),
 }
+
+class ClientGrant(NamedTuple):
+    """A worker type that reads no stage: what it publishes and reads on agents' behalf
+    (no JetStream API: a publish's ack comes to its own inbox), and whether it also
+    reads what the monitoring reader reads (`monitoring_subjects`)."""
+
+    publish: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = ()
+    monitors: bool = False
+
+
+DOORS = "doors"
+LEARNER = "learner"
+
+CLIENT_GRANTS: dict[str, ClientGrant] = {
+    # gRPC, HTTP feedback, the OpenAI-compatible door and the dashboard: an agent's
+    # request and verdict published on its behalf once its bearer token is checked, the
+    # answer and the ack followed, a replay asked after a reconnect (answered on the
+    # doors' own inbox); the dashboard shows each stage's lag and errors.
+    DOORS: ClientGrant(
+        publish=(AGENT_REQUEST_ANY, AGENT_FEEDBACK_ANY, replay.SUBJECTS),
+        subscribe=(AGENT_RESPONSE_ANY, FEEDBACK_ACK_ANY),
+        monitors=True,
+    ),
+    # The learning job works in Postgres: on the bus it only answers the services API.
+    LEARNER: ClientGrant(),
+}
+
 
 # What the agents' accounts may import: requests and feedback (one answer each: the
 # stream's acknowledgement), replay requests (many answers: the stored chunks, within
@@ -248,7 +277,9 @@ def service_user(worker: str) -> str:
     return f"{SERVICE_PREFIX}{worker}"
 
 
-SERVICE_USERS: dict[str, str] = {service_user(w): w for w in WORKER_GRANTS}
+# Every worker type with a NATS user: the stages', then the clients'.
+NATS_WORKERS: tuple[str, ...] = (*WORKER_GRANTS, *CLIENT_GRANTS)
+SERVICE_USERS: dict[str, str] = {service_user(w): w for w in NATS_WORKERS}
 # Every user of the stack that is not an agent (credentials written by `intentroute up`).
 STACK_USERS: tuple[str, ...] = (ADMIN_USER, OPS_USER, *SERVICE_USERS)
 
@@ -282,7 +313,19 @@ def per_agent_consumer_grants(stream: str, durable: str, filter_subject: str
     )
 
 
+def client_permissions(worker: str) -> Permissions:
+    """A worker that reads no stage: its grant, its own inbox, the services API under its
+    name (one reply per request)."""
+    grant = CLIENT_GRANTS[worker]
+    publish = [*grant.publish, *(monitoring_subjects() if grant.monitors else ())]
+    subscribe = (*grant.subscribe, f"{inbox_prefix(service_user(worker))}.>",
+                 *services_api_subjects(service_user(worker)))
+    return Permissions(publish=_unique(publish), subscribe=subscribe, allow_responses=True)
+
+
 def service_permissions(worker: str) -> Permissions:
+    if worker in CLIENT_GRANTS:
+        return client_permissions(worker)
     grant = WORKER_GRANTS[worker]
     own_consumers = per_agent_consumer_grants if grant.per_agent else consumer_grants
     publish = [

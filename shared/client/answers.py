@@ -23,16 +23,24 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shared.contracts.codec import decode_chunk
-from shared.contracts.response import INVALID_REQUEST_ID, SUBJECT_PREFIX, response_subject
+from shared.contracts.errors import PermanentError
+from shared.contracts.response import (
+    INVALID_REQUEST_ID,
+    SUBJECT_PREFIX,
+    ErrorCode,
+    response_subject,
+)
 
 # Seconds an agent's subscription outlives its last waiting request: a caller asking
 # again within it pays no SUB. Past it, the agent's other callers' chunks stop coming.
 LINGER = 10.0
 
 
-class RequestInFlightError(Exception):
+class RequestInFlightError(PermanentError):
     """The agent has a request with this id waiting for its answer already: both would
-    read one subject's chunks (a door's caller may choose the id)."""
+    read one subject's chunks (a door's caller may choose the id). Nothing was published."""
+
+    code = ErrorCode.DUPLICATE_REQUEST
 
 
 class Waiting:

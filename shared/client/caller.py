@@ -1,6 +1,6 @@
 """Caller side of the contract: publish a request, follow its answer.
 
-Used by the CLI, the gateway's gRPC face, the tests and the benchmarks. A caller
+Used by the CLI, the doors (gRPC, HTTP, the OpenAI door), the tests and the benchmarks. A caller
 publishes on its own `agent.request.<agent_id>` (and its verdicts on
 `agent.feedback.<agent_id>`) and reads `agent.response.<agent_id>.<request_id>`; its
 credential allows nothing else. Live callers subscribe to the
@@ -31,19 +31,24 @@ from shared.contracts import feedback as feedback_contract
 from shared.contracts import replay as replay_contract
 from shared.contracts import request as request_contract
 from shared.contracts.codec import decode_chunk, encode
+from shared.contracts.errors import RetryableError
 from shared.contracts.feedback import Feedback, FeedbackAck
 from shared.contracts.request import AgentRequest, request_subject
 from shared.contracts.response import ChunkKind, ErrorCode, ResponseChunk, response_subject
 
 
-class AnswerTimeoutError(Exception):
+class AnswerTimeoutError(RetryableError):
     """No final chunk arrived in time."""
 
+    code = ErrorCode.DEADLINE_EXCEEDED
 
-class RequestRefusedError(Exception):
+
+class RequestRefusedError(RetryableError):
     """AGENT_REQUESTS refused the request: it holds as many of this agent's waiting
     requests as it may (STREAM_MAX_PER_AGENT), or is full for everyone
     (STREAM_MAX_MSGS, STREAM_MAX_BYTES). Nothing was queued; ask again later."""
+
+    code = ErrorCode.QUEUE_FULL
 
 
 # How long `ask` publishes its request again (the same msg id: stored once) when no ack
@@ -193,8 +198,10 @@ class Merged:
         return True
 
 
-class _ReplayUnavailableError(Exception):
+class _ReplayUnavailableError(RetryableError):
     """No gateway answered the replay (yet), or it was too busy: ask again later."""
+
+    code = ErrorCode.BUS_UNAVAILABLE
 
 
 async def follow_live(

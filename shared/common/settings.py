@@ -200,6 +200,9 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # the request log and the implicit outcomes derived from it. Off only to measure
     # what it costs (`bench pipeline --no-accounting`).
     accounting: Annotated[bool, env("ACCOUNTING")] = True
+    # Seconds an agent record (trust, revocation, token check) is cached, by the
+    # gateway's admission and by the doors' token checks alike.
+    agent_cache_ttl: Annotated[float, env("GATEWAY_AGENT_CACHE_TTL", unit="seconds")] = 5.0
     # Seconds between re-reads of the per-agent policies (`intentroute agent set`).
     policy_refresh: Annotated[float, env("POLICY_REFRESH", unit="seconds")] = 10.0
     # Retention (shared/accounting/retention.py): days the request log's partitions are

@@ -113,6 +113,19 @@ class ErrorCode(enum.StrEnum):
     CONCURRENCY_LIMITED = "CONCURRENCY_LIMITED"  # too many of its requests in flight
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"  # its daily or monthly budget is spent
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # its model tokens per minute are used up
+    # The doors' own answers (gRPC, HTTP, the OpenAI-compatible door: services/doors),
+    # before or beside the pipeline's. A full request stream refused the publish
+    # (nothing was queued: ask again shortly).
+    QUEUE_FULL = "QUEUE_FULL"
+    # NATS failed the publish or the answer's follow (a server paused or restarting).
+    BUS_UNAVAILABLE = "BUS_UNAVAILABLE"
+    # Too many wrong credentials from this address lately, or the slow check a
+    # credential needs is over the door's budget (`retry_after_ms` says when).
+    THROTTLED = "THROTTLED"
+    # No credential, or not a valid one.
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    # A model name the OpenAI-compatible door does not serve (`GET /v1/models/{model}`).
+    UNKNOWN_MODEL = "UNKNOWN_MODEL"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, omit_defaults=True):

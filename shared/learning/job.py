@@ -1,6 +1,6 @@
 """The learning job (ADR-0006): an ordered list of named phases run under a Postgres
 advisory lock, so two replicas (or a replica and `intentroute learn`) never run it at
-once; `LearnLoop` runs it every LEARN_INTERVAL seconds inside a worker.
+once; `LearnLoop` runs it every LEARN_INTERVAL seconds inside the learner worker.
 
 A phase is `async (db, clock) -> figures`: `db` is the connection holding the lock,
 `clock()` the current UTC time (tests pass their own). A phase that fails is logged

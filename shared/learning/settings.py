@@ -19,11 +19,11 @@ from shared.policy.confidence import ConfidenceParams
 
 
 class LearnSettings(msgspec.Struct, frozen=True, kw_only=True):
-    # Seconds between runs inside a worker (the gateway); 0 = never (`intentroute learn`
-    # runs it by hand or from cron).
+    # Seconds between runs of the learner worker (`intentroute worker learner`; `up` runs
+    # one when it is set); 0 = never (`intentroute learn` runs it by hand or from cron).
     interval: Annotated[float, env("LEARN_INTERVAL")] = 0.0
-    # The database URL the job connects with inside a worker: the learner's role, whose
-    # grants the gateway's own role lacks ("" = DATABASE_URL). `up` sets it.
+    # The database URL the learner worker connects with, when not DATABASE_URL ("": the
+    # learner's own DATABASE_URL, its role's under `up`).
     database_url: Annotated[str, env("LEARN_DATABASE_URL")] = ""
     # Days of the request log the proposals and the observe replay read.
     window_days: Annotated[float, env("LEARN_WINDOW_DAYS")] = 30.0

@@ -8,6 +8,8 @@ from typing import Protocol
 
 import msgspec
 
+from shared.contracts.errors import RetryableError
+from shared.contracts.response import ErrorCode
 from shared.llm.choice import Choice
 
 
@@ -16,8 +18,10 @@ class ChatMessage(msgspec.Struct, frozen=True):
     content: str
 
 
-class BackendUnavailableError(Exception):
+class BackendUnavailableError(RetryableError):
     """The model server could not be reached or failed before the first token."""
+
+    code = ErrorCode.BACKEND_UNAVAILABLE
 
 
 class TokenCounts(msgspec.Struct, frozen=True):

@@ -18,6 +18,7 @@ from opentelemetry import propagate
 
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_chunk
+from shared.contracts.errors import RetryableError
 from shared.contracts.response import ResponseChunk
 from shared.runtime.ports import Publisher
 
@@ -141,7 +142,7 @@ def _stored_in(ack: PubAck, subject: str, stream: str) -> None:
         raise WrongStreamError(f"{subject} was stored in {ack.stream!r}, not {stream!r}")
 
 
-class WrongStreamError(RuntimeError):
+class WrongStreamError(RetryableError):
     """A subject is captured by another stream than the one the contract names."""
 
 

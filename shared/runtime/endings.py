@@ -23,9 +23,8 @@ from shared.contracts.response import (
 from shared.contracts.routing import RoutingDecision, topic_snippet
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.ports import Publisher
-from shared.store.ports import TurnStore
+from shared.store.ports import StoreError, TurnStore
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow, storable
-from shared.store.writer import StoreError
 
 log = logging.getLogger("intentroute.stage")
 

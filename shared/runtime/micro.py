@@ -23,6 +23,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from nats.aio.client import Client
 from nats.micro.service import (
@@ -51,20 +52,36 @@ def _version() -> str:
         return "0.0.0"
 
 
+class Endpoint(NamedTuple):
+    """One endpoint of a worker on the services API: a stage (its durable, subject and
+    delivery settings), or what a worker that reads no stage counts (the doors' calls)."""
+
+    name: str
+    subject: str
+    metadata: Mapping[str, str] = {}
+
+    @classmethod
+    def of(cls, spec: StageSpec) -> Endpoint:
+        return cls(spec.durable, spec.subject, {"stream": spec.stream,
+                                                "max_inflight": str(spec.max_inflight)})
+
+
 class StageService(Service):
-    """A worker's services-API face: its stage consumers as endpoints."""
+    """A worker's services-API face: its stage consumers (or its own counts) as
+    endpoints, each reporting the `signals` kept under its name."""
 
     def __init__(self, nc: Client, *, worker: str, signals: WorkerSignals,
-                 specs: Sequence[StageSpec], metadata: Mapping[str, str]) -> None:
+                 specs: Sequence[StageSpec], metadata: Mapping[str, str],
+                 endpoints: Sequence[Endpoint] = ()) -> None:
         meta = {"worker": worker, "pid": str(os.getpid()), "host": socket.gethostname(),
                 **metadata}
+        self._counted = [*(Endpoint.of(spec) for spec in specs), *endpoints]
         super().__init__(nc, ServiceConfig(
             name=service_name(worker), version=_version(), metadata=meta,
-            description=f"intentroute {worker} worker: stages "
-                        + ", ".join(spec.durable for spec in specs)))
+            description=f"intentroute {worker} worker: {'stages ' if specs else ''}"
+                        + ", ".join(e.name for e in self._counted)))
         self._worker = worker
         self._signals = signals
-        self._specs = list(specs)
         self._meta = meta
         self._name_ = service_name(worker)
         self._started_at = datetime.now(UTC)
@@ -73,25 +90,23 @@ class StageService(Service):
         return ServiceInfo(
             name=self._name_, id=self.id, version=_version(),
             description=f"intentroute {self._worker} worker", metadata=dict(self._meta),
-            endpoints=[EndpointInfo(name=spec.durable, subject=spec.subject,
-                                    queue_group=spec.durable,
-                                    metadata={"stream": spec.stream,
-                                              "max_inflight": str(spec.max_inflight)})
-                       for spec in self._specs])
+            endpoints=[EndpointInfo(name=e.name, subject=e.subject, queue_group=e.name,
+                                    metadata=dict(e.metadata))
+                       for e in self._counted])
 
     def stats(self) -> ServiceStats:
         breakers = self._signals.breaker_states()
         states = self._signals.state_lines()
         endpoints = []
-        for spec in self._specs:
-            stats = self._signals.stage(spec.durable)
+        for e in self._counted:
+            stats = self._signals.stage(e.name)
             data = stats.snapshot()
             if breakers:
                 data["breakers"] = breakers
             if states:
                 data["states"] = states
             endpoints.append(EndpointStats(
-                name=spec.durable, subject=spec.subject, queue_group=spec.durable,
+                name=e.name, subject=e.subject, queue_group=e.name,
                 num_requests=stats.handled, num_errors=stats.errors,
                 processing_time=stats.processing_ns,
                 average_processing_time=stats.processing_ns // max(1, stats.handled),

@@ -43,14 +43,15 @@ from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from shared.contracts import turn_rows as contract
+from shared.contracts.errors import RetryableError
 from shared.contracts.ids import is_valid_id
+from shared.contracts.response import ErrorCode
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry
 from shared.runtime.consumer import StageConsumer, StageSpec
 from shared.runtime.ports import Delivery
 from shared.runtime.signals import Outcome
-from shared.store.ports import TurnStore
+from shared.store.ports import StoreRejectedError, StoreUnavailableError, TurnStore
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
-from shared.store.writer import StoreRejectedError, StoreUnavailableError
 
 log = logging.getLogger("intentroute.rows")
 
@@ -86,8 +87,10 @@ class QueuedRows(msgspec.Struct, frozen=True):
         return [*self.history, *self.turns, *self.logs]
 
 
-class SessionRowsPendingError(Exception):
+class SessionRowsPendingError(RetryableError):
     """The session has queued rows not written yet: read it again shortly (retryable)."""
+
+    code = ErrorCode.STORE_UNAVAILABLE
 
 
 def subject_for(agent_id: str, session_id: str) -> str:

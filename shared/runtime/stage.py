@@ -14,10 +14,11 @@ function. `run_stage` does the rest, the same way for every stage:
   msg id that makes a re-publish after a crash a no-op;
 * an envelope whose request breaks a rule the gateway checks (a NUL character, a bound, an
   unknown query_type) or whose times are no times is answered with the gateway's code;
-* errors are either permanent (`PermanentError`, or rows the database refuses: the caller
-  gets a final error chunk and the message is acknowledged) or retryable (anything else:
-  nack with backoff so another delivery, possibly on another replica, tries again, until
-  the request's deadline).
+* errors are either permanent (an `IntentrouteError` that is not `retryable`: a
+  `PermanentError`, rows the store refuses, ...: the caller gets a final error chunk
+  with its code and the message is acknowledged) or retryable (a retryable one, and
+  anything else: nack with backoff so another delivery, possibly on another replica,
+  tries again, until the request's deadline; shared.contracts.errors).
   On the last allowed delivery a retryable error becomes an error answer too and the
   message is dead-lettered, so a poison message ends as a reply, never as a loop.
 """
@@ -37,6 +38,7 @@ from shared.auth.admission import Admission
 from shared.common.deadline import bounded_by, time_left
 from shared.common.settings import CommonSettings
 from shared.contracts.codec import encode
+from shared.contracts.errors import IntentrouteError, PermanentError
 from shared.contracts.ids import id_problem
 from shared.contracts.pipeline import Admitted, Routed, envelope_problem
 from shared.contracts.request import AgentRequest
@@ -51,7 +53,6 @@ from shared.runtime.ports import Delivery, Publisher
 from shared.runtime.signals import Outcome
 from shared.runtime.telemetry import annotate
 from shared.store.ports import TurnStore
-from shared.store.writer import StoreRejectedError
 
 # Re-exported: what a stage's logic calls to end a turn.
 __all__ = ["Call", "Decode", "Handoff", "PermanentError", "Stage", "StageDeps", "answer_error",
@@ -97,15 +98,6 @@ class StageDeps:
 
 
 D = TypeVar("D", bound=StageDeps)
-
-
-class PermanentError(Exception):
-    """A request that cannot succeed however often it is retried."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -282,18 +274,14 @@ async def _run_checked(stage: Stage[E, D], msg: Delivery, deps: D, env: E) -> Ou
                 deps.bus, handoff.subject, encode(handoff.envelope),
                 msg_id=f"{req.agent_id}:{req.request_id}:{env.run}:{handoff.step}",
             )
-    except PermanentError as exc:
-        log.warning("[%s] %s permanent error %s: %s", stage.name, req.request_id,
-                    exc.code, exc.message)
-        await answer_error(deps.bus, deps.store, env, exc.code, exc.message)
-        return Outcome.ERROR
-    except StoreRejectedError as exc:
-        # The database refused the turn's rows: the same rows would be refused again.
-        log.error("[%s] %s: the store refused the turn: %s", stage.name, req.request_id, exc)
-        await answer_error(deps.bus, deps.store, env, ErrorCode.STAGE_FAILED,
-                           f"{stage.name}: the turn could not be stored: {exc}")
-        return Outcome.ERROR
     except Exception as exc:
+        if isinstance(exc, IntentrouteError) and not exc.retryable:
+            # Answered now: the same request would fail the same way again (the store
+            # refusing the turn's rows is one: its port declares it so).
+            log.warning("[%s] %s permanent error %s: %s", stage.name, req.request_id,
+                        exc.code, exc.message)
+            await answer_error(deps.bus, deps.store, env, exc.code, exc.message)
+            return Outcome.ERROR
         return await _retry_or_answer(stage, msg, deps, env, exc)
     return Outcome.OK
 

@@ -1,5 +1,6 @@
-"""Each stage's live figures, as `intentroute status` and the gateway's dashboard show
-them: what one reading holds and how two readings become one row per stage.
+"""Each stage's live figures, as `intentroute status` and the doors' dashboard show
+them: what one reading holds and how two readings become one row per stage (and one
+per worker that reads no stage: the doors, the learner; no lag, their own counts).
 
 A reading (`Sample`) asks the services API once (`$SRV.STATS`: every replica of every
 worker answers with its counts, `shared.runtime.micro`), and the server for each stage's
@@ -20,7 +21,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from shared.auth.permissions import SERVICES_API, WORKER_GRANTS, service_user
+from shared.auth.permissions import CLIENT_GRANTS, SERVICES_API, WORKER_GRANTS, service_user
 from shared.contracts import deadletter
 from shared.runtime.consumer import per_agent_lag
 from shared.runtime.signals import Lag, bucket_delta, merge_buckets, quantile
@@ -112,13 +113,16 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def stage_rows(current: Sample, previous: Sample | None = None) -> list[StageRow]:
-    """One row per worker type, in pipeline order, whether or not any replica runs."""
+    """One row per worker type, in pipeline order, whether or not any replica runs: a
+    stage's under its durable, then each worker that reads no stage under its name."""
     rows = []
-    for worker, grant in WORKER_GRANTS.items():
+    endpoints = [*((worker, grant.durable) for worker, grant in WORKER_GRANTS.items()),
+                 *((worker, worker) for worker in CLIENT_GRANTS)]
+    for worker, durable in endpoints:
         mine = [i for i in current.instances
-                if i.service == service_user(worker) and i.stage == grant.durable]
+                if i.service == service_user(worker) and i.stage == durable]
         before = {i.id: i for i in (previous.instances if previous else [])
-                  if i.service == service_user(worker) and i.stage == grant.durable}
+                  if i.service == service_user(worker) and i.stage == durable}
         rate = p95 = None
         if previous is not None and current.at > previous.at:
             window, handled = [], 0
@@ -130,7 +134,7 @@ def stage_rows(current: Sample, previous: Sample | None = None) -> list[StageRow
                                            else old.buckets))
             rate = round(handled / (current.at - previous.at), 2)
             p95 = _ms(quantile(merge_buckets(window), 0.95))
-        lag = current.lag.get(grant.durable)
+        lag = current.lag.get(durable)
         breakers: dict[str, str] = {}
         states: dict[str, list[str]] = {}
         for inst in mine:
@@ -138,11 +142,11 @@ def stage_rows(current: Sample, previous: Sample | None = None) -> list[StageRow
             for name, line in inst.states.items():
                 states.setdefault(name, []).append(line)
         rows.append(StageRow(
-            stage=grant.durable, replicas=len(mine),
+            stage=durable, replicas=len(mine),
             pending=lag.pending if lag else None,
             ack_pending=lag.ack_pending if lag else None,
             redelivered=lag.redelivered if lag else None,
-            dead_letters=current.dead_letters.get(grant.durable, 0),
+            dead_letters=current.dead_letters.get(durable, 0),
             handled=sum(i.handled for i in mine), errors=sum(i.errors for i in mine),
             inflight=sum(i.inflight for i in mine), rate_per_s=rate, p95_ms=p95,
             p95_ms_all=_ms(quantile(merge_buckets(i.buckets for i in mine), 0.95)),

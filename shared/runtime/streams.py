@@ -52,6 +52,8 @@ from shared.contracts import (
     response,
     turn_rows,
 )
+from shared.contracts.errors import RetryableError
+from shared.contracts.response import ErrorCode
 
 log = logging.getLogger("intentroute.bus")
 T = TypeVar("T")
@@ -161,8 +163,11 @@ async def ensure_streams(
         await until_ready(declare, f"stream {cfg.name}", max(0.0, deadline - loop.time()))
 
 
-class StreamsMissingError(RuntimeError):
-    """A worker with a credential found a stream missing: it may not declare one."""
+class StreamsMissingError(RetryableError):
+    """A worker with a credential found a stream missing: it may not declare one (an
+    admin declares them; then it starts)."""
+
+    code = ErrorCode.BUS_UNAVAILABLE
 
 
 async def require_streams(

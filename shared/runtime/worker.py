@@ -17,6 +17,12 @@ the hot path) are a component of that application, driven by its hooks:
   metrics still held are exported.
 
 Traces and metrics go where the standard OTEL_* variables say (shared.runtime.telemetry).
+
+A worker that reads no stage (a client of the pipeline: the doors) has the same
+lifecycle without streams, store or consumers (`build_client_app`): connect, build what
+it serves once (`serve`), register on the services API with the endpoints it counts,
+export its metrics; on shutdown leave the services API; after it, close what `serve`
+opened, in reverse order.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import asyncio
 import gc
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -42,7 +49,7 @@ from shared.runtime.bus import Bus
 from shared.runtime.consumer import Handler, OnHandled, StageConsumer, StageSpec
 from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import Metrics
-from shared.runtime.micro import StageService, service_name
+from shared.runtime.micro import Endpoint, StageService, service_name
 from shared.runtime.row_queue import AnsweringStore, row_writer
 from shared.runtime.signals import StageStats, WorkerSignals
 from shared.runtime.stage import StageDeps
@@ -272,3 +279,111 @@ def build_app(
         after_shutdown=[worker.close],
     )
 
+
+
+@dataclass(frozen=True)
+class ClientWiring:
+    """What the runtime built for a worker that reads no stage: its connection, its
+    tracer, the signals it exports (its endpoints' counts, its readiness), and the exit
+    stack that closes what it opens, after it stops."""
+
+    nc: Client
+    tracer: Tracer
+    signals: WorkerSignals
+    exits: AsyncExitStack
+
+
+Serve = Callable[[ClientWiring], Awaitable[None]]
+
+
+class ClientWorker:
+    """One process of a worker type that reads no stage (module doc)."""
+
+    def __init__(self, broker: NatsBroker, *, service: str, common: CommonSettings,
+                 serve: Serve, endpoints: Sequence[Endpoint],
+                 tracer_provider: TracerProvider | None,
+                 metric_readers: Sequence[Callable[[], MetricReader]] = (),
+                 owns_provider: bool = False) -> None:
+        self.broker = broker
+        self.service = service
+        self.common = common
+        self._serve = serve
+        self._endpoints = endpoints
+        self._provider = tracer_provider
+        self._owns_provider = owns_provider
+        self._metric_readers = metric_readers
+        self.signals = WorkerSignals(service_name(service))
+        self.exits = AsyncExitStack()
+        self.metrics: Metrics | None = None
+        self.service_api: StageService | None = None
+
+    async def start(self) -> None:
+        nc = await self.broker.connect()
+        tracer = tracer_for(f"intentroute.{self.service}", self._provider)
+        try:
+            await self._serve(ClientWiring(nc=nc, tracer=tracer, signals=self.signals,
+                                           exits=self.exits))
+        except BaseException:
+            await self.exits.aclose()
+            raise
+        metadata: dict[str, str] = {}
+        names = self.common.otel.metrics_exporters(self.common.metrics_port)
+        if names:
+            prometheus = None
+            if "prometheus" in names:
+                prometheus = (self.common.metrics_host,
+                              self.common.metrics_port or PROMETHEUS_PORT)
+            self.metrics = Metrics(self.signals,
+                                   resource=worker_resource(self.service, self.common.otel),
+                                   readers=[make() for make in self._metric_readers],
+                                   prometheus=prometheus)
+            if self.metrics.serve():
+                metadata["metrics"] = self.metrics.address
+        self.service_api = StageService(nc, worker=self.service, signals=self.signals,
+                                        specs=(), endpoints=self._endpoints,
+                                        metadata=metadata)
+        await self.service_api.start()
+        self.signals.consuming = True
+        # As a stage worker: what is built stays out of every collection, and young
+        # objects are collected less often (each call allocates many).
+        gc.freeze()
+        gc.set_threshold(20_000, 50, 100)
+        log.info("worker %s started: %s", self.service,
+                 ", ".join(e.name for e in self._endpoints) or "no endpoint")
+
+    async def stop(self) -> None:
+        """Not ready from now on (probes), off the services API."""
+        log.info("worker %s stopping", self.service)
+        self.signals.consuming = False
+        if self.service_api is not None:
+            try:  # bounded, as a stage worker's
+                await asyncio.wait_for(self.service_api.stop(), 2.0)
+            except Exception as exc:
+                log.warning("services API: %r", exc)
+
+    async def close(self) -> None:
+        await self.exits.aclose()
+        if self.metrics is not None:
+            await self.metrics.close()
+            self.metrics = None
+        if self._owns_provider and isinstance(self._provider, SdkTracerProvider):
+            await asyncio.to_thread(self._provider.shutdown)
+
+
+def build_client_app(*, service: str, common: CommonSettings, serve: Serve,
+                     endpoints: Sequence[Endpoint] = (),
+                     tracer_provider: TracerProvider | None = None) -> FastStream:
+    """The FastStream application of a worker that reads no stage: `serve` builds and
+    starts what it serves once connected (pushing what closes it on `exits`);
+    `endpoints`: what it reports on the services API (its signals' stages of those
+    names)."""
+    configure_logging(level=common.log_level, fmt=common.log_format, worker=service)
+    provider = tracer_provider or build_tracer_provider(service, common.otel)
+    readers = metric_reader_factories(
+        common.otel, common.otel.metrics_exporters(common.metrics_port))
+    worker = ClientWorker(make_broker(common), service=service, common=common, serve=serve,
+                          endpoints=endpoints, tracer_provider=provider,
+                          metric_readers=readers, owns_provider=tracer_provider is None)
+    return FastStream(worker.broker, logger=None,
+                      after_startup=[worker.start], on_shutdown=[worker.stop],
+                      after_shutdown=[worker.close])

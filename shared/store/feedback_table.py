@@ -13,7 +13,8 @@ from typing import NamedTuple
 import asyncpg
 
 from shared.contracts.feedback import Feedback, FeedbackSource
-from shared.store.writer import UNREACHABLE, StoreUnavailableError
+from shared.store.ports import StoreUnavailableError
+from shared.store.writer import UNREACHABLE
 
 # `old` reads the row as it was before this statement (a CTE sees the statement's
 # starting snapshot), so one round trip says whether this was a repeat.

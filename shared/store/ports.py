@@ -1,11 +1,40 @@
-"""What the stages read from and write to Postgres; `shared.store.stores` implements it."""
+"""What the stages read from and write to Postgres, and how it fails;
+`shared.store.stores` implements it.
+
+The store's errors are part of the error model (shared.contracts.errors): each says its
+code and whether a retry can help, so a stage handles them as it handles any other
+(shared.runtime.stage) without knowing the adapter."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from shared.contracts.errors import IntentrouteError
+from shared.contracts.response import ErrorCode
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry
 from shared.store.rows import Row
+
+
+class StoreError(IntentrouteError):
+    """A write did not happen (an unexpected failure: the stage tries again)."""
+
+    code = ErrorCode.STAGE_FAILED
+    retryable = True
+
+
+class StoreUnavailableError(StoreError):
+    """The database could not be reached (retryable: the store retries a write until its
+    deadline, a stage's delivery is tried again)."""
+
+    code = ErrorCode.STORE_UNAVAILABLE
+    retryable = True
+
+
+class StoreRejectedError(StoreError):
+    """The database refused these rows (permanent: the same rows would fail again)."""
+
+    code = ErrorCode.STAGE_FAILED
+    retryable = False
 
 
 class HistoryReader(Protocol):

@@ -17,13 +17,9 @@ from shared.auth.ports import AgentInfo
 from shared.common.otel import request_attributes
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
 from shared.store import asyncpg_dsn
+from shared.store.ports import StoreError, StoreRejectedError, StoreUnavailableError
 from shared.store.rows import HistoryRow, RequestLogRow, Row
-from shared.store.writer import (
-    GroupCommitWriter,
-    StoreError,
-    StoreRejectedError,
-    StoreUnavailableError,
-)
+from shared.store.writer import GroupCommitWriter
 
 log = logging.getLogger("intentroute.store")
 
@@ -59,6 +55,29 @@ async def _release_as_is(conn: asyncpg.Connection) -> None:
     left inside a transaction by an error is still reset."""
     if conn.is_in_transaction():
         await conn.reset()
+
+
+class AgentSecrets:
+    """Agents' records with what their tokens are checked against, over a pool: the
+    doors' token checks (shared.auth.identity.CachedAgents), and the fast digest they
+    store after a bcrypt check."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def agent(self, agent_id: str) -> AgentSecret | None:
+        """An agent's record and its secret's hash and digest (None: no such agent)."""
+        row = await self.pool.fetchrow(_SQL_AGENT, agent_id)
+        if row is None:
+            return None
+        info = AgentInfo(agent_id=row["agent_id"], trusted=row["trusted"],
+                         revoked=row["revoked"])
+        return AgentSecret(info, row["secret_hash"], row["secret_digest"])
+
+    async def save_token_digest(self, agent_id: str, secret_hash: str, digest: str) -> None:
+        """Store the digest of an agent's secret, checked with bcrypt against
+        `secret_hash` (CachedAgents)."""
+        await self.pool.execute(_SQL_SAVE_DIGEST, agent_id, secret_hash, digest)
 
 
 class Store:
@@ -119,17 +138,7 @@ class Store:
 
     async def agent(self, agent_id: str) -> AgentSecret | None:
         """An agent's record and its secret's hash and digest (None: no such agent)."""
-        row = await self.pool.fetchrow(_SQL_AGENT, agent_id)
-        if row is None:
-            return None
-        info = AgentInfo(agent_id=row["agent_id"], trusted=row["trusted"],
-                         revoked=row["revoked"])
-        return AgentSecret(info, row["secret_hash"], row["secret_digest"])
-
-    async def save_token_digest(self, agent_id: str, secret_hash: str, digest: str) -> None:
-        """Store the digest of an agent's secret, checked with bcrypt against
-        `secret_hash` (CachedAgents)."""
-        await self.pool.execute(_SQL_SAVE_DIGEST, agent_id, secret_hash, digest)
+        return await AgentSecrets(self.pool).agent(agent_id)
 
     async def write(self, *rows: Row, deadline: float | None = None) -> None:
         """Returns once every row is committed. While the database is unreachable the
@@ -167,4 +176,4 @@ def _row_attributes(rows: tuple[Row, ...]) -> dict[str, str]:
     return request_attributes(first.request_id, first.agent_id, query_type, layer)
 
 
-__all__ = ["Store", "StoreError", "StoreRejectedError", "StoreUnavailableError"]
+__all__ = ["AgentSecrets", "Store", "StoreError", "StoreRejectedError", "StoreUnavailableError"]

@@ -35,21 +35,10 @@ import asyncpg
 from shared.common.tasks import cancel_and_wait
 from shared.contracts.feedback import FeedbackOutcome, FeedbackSource
 from shared.contracts.response import ErrorCode, ValidationStatus
+from shared.store.ports import StoreError, StoreRejectedError, StoreUnavailableError
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
 
 log = logging.getLogger("intentroute.store")
-
-
-class StoreError(Exception):
-    """A write did not happen (an unexpected failure: not retried)."""
-
-
-class StoreUnavailableError(StoreError):
-    """The database could not be reached for a write (retryable)."""
-
-
-class StoreRejectedError(StoreError):
-    """The database refused these rows (permanent: the same rows would fail again)."""
 
 
 # Errors that say nothing about the rows: the connection or the server is the problem.
@@ -288,7 +277,8 @@ class GroupCommitWriter:
             return
         except asyncpg.PostgresError as exc:
             if len(batch) == 1:
-                _fail(batch, StoreRejectedError(f"{type(exc).__name__}: {exc}"))
+                _fail(batch, StoreRejectedError(
+                    f"the turn could not be stored: {type(exc).__name__}: {exc}"))
                 return
             # One caller's rows poisoned the statement: find whose, one by one.
             log.warning("batch of %d refused (%s); retrying caller by caller", len(batch), exc)

@@ -12,21 +12,19 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.trace import NoOpTracer
 
-from services.gateway.feedback_recorder import (
-    FeedbackRecorder,
-    build_feedback_consumer,
-    check_feedback,
-)
+from services.doors.http import build_http_app, split_listen
+from services.doors.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle
+from services.gateway.feedback_recorder import FeedbackRecorder, build_feedback_consumer
 from services.gateway.handlers import GatewayDeps
-from services.gateway.http import build_http_app, split_listen
-from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle
 from shared.auth.ports import AgentInfo, HashGate
+from shared.contracts.checks import check_feedback
 from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackOutcome
 from testkit.fakes import (
     FakeAgents,
     FakeDelivery,
     FakeFeedbackTable,
     FakeStore,
+    LocalDoor,
     RecordingBus,
     feedback_recorder,
 )
@@ -164,8 +162,8 @@ class TokenAgents:
 
 async def test_http_status_codes() -> None:
     table = FakeFeedbackTable(("a", "r-1"), ("b", "r-b"))
-    app = build_http_app(agents=TokenAgents(), feedback=feedback_recorder(table),
-                         throttle=AuthThrottle(DEFAULT_AUTH_FAILURES))
+    app = build_http_app(LocalDoor(TokenAgents(), feedback_recorder(table),
+                                   AuthThrottle(DEFAULT_AUTH_FAILURES)))
     body = {"request_id": "r-1", "outcome": "success"}
     async with TestClient(TestServer(app)) as client:
         async def post(agent: str, payload: Any, token: str | None = "a.good") -> Any:
@@ -184,9 +182,10 @@ async def test_http_status_codes() -> None:
         assert (status, ack["error_code"]) == (404, "UNKNOWN_REQUEST")
         assert (await post("a", {"request_id": "zz", "outcome": "success"}))[0] == 404
         assert (await post("a", b"{oops"))[0] == 400
-        assert (await post("a", {"request_id": "r-1", "outcome": "meh"}))[0] == 422
+        # Input errors are 400 at every HTTP door (the one table of codes).
+        assert (await post("a", {"request_id": "r-1", "outcome": "meh"}))[0] == 400
         assert (await post("a", {"request_id": "r-1", "outcome": "success",
-                                 "metadata": {"completion_quality": -1}}))[0] == 422
+                                 "metadata": {"completion_quality": -1}}))[0] == 400
         assert (await post("a", b"x" * 70_000))[0] == 413
         resp = await client.post("/agents/a/feedback", data=b"{}")
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")

@@ -36,8 +36,8 @@ from shared.contracts.response import ChunkKind, ResponseChunk
 from shared.contracts.routing import ModelSlot, QueryType
 from shared.llm.fleet import Fleet
 from shared.llm.walk import Walker
+from shared.store.ports import StoreRejectedError
 from shared.store.rows import Row, TurnRow
-from shared.store.writer import StoreRejectedError
 from testkit.fakes import (
     FakeAgents,
     FakeFeedbackTable,

@@ -104,7 +104,7 @@ async def test_gateway_answers_unreadable_input_on_the_agents_invalid_subject() 
 
 async def test_a_refused_request_ends_in_its_typed_final_chunk_and_log_row() -> None:
     from services.gateway.limits.gate import LimitGate
-    from services.gateway.limits.logic import Admission, Verdict
+    from services.gateway.limits.ports import Admission, Verdict
     from services.gateway.limits.settings import LimitSettings
     from shared.store.rows import RequestLogRow
     from testkit.fakes import FakeLimits, FakePolicies

@@ -20,16 +20,17 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from services.gateway.bridge import Door
-from services.gateway.health import Readiness, add_health_routes
-from services.gateway.http import start_http
-from services.gateway.openai_door import wire
-from services.gateway.openai_door.routes import add_openai_routes
-from services.gateway.throttle import AuthThrottle, BodyBudget
+from services.doors.health import Readiness, add_health_routes
+from services.doors.http import start_http
+from services.doors.openai_door import wire
+from services.doors.openai_door.routes import add_openai_routes
+from services.doors.pipeline import BusUnavailableError, Door, bus_failed
+from services.doors.throttle import AuthThrottle, BodyBudget
 from shared.auth.ports import AgentInfo
 from shared.client.answers import RequestInFlightError
 from shared.client.caller import AnswerTimeoutError
 from shared.contracts.codec import encode
+from shared.contracts.errors import UnauthenticatedError
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import (
     ChunkKind,
@@ -64,8 +65,10 @@ class ScriptedDoor(Door):
         self.script: Script = []
         self.asked: list[AgentRequest] = []
 
-    async def caller(self, token: str, address: str) -> AgentInfo | None:
-        return AgentInfo("a") if token == "good" else None
+    async def caller(self, token: str, address: str) -> AgentInfo:
+        if token != "good":
+            raise UnauthenticatedError("a valid agent bearer token is required")
+        return AgentInfo("a")
 
     async def answer(self, req: AgentRequest, **tracing: Any  # type: ignore[override]
                      ) -> AsyncGenerator[ResponseChunk, None]:
@@ -308,7 +311,7 @@ async def test_a_client_gone_before_the_doors_timeout_ends_its_stream_without_a_
         await asyncio.sleep(0.2)  # the server sees the connection closed (one loop turn)
         raise AnswerTimeoutError("no final chunk within 5s")  # the pipeline stalled
 
-    caplog.set_level(logging.DEBUG, logger="intentroute.gateway.openai")
+    caplog.set_level(logging.DEBUG, logger="intentroute.doors.openai")
     async with gateway_served(stalled) as base:
         await leave_mid_stream(base)
         left.set()
@@ -344,22 +347,44 @@ async def test_nats_failing_the_request_is_a_503_bus_unavailable_before_or_after
     served: tuple[ScriptedDoor, str, dict[str, Any]]
 ) -> None:
     door, base, _ = served
-    door.script = [nats.errors.TimeoutError()]  # the publish's JetStream ack never came
+    # The publish's JetStream ack never came (Door.answer raises it so: below).
+    door.script = [bus_failed(nats.errors.TimeoutError())]
     for stream in (False, True):
         with pytest.raises(openai.APIStatusError) as raised:
             await client(base).chat.completions.create(
                 model="intentroute", messages=[{"role": "user", "content": "q"}],
                 stream=stream)
         assert raised.value.status_code == 503
-        assert raised.value.code == wire.BUS_UNAVAILABLE
+        assert raised.value.code == ErrorCode.BUS_UNAVAILABLE
         assert raised.value.response.headers["Retry-After"] == "1"
-    door.script = [text(0, "partial"), nats.errors.ConnectionClosedError()]
+    door.script = [text(0, "partial"), bus_failed(nats.errors.ConnectionClosedError())]
     events = await client(base).chat.completions.create(
         model="intentroute", messages=[{"role": "user", "content": "q"}], stream=True)
     with pytest.raises(openai.APIError) as mid:
         async for _ in events:
             pass
-    assert mid.value.code == wire.BUS_UNAVAILABLE
+    assert mid.value.code == ErrorCode.BUS_UNAVAILABLE
+
+
+async def test_the_door_turns_nats_failing_the_publish_into_bus_unavailable(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("shared.client.caller.PUBLISH_PATIENCE", 0.0)  # no resends
+
+    class Unacked(_Nats):
+        def jetstream(self) -> Any:
+            async def publish(*args: Any, **kwargs: Any) -> None:
+                raise nats.errors.TimeoutError
+            return SimpleNamespace(publish=publish)
+
+    door = Door(Unacked(), None, AuthThrottle(""), answer_timeout=5)  # type: ignore[arg-type]
+    answer = door.answer(AgentRequest(request_id="r1", session_id="s", query="q",
+                                      agent_id="a"))
+    with pytest.raises(BusUnavailableError) as raised:
+        await anext(answer)
+    assert raised.value.retryable
+    assert raised.value.retry_after_ms == 1000
+    assert door.stats.handled == 1
 
 
 
@@ -373,8 +398,7 @@ async def test_a_request_id_in_flight_already_is_a_409_conflict(
             await client(base).chat.completions.create(
                 model="intentroute", messages=[{"role": "user", "content": "q"}],
                 stream=stream, extra_body={"intentroute": {"request_id": "dup"}})
-        assert raised.value.code == ErrorCode.INVALID_FIELD
-        assert raised.value.param == "intentroute"
+        assert raised.value.code == ErrorCode.DUPLICATE_REQUEST
 
 async def test_a_body_missing_messages_or_not_an_object_names_the_right_param(
     served: tuple[ScriptedDoor, str, dict[str, Any]]

@@ -11,6 +11,7 @@ from typing import Annotated, Any, get_args, get_origin
 import msgspec
 
 from services.classifier.settings import ClassifierSettings
+from services.doors.settings import DoorsSettings
 from services.gateway.settings import GatewaySettings
 from services.generator.settings import GeneratorSettings
 from services.retriever.settings import RetrieverSettings
@@ -27,6 +28,7 @@ WORKER_SETTINGS: dict[str, Callable[[Mapping[str, str]], msgspec.Struct]] = {
     "generator-conversational": lambda e: GeneratorSettings.from_env(
         e, slot=ModelSlot.CONVERSATIONAL),
     "validator": ValidatorSettings.from_env,
+    "doors": DoorsSettings.from_env,
 }
 
 # Read by `intentroute worker` itself (intentroute/settings.py), not by the worker's
@@ -57,9 +59,8 @@ OFF: dict[str, str] = {
     "NATS_TLS_CA": "NATS without TLS inside the deployment's network",
     "NATS_TLS_CERT": "NATS without TLS inside the deployment's network",
     "NATS_TLS_KEY": "NATS without TLS inside the deployment's network",
-    "GATEWAY_TLS_CERT": "TLS ends at a proxy or ingress in front of the gateway",
-    "GATEWAY_TLS_KEY": "TLS ends at a proxy or ingress in front of the gateway",
-    "LEARN_DATABASE_URL": "the learning job is off (LEARN_INTERVAL 0)",
+    "GATEWAY_TLS_CERT": "TLS ends at a proxy or ingress in front of the doors",
+    "GATEWAY_TLS_KEY": "TLS ends at a proxy or ingress in front of the doors",
     "CLASSIFIER_HEADS_DIR": "the shipped head, seeded into INTENTROUTE_HOME/heads",
     "OTEL_SERVICE_NAME": "defaults to the worker's name",
     "OTEL_TRACES_EXPORTER": "the OTEL_* standard defaults",
@@ -74,6 +75,13 @@ OFF: dict[str, str] = {
     **{f"LIMIT_{name}": "no deployment-wide limit: each agent's policy (`agent set`)"
        for name in ("RATE", "BURST", "MAX_INFLIGHT", "TOKENS_PER_MIN", "BUDGET_DAY",
                     "BUDGET_MONTH")},
+}
+
+
+# Unset on purpose for one worker only.
+OFF_FOR: dict[str, dict[str, str]] = {
+    "doors": {"INTENTROUTE_ADMISSION_KEY": "the doors stamp no envelope: they publish on "
+                                           "agents' subjects, which the gateway admits"},
 }
 
 
@@ -116,5 +124,6 @@ def environment_problems(worker: str, environ: Mapping[str, str]) -> list[str]:
     values = declared_values(WORKER_SETTINGS[worker](environ))
     empty = {name for name, value in values.items() if value in ("", None)}
     problems += [f"{worker}: {name} has no default and is not set"
-                 for name in sorted(empty - set(environ) - set(OFF))]
+                 for name in sorted(empty - set(environ) - set(OFF)
+                                    - set(OFF_FOR.get(worker, {})))]
     return problems

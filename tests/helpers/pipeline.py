@@ -85,14 +85,22 @@ async def running(
 @asynccontextmanager
 async def gateway(nats_url: str, database_url: str, tmp_path: Path,
                   **extra: str) -> AsyncIterator[tuple[str, str]]:
-    """A gateway worker with its gRPC and HTTP listeners: (gRPC address, HTTP URL)."""
+    """A gateway worker and a doors worker with its gRPC and HTTP listeners: (gRPC
+    address, HTTP URL)."""
+    grpc_addr, http_url, listen = door_addresses()
+    env = base_env(nats_url, database_url, tmp_path, **listen, **extra)
+    async with running(env, ("gateway", "doors")):
+        yield grpc_addr, http_url
+
+
+def door_addresses() -> tuple[str, str, dict[str, str]]:
+    """Free loopback addresses for the doors' faces: (gRPC address, HTTP URL, the
+    GATEWAY_GRPC_LISTEN / GATEWAY_HTTP_LISTEN that serve them)."""
     from intentroute.stack import free_port
 
     grpc_addr, http_port = f"127.0.0.1:{free_port()}", free_port()
-    env = base_env(nats_url, database_url, tmp_path, GATEWAY_GRPC_LISTEN=grpc_addr,
-                   GATEWAY_HTTP_LISTEN=f"127.0.0.1:{http_port}", **extra)
-    async with running(env, ("gateway",)):
-        yield grpc_addr, f"http://127.0.0.1:{http_port}"
+    return grpc_addr, f"http://127.0.0.1:{http_port}", {
+        "GATEWAY_GRPC_LISTEN": grpc_addr, "GATEWAY_HTTP_LISTEN": f"127.0.0.1:{http_port}"}
 
 
 def worker_env(env: Mapping[str, str], name: str) -> dict[str, str]:

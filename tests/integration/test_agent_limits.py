@@ -43,7 +43,7 @@ POLICIES = {
     "lim-victim": AgentPolicy(),
 }
 WORKERS = ("gateway", "gateway", "classifier", "retriever", "generator-main",
-           "generator-conversational", "validator")
+           "generator-conversational", "validator", "doors")
 
 
 def four_pieces(body: dict[str, Any]) -> list[str]:

@@ -18,7 +18,7 @@ import asyncpg
 import grpc
 import pytest
 
-from services.gateway.http import split_listen
+from services.doors.http import split_listen
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from shared.store import asyncpg_dsn
 from shared.store.agents import AgentStore

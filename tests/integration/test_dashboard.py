@@ -22,16 +22,16 @@ import pytest
 from aiohttp import web
 
 from bench.browser import LAUNCH_ARGS, find_chromium
-from services.gateway.dashboard import add_dashboard_routes
-from services.gateway.dashboard.auth import COOKIE
-from services.gateway.dashboard.queries import (
+from services.doors.dashboard import add_dashboard_routes
+from services.doors.dashboard.auth import COOKIE
+from services.doors.dashboard.queries import (
     BREAKDOWN_SQL,
     DAYS_SQL,
     FEEDBACK_SQL,
     OUTCOMES_SQL,
     SCORES_SQL,
 )
-from services.gateway.dashboard.rows import FeedbackGroup, OutcomeGroup, RollupGroup, ScoreRow
+from services.doors.dashboard.rows import FeedbackGroup, OutcomeGroup, RollupGroup, ScoreRow
 from shared.policy.agent import AgentPolicy, apply_assignment
 from shared.store import asyncpg_dsn
 from shared.store.policies import save_policy
@@ -560,8 +560,8 @@ async def backlog(nats_url: str) -> AsyncIterator[tuple[Any, int]]:
         await admin.drain()
 
 
-async def gateway_connection(nats_url: str) -> Any:
-    """The bus connection the gateway has: its service user, its grants."""
+async def doors_connection(nats_url: str) -> Any:
+    """The bus connection the doors have: their service user, their grants."""
     import nats
 
     from intentroute.stack.nats_users import auth_files, read_credential
@@ -569,18 +569,18 @@ async def gateway_connection(nats_url: str) -> Any:
 
     files = auth_files(Path(os.environ["INTENTROUTE_HOME"]))
     return await nats.connect(
-        nats_url, **read_credential(files.credential(service_user("gateway"))).nats)
+        nats_url, **read_credential(files.credential(service_user("doors"))).nats)
 
 
-async def test_stage_lag_and_dead_letters_are_read_with_the_gateways_grants(
+async def test_stage_lag_and_dead_letters_are_read_with_the_doors_grants(
         store: Store, nats_url: str, backlog: tuple[Any, int]) -> None:
     from shared.contracts import pipeline
 
     admin, queued = backlog
-    gateway = await gateway_connection(nats_url)
+    doors = await doors_connection(nats_url)
     bearer = {"Authorization": f"Bearer {TOKEN}"}
     try:
-        async with (serve(store, token=TOKEN, nc=gateway) as url,
+        async with (serve(store, token=TOKEN, nc=doors) as url,
                     aiohttp.ClientSession() as http):
             async with http.get(url + "/api/stages", headers=bearer) as response:
                 assert response.status == 200
@@ -589,10 +589,10 @@ async def test_stage_lag_and_dead_letters_are_read_with_the_gateways_grants(
                 assert response.status == 401
         info = await admin.jetstream().consumer_info(pipeline.STREAM, "retriever")
     finally:
-        await gateway.drain()
+        await doors.drain()
     rows = {row["stage"]: row for row in view["stages"]}
     assert list(rows) == ["gateway", "classifier", "retriever", "generator-main",
-                          "generator-conversational", "validator"]
+                          "generator-conversational", "validator", "doors", "learner"]
     assert rows["retriever"]["pending"] == info.num_pending == queued
     assert rows["validator"]["dead_letters"] >= 1
     assert dt.datetime.fromisoformat(view["as_of"]) <= dt.datetime.now(dt.UTC)
@@ -613,9 +613,9 @@ async def test_page_follows_new_traffic_within_a_minute_and_says_when_it_read_it
     from playwright.async_api import async_playwright, expect
 
     problems: list[str] = []
-    gateway = await gateway_connection(nats_url)
+    doors = await doors_connection(nats_url)
     try:
-        async with (serve(store, token=TOKEN, refresh=1.0, nc=gateway) as url,
+        async with (serve(store, token=TOKEN, refresh=1.0, nc=doors) as url,
                     async_playwright() as pw):
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
             try:
@@ -686,5 +686,5 @@ async def test_page_follows_new_traffic_within_a_minute_and_says_when_it_read_it
             finally:
                 await browser.close()
     finally:
-        await gateway.drain()
+        await doors.drain()
     assert problems == []

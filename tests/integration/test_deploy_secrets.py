@@ -30,7 +30,7 @@ from intentroute.stack.natsserver import NatsServer, nats_server_binary
 from intentroute.stack.postgres import PostgresServer
 from intentroute.stack.procs import free_port
 from intentroute.workers import WORKERS
-from services.gateway.dashboard.settings import DashboardSettings
+from services.doors.dashboard.settings import DashboardSettings
 from shared.contracts.request import request_subject
 from shared.runtime.streams import require_streams
 from shared.store.agents import AgentStore

@@ -221,7 +221,7 @@ async def test_http_feedback(
     status = {name: code for name, (code, _) in results.items()}
     assert status == {"first": 200, "repeat": 200, "no token": 401, "bad token": 401,
                       "another agent's credential": 403, "another agent's request": 404,
-                      "unknown request": 404, "not json": 400, "bad outcome": 422}
+                      "unknown request": 404, "not json": 400, "bad outcome": 400}
     assert results["first"][1] == {"request_id": mine, "accepted": True}
     assert results["repeat"][1] == {"request_id": mine, "accepted": True, "repeat": True}
     assert results["unknown request"][1]["error_code"] == "UNKNOWN_REQUEST"

@@ -1,6 +1,6 @@
-"""`intentroute up` serves the gateway's HTTP face and names it in `stack.json`, the way
+"""`intentroute up` serves the doors' HTTP face and names it in `stack.json`, the way
 other tools find it: `POST {gateway_http_url}/agents/{agent_id}/feedback` with the token
-of the agent's credential file. Two gateway replicas share the one port. With `--grpc`
+of the agent's credential file. Two doors replicas share the one port. With `--grpc`
 the gRPC face too, at `gateway_grpc_address`: health SERVING (grpcio's health stub) and
 reflection listing the service; the demo credential names the NATS server. Metrics are on
 by default: `metrics_port` in `stack.json` serves the first worker's, and the scrape
@@ -45,7 +45,7 @@ async def _wait_for(check, proc, timeout: float) -> object:  # type: ignore[no-u
 
 
 async def _serving(address: str) -> str:
-    """The gateway's health status over gRPC ("" while nothing answers yet)."""
+    """The doors' health status over gRPC ("" while nothing answers yet)."""
     async with grpc.aio.insecure_channel(address) as channel:
         try:
             reply = await health_pb2_grpc.HealthStub(channel).Check(
@@ -72,7 +72,7 @@ async def test_up_writes_the_gateway_http_url_and_grpc_address_and_serves_them(
                LOG_LEVEL="WARNING", GENERATOR_BACKEND="extractive", AVAP_PARSER_TIMEOUT="0")
     log = (tmp_path / "up.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "intentroute.cli", "up", "--replicas", "gateway=2", "--grpc",
+        sys.executable, "-m", "intentroute.cli", "up", "--replicas", "doors=2", "--grpc",
         env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     statuses: dict[str, int] = {}
     try:
@@ -143,9 +143,9 @@ async def test_up_writes_the_gateway_http_url_and_grpc_address_and_serves_them(
         state.nats_url)
     assert (await asyncio.to_thread(token_file.stat)).st_mode & 0o077 == 0
     assert 'intentroute_stage_inflight{stage="gateway"}' in metrics
-    assert [(t["labels"]["worker"], t["targets"]) for t in targets[:3]] == [
-        ("gateway", [f"127.0.0.1:{state.metrics_port + i}"]) for i in range(2)] + [
-        ("classifier", [f"127.0.0.1:{state.metrics_port + 2}"])]
-    assert len(targets) == 7
-    # Neither gateway replica died on the shared port.
-    assert "gateway (pid" not in output, output[-3000:]
+    assert [(t["labels"]["worker"], t["targets"]) for t in targets] == [
+        (worker, [f"127.0.0.1:{state.metrics_port + i}"]) for i, worker in enumerate(
+            ("gateway", "classifier", "retriever", "generator-main",
+             "generator-conversational", "validator", "doors", "doors"))]
+    # Neither doors replica died on the shared port.
+    assert "doors (pid" not in output, output[-3000:]

@@ -20,7 +20,7 @@ from tests.helpers.pipeline import base_env, gateway, running
 pytestmark = pytest.mark.integration
 
 # PLATFORM by the RC-02 rules (platform data in extra_context): no retriever needed.
-WORKERS = ("gateway", "classifier", "generator-conversational")
+WORKERS = ("gateway", "classifier", "generator-conversational", "doors")
 
 
 async def test_grpc_decision_message_and_timeout_ms(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from offline.retriever.evaluation import evaluate
-from services.retriever.app import build_retrieval
+from services.retriever.bootstrap import build_retrieval
 from services.retriever.fusion import Fusion, FusionSettings
 from services.retriever.index import EmbeddedIndex
 from services.retriever.indexing.embedded_ingest import ingest

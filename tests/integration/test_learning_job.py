@@ -1,7 +1,7 @@
 """The learning job on real Postgres with a clock the test moves: proposals fitted on the
 logged traffic of agents whose truth is known, observe mode, the A/B share of live
 traffic (served with `effective_policy` as a worker would), promotion and rejection;
-the advisory lock; LEARN_INTERVAL in the gateway worker; `intentroute learn`."""
+the advisory lock; LEARN_INTERVAL in the learner worker; `intentroute learn`."""
 
 from __future__ import annotations
 
@@ -320,7 +320,7 @@ async def test_learn_interval_runs_the_job_periodically(learn_db: str) -> None:
         await conn.close()
 
 
-async def test_the_gateway_worker_runs_the_job_when_learn_interval_is_set(
+async def test_the_learner_worker_runs_the_job_every_learn_interval(
     nats_url: str, learn_db: str, tmp_path: Path,
 ) -> None:
     from tests.helpers.pipeline import base_env, running
@@ -328,7 +328,7 @@ async def test_the_gateway_worker_runs_the_job_when_learn_interval_is_set(
     env = base_env(nats_url, learn_db, tmp_path, LEARN_INTERVAL="0.3")
     conn = await asyncpg.connect(learn_db)
     try:
-        async with running(env, ("gateway",)):
+        async with running(env, ("learner",)):
             for _ in range(200):
                 if await conn.fetchval("SELECT count(*) FROM learning_runs") >= 2:
                     break

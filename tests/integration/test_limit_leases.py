@@ -20,7 +20,7 @@ import pytest
 
 from services.gateway.limits.gate import LimitGate
 from services.gateway.limits.lease import IDLE_LEASES
-from services.gateway.limits.logic import Admission, Ask, Grant, Held, Limits, Verdict
+from services.gateway.limits.ports import Admission, Ask, Grant, Held, Limits, Verdict
 from services.gateway.limits.settings import LimitSettings
 from services.gateway.limits.store import PgLimits, budget_overshoot
 from shared.contracts.pipeline import Admitted

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from services.gateway.limits.logic import Admission, Limits, Verdict
+from services.gateway.limits.ports import Admission, Limits, Verdict
 from services.gateway.limits.store import PgLimits, budget_overshoot
 from shared.policy.agent import OnBudget
 from shared.store import asyncpg_dsn

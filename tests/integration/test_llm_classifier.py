@@ -18,7 +18,7 @@ from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.layer3 import LABEL_SCHEMA, LABELS, ModelLabeler
 from services.classifier.settings import ClassifierSettings
 from services.retriever.adapters import VERDICT, ModelRelevanceJudge
-from services.retriever.app import build_judge
+from services.retriever.bootstrap import build_judge
 from services.retriever.settings import RetrieverSettings
 from shared.contracts.pipeline import Passage
 from shared.contracts.request import AgentRequest

@@ -17,7 +17,7 @@ from services.classifier.cascade import Cascade, CascadeConfig
 from services.classifier.layer3 import ModelLabeler
 from services.classifier.settings import ClassifierSettings
 from services.retriever.adapters import ModelRelevanceJudge
-from services.retriever.app import build_judge
+from services.retriever.bootstrap import build_judge
 from services.retriever.settings import RetrieverSettings
 from shared.contracts.pipeline import Passage
 from shared.contracts.request import AgentRequest

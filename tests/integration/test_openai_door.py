@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 MODEL = "big:1.7b"
 WORKERS = ("gateway", "classifier", "retriever", "generator-main",
-           "generator-conversational", "validator")
+           "generator-conversational", "validator", "doors")
 # `oai-t` is trusted (its models declare the route); `oai-rate` has a bucket of one
 # request, refilled one a minute.
 AGENTS = {"oai-t": True, "oai-rate": False}

@@ -151,7 +151,7 @@ async def test_status_shows_replicas_and_a_backlog(
         assert result.exit_code == 0, result.output
         rows = {row["stage"]: row for row in json.loads(result.stdout)["stages"]}
         assert list(rows) == ["gateway", "classifier", "retriever", "generator-main",
-                              "generator-conversational", "validator"]
+                              "generator-conversational", "validator", "doors", "learner"]
         classifier, retriever = rows["classifier"], rows["retriever"]
         assert classifier["replicas"] == 2
         assert classifier["handled"] == 6
@@ -166,3 +166,33 @@ async def test_status_shows_replicas_and_a_backlog(
         await js.purge_stream(pipeline.STREAM, subject=pipeline.RETRIEVE_SUBJECT)
         await ops.drain()
         await admin.drain()
+
+
+async def test_the_doors_answer_the_services_api_and_count_what_they_asked(
+    nats_url: str, database_url: str, kb_index: Path, agent_tokens: dict[str, str]
+) -> None:
+    """The doors read no stage, yet `intentroute status` and `wait_for_consumers` see
+    them: a `doors` endpoint on the services API, counting each call handed to the
+    pipeline (here a verdict on a request the agent never sent: refused, an error)."""
+    from intentroute.workers import wait_for_consumers
+    from tests.helpers.pipeline import door_addresses
+
+    _, http_url, listen = door_addresses()
+    env = _env(nats_url, database_url, kb_index, **listen)
+    ops = await nats.connect(nats_url, **ops_kwargs(_home()))
+    try:
+        async with running(env, ("gateway", "doors")):
+            await wait_for_consumers(ops, ["gateway", "doors"], timeout=30)
+            async with httpx.AsyncClient() as http:
+                resp = await http.post(
+                    f"{http_url}/agents/agent-a/feedback",
+                    json={"request_id": "never-sent", "outcome": "success"},
+                    headers={"Authorization": f"Bearer {agent_tokens['agent-a']}"})
+            assert resp.status_code == 404
+            assert resp.json()["error_code"] == "UNKNOWN_REQUEST"
+            (stats,) = await _stats(ops, "intentroute-doors")
+    finally:
+        await ops.drain()
+    (endpoint,) = stats["endpoints"]
+    assert endpoint["name"] == "doors"
+    assert (endpoint["num_requests"], endpoint["num_errors"]) == (1, 1)

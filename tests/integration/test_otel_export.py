@@ -39,8 +39,8 @@ SERVER = trace_pb2.Span.SpanKind.SPAN_KIND_SERVER
 CONSUMER = trace_pb2.Span.SpanKind.SPAN_KIND_CONSUMER
 STAGES = ("agent.request", "intentroute.stage.classify", "intentroute.stage.retrieve",
           "intentroute.stage.generate.main", "intentroute.stage.validate")
-WORKERS = {"intentroute-gateway", "intentroute-classifier", "intentroute-retriever",
-           "intentroute-generator-main", "intentroute-validator"}
+WORKERS = {"intentroute-doors", "intentroute-gateway", "intentroute-classifier",
+           "intentroute-retriever", "intentroute-generator-main", "intentroute-validator"}
 
 
 @dataclass
@@ -223,7 +223,7 @@ async def test_otel_sdk_disabled_exports_nothing(
                         OTEL_BSP_SCHEDULE_DELAY="200")
         env = base_env(nats_url, database_url, kb_index, GATEWAY_GRPC_LISTEN=grpc_address,
                        GATEWAY_ANSWER_TIMEOUT="1.5", **otel)
-        async with running(env, ("gateway",)):
+        async with running(env, ("gateway", "doors")):
             with pytest.raises(grpc.aio.AioRpcError) as timed_out:
                 await ask_over_grpc(grpc_address, otel_agent,
                                     f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01",
@@ -251,7 +251,7 @@ async def test_the_openai_doors_span_continues_an_http_traceparent(
             "messages": [{"role": "user", "content": "what does addResult do?"}]}
     headers = {"Authorization": f"Bearer {otel_agent}",
                "traceparent": f"00-{trace_id}-{parent_id}-01"}
-    async with running(env, ("gateway",), tracer_provider=provider), \
+    async with running(env, ("gateway", "doors"), tracer_provider=provider), \
             aiohttp.ClientSession() as http, \
             http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
                       headers=headers) as resp:

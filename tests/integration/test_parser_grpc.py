@@ -131,7 +131,7 @@ async def test_client_timeout_against_a_slow_parser() -> None:
             with pytest.raises(ParserUnavailableError) as info:
                 await client.validate(VALID)
         assert slow.entered.is_set()
-        assert info.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert info.value.status is grpc.StatusCode.DEADLINE_EXCEEDED
     finally:
         slow.release.set()
         await server.stop(None)
@@ -145,7 +145,7 @@ async def test_stopped_server_is_unavailable() -> None:
         await server.stop(None)
         with pytest.raises(ParserUnavailableError) as info:
             await client.validate(VALID)
-    assert info.value.code is grpc.StatusCode.UNAVAILABLE
+    assert info.value.status is grpc.StatusCode.UNAVAILABLE
 
 
 async def test_guarded_parser_opens_after_three_failures_then_makes_no_call() -> None:

@@ -150,7 +150,7 @@ async def test_grpc_refuses_calls_without_the_agents_credential(
         "another agent's id": ((("authorization", f"Bearer {agent_tokens['grpc']}"),),
                                "agent-a", grpc.StatusCode.PERMISSION_DENIED),
     }
-    async with running(env, ("gateway",)), grpc.aio.insecure_channel(
+    async with running(env, ("gateway", "doors")), grpc.aio.insecure_channel(
             f"127.0.0.1:{port}") as channel:
         stub = agent_pb2_grpc.AssistanceEngineStub(channel)
         for name, (metadata, agent, code) in attempts.items():

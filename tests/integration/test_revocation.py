@@ -53,7 +53,7 @@ async def doors(nats_url: str, database_url: str, kb_index: Path
     env = base_env(nats_url, database_url, kb_index, GATEWAY_HTTP_LISTEN=f"127.0.0.1:{http_port}",
                    GATEWAY_GRPC_LISTEN=grpc_addr, GATEWAY_AGENT_CACHE_TTL="5")
     try:
-        async with running(env, ("gateway",)):
+        async with running(env, ("gateway", "doors")):
             yield f"http://127.0.0.1:{http_port}", grpc_addr, creds[AGENT].token
     finally:
         await asyncio.to_thread(sync.stop)

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from intentroute.stack.state import read_state
-from shared.store.roles import OWNER_ROLE, WORKER_ROLES
+from shared.store.roles import LEARNER_ROLE, OWNER_ROLE, WORKER_ROLES
 
 pytestmark = pytest.mark.integration
 
@@ -101,15 +101,18 @@ async def test_up_runs_each_worker_as_its_role_with_its_secrets_only(
             name = _worker_name(pid)
             values = "\0".join(child.values())
             assert superuser_password not in values, name
-            if name in WORKER_ROLES:
+            if name in (*WORKER_ROLES, "learner"):
                 seen[name] = urlsplit(child["DATABASE_URL"]).username or ""
-                assert ("GATEWAY_DASHBOARD_TOKEN" in child) == (name == "gateway"), name
-                assert ("LEARN_DATABASE_URL" in child) == (name == "gateway"), name
-                assert child["INTENTROUTE_ADMISSION_KEY"], name  # every stage stamps
+                assert ("GATEWAY_DASHBOARD_TOKEN" in child) == (name == "doors"), name
+                assert "LEARN_DATABASE_URL" not in child, name  # its own role is its URL
+                # Every stage stamps; the doors and the learner stamp nothing.
+                assert bool(child.get("INTENTROUTE_ADMISSION_KEY")) == (
+                    name not in ("doors", "learner")), name
             else:  # the parser: no database, no dashboard
                 assert "DATABASE_URL" not in child, name
-            assert (dashboard_token in values) == (name == "gateway"), name
-        assert seen == WORKER_ROLES
+            assert (dashboard_token in values) == (name == "doors"), name
+        # LEARN_INTERVAL set: the learner runs, as the learner's role.
+        assert seen == {**WORKER_ROLES, "learner": LEARNER_ROLE}
         ask = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "intentroute.cli", "ask", "What is AVAP?", "--json",
             env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -39,13 +39,15 @@ from shared.store.policies import load_policies
 from shared.store.roles import OWNER_ROLE, ROLES, WORKER_ROLES
 from shared.store.rows import HistoryRow, RequestLogRow, TurnRow
 from shared.store.scores import refresh_scores
-from shared.store.stores import Store
+from shared.store.stores import AgentSecrets, Store
 from tests.helpers.databases import alembic_config
 
 pytestmark = pytest.mark.integration
 
-STAGES = tuple(WORKER_ROLES)
-EVERY_ROLE = (*STAGES, "learner")
+# The stages' roles write turns through the group commit; the doors' reads tokens and the
+# dashboard's figures and writes nothing but a token's digest.
+STAGES = tuple(w for w in WORKER_ROLES if w != "doors")
+EVERY_ROLE = (*STAGES, "doors", "learner")
 # Tables no worker role touches: the owner's alone (owner_settings: the limits of its
 # SECURITY DEFINER functions, migration 0014).
 OWNER_ONLY = {"alembic_version", "owner_settings"}
@@ -156,7 +158,7 @@ async def test_each_stage_writes_through_the_group_commit_and_reads_its_own(
         await store.close()
 
 
-async def test_the_gateway_checks_tokens_records_feedback_and_refreshes_scores(
+async def test_the_gateway_admits_records_feedback_and_refreshes_scores(
         deployment: Deployment, superuser: asyncpg.Connection) -> None:
     agent, request_id = f"gw-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     await superuser.execute(
@@ -164,9 +166,8 @@ async def test_the_gateway_checks_tokens_records_feedback_and_refreshes_scores(
     store = await Store.connect(deployment.url("gateway"))
     try:
         await store.write(*_rows(agent, "s", request_id))  # type: ignore[arg-type]
-        found = await store.agent(agent)
+        found = await store.agent(agent)  # is it active, is it trusted
         assert found is not None
-        await store.save_token_digest(agent, "hash", "digest")
         recorded = await FeedbackTable(store.pool).record_explicit(
             agent, Feedback(request_id=request_id, outcome=FeedbackOutcome.SUCCESS))
         assert recorded.stored
@@ -174,15 +175,34 @@ async def test_the_gateway_checks_tokens_records_feedback_and_refreshes_scores(
             await refresh_scores(conn, datetime.now(UTC), agents=[agent])
     finally:
         await store.close()
+
+
+async def test_the_doors_check_tokens_and_store_a_tokens_digest(
+        deployment: Deployment, superuser: asyncpg.Connection) -> None:
+    agent = f"door-{uuid.uuid4().hex[:8]}"
+    await superuser.execute(
+        "INSERT INTO agents (agent_id, secret_hash) VALUES ($1, 'hash')", agent)
+    pool = await asyncpg.create_pool(asyncpg_dsn(deployment.url("doors")), min_size=0,
+                                     max_size=1)
+    assert pool is not None
+    try:
+        secrets = AgentSecrets(pool)
+        found = await secrets.agent(agent)
+        assert found is not None
+        assert found.secret_hash == "hash"
+        await secrets.save_token_digest(agent, "hash", "digest")
+        assert await pool.fetchval("SELECT 1") == 1  # the readiness check
+    finally:
+        await pool.close()
     assert await superuser.fetchval(
         "SELECT secret_digest FROM agents WHERE agent_id = $1", agent) == "digest"
 
 
-async def test_the_dashboard_reads_its_figures_as_the_gateway(deployment: Deployment) -> None:
-    from services.gateway.dashboard.queries import read_figures
-    from services.gateway.dashboard.rows import Window
+async def test_the_dashboard_reads_its_figures_as_the_doors(deployment: Deployment) -> None:
+    from services.doors.dashboard.queries import read_figures
+    from services.doors.dashboard.rows import Window
 
-    pool = await asyncpg.create_pool(asyncpg_dsn(deployment.url("gateway")), min_size=0,
+    pool = await asyncpg.create_pool(asyncpg_dsn(deployment.url("doors")), min_size=0,
                                      max_size=2)
     assert pool is not None
     try:
@@ -226,6 +246,17 @@ REFUSED = [
     ("gateway", "UPDATE agents SET secret_hash = 'x'"),
     ("gateway", "DELETE FROM agents"),
     ("gateway", "SELECT content FROM messages"),
+    # The doors write no turn, no verdict, no policy; they read no conversation.
+    ("doors", "INSERT INTO request_log (agent_id, request_id, session_id, outcome) "
+              "VALUES ('a', 'r', 's', 'o')"),
+    ("doors", "INSERT INTO feedback (agent_id, request_id, outcome, source) "
+              "VALUES ('a', 'r', 'success', 'explicit')"),
+    ("doors", "SELECT content FROM messages"),
+    ("doors", "SELECT topic FROM classify_history"),
+    ("doors", "UPDATE agents SET trusted = true"),
+    ("doors", "UPDATE agents SET revoked_at = now()"),
+    ("doors", "DELETE FROM agent_leases"),
+    ("doors", "UPDATE agent_policies SET settings = '{}'"),
     *[(w, "DELETE FROM request_log") for w in STAGES],
     # The writer's upsert updates a log row's figures, never whose or which row it is.
     *[(w, "UPDATE request_log SET agent_id = 'x'") for w in STAGES],

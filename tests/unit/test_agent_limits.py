@@ -12,19 +12,8 @@ import pytest
 
 from services.gateway.limits.gate import LimitGate
 from services.gateway.limits.lease import IDLE_LEASES, MARGIN, MIN_WANT, AgentLease
-from services.gateway.limits.logic import (
-    ADMITTED,
-    REFUSALS,
-    Admission,
-    Ask,
-    Grant,
-    Held,
-    Limits,
-    Verdict,
-    price_table,
-    refusal,
-    resolve,
-)
+from services.gateway.limits.logic import REFUSALS, price_table, refusal, resolve
+from services.gateway.limits.ports import ADMITTED, Admission, Ask, Grant, Held, Limits, Verdict
 from services.gateway.limits.settings import LimitSettings
 from shared.contracts.pipeline import Admitted
 from shared.contracts.request import AgentRequest

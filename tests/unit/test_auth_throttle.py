@@ -12,9 +12,9 @@ from typing import Any
 import bcrypt
 import pytest
 
-from services.gateway.log_budget import LogBudget
-from services.gateway.settings import GatewaySettings
-from services.gateway.throttle import AuthThrottle, ThrottledError, grpc_peer_address
+from services.doors.log_budget import LogBudget
+from services.doors.settings import DoorsSettings
+from services.doors.throttle import AuthThrottle, ThrottledError, grpc_peer_address
 from shared.auth.identity import (
     AgentSecret,
     CachedAgents,
@@ -164,12 +164,12 @@ async def test_off_never_throttles() -> None:
 
 
 def test_the_limits_are_settings_and_a_bad_one_is_a_clear_error() -> None:
-    settings = GatewaySettings.from_env({})
+    settings = DoorsSettings.from_env({})
     assert (settings.auth_failures, settings.auth_hashes) == ("20/minute", "8/second")
-    off = GatewaySettings.from_env({"GATEWAY_AUTH_FAILURES": "off",
+    off = DoorsSettings.from_env({"GATEWAY_AUTH_FAILURES": "off",
                                     "GATEWAY_AUTH_HASHES": "off"})
     assert (off.auth_failures, off.auth_hashes) == ("", "")
-    assert GatewaySettings.from_env(
+    assert DoorsSettings.from_env(
         {"GATEWAY_AUTH_FAILURES": "5 per 10 seconds"}).auth_failures == "5 per 10 seconds"
     with pytest.raises(ValueError, match="GATEWAY_AUTH_FAILURES"):
         AuthThrottle("often")
@@ -207,7 +207,7 @@ def test_aiohttp_server_lines_are_bounded_a_bugs_traceback_kept_a_malformed_one_
         caplog: pytest.LogCaptureFixture) -> None:
     from aiohttp.http_exceptions import BadHttpMessage
 
-    from services.gateway.http import ServerLog
+    from services.doors.http import ServerLog
 
     logger = logging.getLogger("test.aiohttp.server")
     server = ServerLog(logger)
@@ -245,7 +245,7 @@ def test_a_short_dashboard_token_leaves_the_dashboard_off(
         caplog: pytest.LogCaptureFixture) -> None:
     from aiohttp import web
 
-    from services.gateway.dashboard.routes import MIN_TOKEN, add_dashboard_routes
+    from services.doors.dashboard.routes import MIN_TOKEN, add_dashboard_routes
 
     caplog.set_level(logging.ERROR)
     pool: Any = None  # not used until a page is asked for

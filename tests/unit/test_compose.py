@@ -211,11 +211,11 @@ def test_every_long_running_service_has_a_health_check(config: dict[str, Any]) -
     assert {"db-init", "migrate", "streams", "ingest", "ollama-pull"} <= awaited
 
 
-def test_nothing_but_the_gateway_listens_on_the_host_and_only_on_loopback(
+def test_nothing_but_the_doors_listen_on_the_host_and_only_on_loopback(
         config: dict[str, Any]) -> None:
     for name, svc in config["services"].items():
         for port in svc.get("ports", []):
-            assert name == "gateway", f"{name} publishes {port}"
+            assert name == "doors", f"{name} publishes {port}"
             assert port["host_ip"] == "127.0.0.1", port
 
 
@@ -250,7 +250,9 @@ def test_each_worker_gets_every_setting_it_needs(worker: str, config: dict[str, 
     # What `intentroute worker` adds from INTENTROUTE_HOME/creds (intentroute.stack.nats_users).
     home = tmp_path / environ["INTENTROUTE_HOME"].lstrip("/")
     from_creds = service_env(home, worker)
-    assert set(from_creds) == FROM_CREDENTIAL
+    # The doors stamp no envelope: no admission key.
+    assert set(from_creds) == FROM_CREDENTIAL - (
+        {"INTENTROUTE_ADMISSION_KEY"} if worker == "doors" else set())
     assert from_creds["NATS_USER"] == service_user(worker)
     # A secret setting's file where the container has it (under tmp_path here).
     mounted = {f"{name}_FILE": str(tmp_path / environ[f"{name}_FILE"].lstrip("/"))
@@ -271,7 +273,7 @@ def test_each_worker_gets_every_setting_it_needs(worker: str, config: dict[str, 
     assert len(settings.common.nats_servers) == 3
     assert settings.common.replicas() == 3
     assert settings.common.metrics_port == 9464  # its health check's endpoint
-    if worker == "gateway":  # the token `deploy init` wrote, read from its own file
+    if worker == "doors":  # the token `deploy init` wrote, read from its own file
         token = Path(config["secrets"]["dashboard_token"]["file"]).read_text().strip()
         assert settings.dashboard.token == token
         assert len(token) >= 32

@@ -7,10 +7,10 @@ import datetime as dt
 
 import pytest
 
-from services.gateway.dashboard.auth import session_cookie, session_valid, token_matches
-from services.gateway.dashboard.figures import build_dashboard
-from services.gateway.dashboard.queries import Figures
-from services.gateway.dashboard.rows import (
+from services.doors.dashboard.auth import session_cookie, session_valid, token_matches
+from services.doors.dashboard.figures import build_dashboard
+from services.doors.dashboard.queries import Figures
+from services.doors.dashboard.rows import (
     PER_DAY,
     PER_DAY_LAYER,
     PER_DAY_MODEL,
@@ -20,7 +20,7 @@ from services.gateway.dashboard.rows import (
     RollupGroup,
     Window,
 )
-from services.gateway.dashboard.settings import DashboardSettings
+from services.doors.dashboard.settings import DashboardSettings
 from shared.auth.identity import bearer_value
 from shared.policy.agent import AgentPolicy
 
@@ -125,7 +125,7 @@ def test_dashboard_is_off_unless_a_token_is_set() -> None:
 
 
 def test_a_days_exact_percentiles_replace_the_rollup_estimate() -> None:
-    from services.gateway.dashboard.rows import AgentDayLatency
+    from services.doors.dashboard.rows import AgentDayLatency
 
     figures = Figures(
         rollups=[day("ide", D1, 100, p95=(90.0 * 100, 100)),  # estimate 90: no breach
@@ -152,7 +152,7 @@ def log_row(agent: str, d: dt.date, model: str, query_type: str, layer: str, req
 
 
 def test_days_read_from_the_log_give_the_groups_the_rollup_statements_would() -> None:
-    from services.gateway.dashboard.live import rollup_groups
+    from services.doors.dashboard.live import rollup_groups
 
     groups = rollup_groups([
         log_row("a", D3, "big", "RETRIEVAL", "embedding", 4, cost=0.25, p95=100.0, tokens=10),
@@ -175,7 +175,7 @@ def test_days_read_from_the_log_give_the_groups_the_rollup_statements_would() ->
 
 
 def test_refusals_are_counted_by_code_apart_from_errors_and_rates() -> None:
-    from services.gateway.dashboard.rows import OutcomeGroup
+    from services.doors.dashboard.rows import OutcomeGroup
 
     figures = Figures(
         rollups=[RollupGroup(agent_id="a", day=D2, grp=PER_DAY, requests=20, errors=9,
@@ -210,7 +210,7 @@ def test_models_add_up_across_rollups_and_live_days_in_the_agents_currency() -> 
 
 
 def test_scores_show_their_divergence_largest_first_and_count_the_flagged() -> None:
-    from services.gateway.dashboard.rows import ScoreRow
+    from services.doors.dashboard.rows import ScoreRow
 
     figures = Figures(rollups=[day("a", D1, 1)], feedback=[], policies={}, scores=[
         ScoreRow("a", "big", "RETRIEVAL", 12.0, 0.55, 0.5, 0.05, False),
@@ -224,8 +224,8 @@ def test_scores_show_their_divergence_largest_first_and_count_the_flagged() -> N
 
 
 def test_an_agents_day_in_the_log_replaces_its_rollups_and_only_that_one() -> None:
-    from services.gateway.dashboard.live import LiveFigures, overlay, rollup_groups
-    from services.gateway.dashboard.rows import AgentDayLatency, OutcomeGroup
+    from services.doors.dashboard.live import LiveFigures, overlay, rollup_groups
+    from services.doors.dashboard.rows import AgentDayLatency, OutcomeGroup
 
     rolled = LiveFigures(
         rollups=[day("a", D3, 5), day("b", D3, 7), day("a", D2, 1),
@@ -252,7 +252,7 @@ def test_an_agents_day_in_the_log_replaces_its_rollups_and_only_that_one() -> No
 async def test_stage_readings_are_shared_and_rated_over_the_time_between_them() -> None:
     import asyncio
 
-    from services.gateway.dashboard.stages import StageReader, StagesUnavailableError
+    from services.doors.dashboard.stages import StageReader, StagesUnavailableError
     from shared.runtime.stage_status import Instance, Sample
 
     readings: list[float] = []

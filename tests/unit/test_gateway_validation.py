@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from services.gateway.validation import InputError, parse_request, salvage_request_id
+from shared.contracts.checks import parse_request, salvage_request_id
+from shared.contracts.errors import InvalidInputError as InputError
 from shared.contracts.request import AgentRequest
 
 OK = {"request_id": "r1", "session_id": "s1", "agent_id": "a1", "query": "What is addVar?"}

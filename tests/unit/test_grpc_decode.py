@@ -12,12 +12,12 @@ import grpc
 import pytest
 from google.protobuf.message import DecodeError
 
-from services.gateway.grpc_decode import DeferDecodeErrors, Undecodable, deferring
-from services.gateway.grpc_server import start_grpc
-from services.gateway.throttle import AuthThrottle
+from services.doors.grpc_decode import DeferDecodeErrors, Undecodable, deferring
+from services.doors.grpc_server import start_grpc
+from services.doors.throttle import AuthThrottle
 from shared.auth.ports import AgentInfo, HashGate
 from shared.grpc import agent_pb2
-from testkit.fakes import feedback_recorder
+from testkit.fakes import LocalDoor
 
 SERVICE = "/intentroute.agent.v1.AssistanceEngine/"
 # Not a protobuf message: a truncated varint, and a string field that is not UTF-8.
@@ -43,9 +43,7 @@ async def server() -> AsyncIterator[tuple[grpc.aio.Channel, RecordingAgents]]:
 
     agents = RecordingAgents()
     listen = f"127.0.0.1:{free_port()}"
-    srv = await start_grpc(None, listen, agents, answer_timeout=1.0,  # type: ignore[arg-type]
-                           feedback=feedback_recorder(),
-                           throttle=AuthThrottle("1000/minute"))
+    srv = await start_grpc(LocalDoor(agents, throttle=AuthThrottle("1000/minute")), listen)
     async with grpc.aio.insecure_channel(listen) as channel:
         yield channel, agents
     await srv.stop(None)

@@ -8,8 +8,9 @@ import json
 
 from google.protobuf.json_format import MessageToDict
 
-from services.gateway.grpc_server import to_request, to_response
-from services.gateway.validation import InputError, check_request
+from services.doors.grpc_server import to_request, to_response
+from shared.contracts.checks import check_request
+from shared.contracts.errors import InvalidInputError as InputError
 from shared.contracts.request import MAX_TIMEOUT_MS
 from shared.contracts.response import ChunkKind, ErrorCode, ErrorInfo, ResponseChunk
 from shared.contracts.routing import (

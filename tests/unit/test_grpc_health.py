@@ -19,11 +19,11 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from services.gateway.grpc_server import start_grpc
-from services.gateway.throttle import AuthThrottle
+from services.doors.grpc_server import start_grpc
+from services.doors.throttle import AuthThrottle
 from services.parser.server import serve
 from shared.auth.ports import AgentInfo, HashGate
-from testkit.fakes import feedback_recorder
+from testkit.fakes import LocalDoor
 
 ENGINE = "intentroute.agent.v1.AssistanceEngine"
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -50,8 +50,7 @@ async def gateway() -> AsyncIterator[tuple[str, Readiness, Any]]:
 
     ready = Readiness()
     listen = f"127.0.0.1:{free_port()}"
-    srv = await start_grpc(None, listen, NoAgents(), answer_timeout=1.0,  # type: ignore[arg-type]
-                           feedback=feedback_recorder(), throttle=AuthThrottle("1000/minute"),
+    srv = await start_grpc(LocalDoor(NoAgents(), throttle=AuthThrottle("1000/minute")), listen,
                            ready=ready)
     try:
         yield listen, ready, srv

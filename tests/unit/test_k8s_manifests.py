@@ -139,7 +139,7 @@ def test_each_stage_scales_on_its_own_consumers_lag(
         assert target in deployments
         worker = target.removeprefix("intentroute-")
         (trigger,) = doc["spec"]["triggers"]
-        if worker in ("gateway", "parser"):  # per-agent consumers / no queue: CPU
+        if worker in ("gateway", "doors", "parser"):  # per-agent consumers / no queue: CPU
             assert trigger["type"] == "cpu"
             continue
         assert trigger["type"] == "nats-jetstream"
@@ -229,9 +229,11 @@ def test_each_worker_gets_every_setting_it_needs(
          for name, value in env.items()})
     assert settings.common.nats_authenticated
     assert settings.common.nats_password == secrets["intentroute-nats"][service_user(worker)]
-    assert settings.common.admission_key == secrets["intentroute-admission"]["key"]
-    if worker == "gateway":
+    if worker == "doors":  # no envelope to stamp: no admission key; the dashboard's token
+        assert settings.common.admission_key == ""
         assert settings.dashboard.token == secrets["intentroute-gateway"]["dashboard-token"]
+    else:
+        assert settings.common.admission_key == secrets["intentroute-admission"]["key"]
 
 
 def pods(rendered: Rendered) -> dict[str, Doc]:
@@ -300,9 +302,9 @@ def test_no_secret_is_an_environment_value(rendered: Rendered) -> None:
     for worker in WORKERS:
         (container,) = pods(rendered)[worker]["spec"]["containers"]
         names = {var["name"] for var in container["env"]}
-        assert {f"{n}_FILE" for n in ("DATABASE_PASSWORD", "NATS_PASSWORD",
-                                      "INTENTROUTE_ADMISSION_KEY")} <= names
-        assert ("GATEWAY_DASHBOARD_TOKEN_FILE" in names) == (worker == "gateway")
+        assert {f"{n}_FILE" for n in ("DATABASE_PASSWORD", "NATS_PASSWORD")} <= names
+        assert ("INTENTROUTE_ADMISSION_KEY_FILE" in names) == (worker != "doors")
+        assert ("GATEWAY_DASHBOARD_TOKEN_FILE" in names) == (worker == "doors")
         assert not names & {"NATS_PASSWORD", "INTENTROUTE_ADMISSION_KEY",
                             "GATEWAY_DASHBOARD_TOKEN"}
 
@@ -349,7 +351,7 @@ def _expected_paths(nats: int = 4222, postgres: int = 5432, model: int = 11434,
                     es: int = 0) -> dict[str, tuple[set[Any], set[Any]]]:
     """The architecture's paths: workers reach NATS, Postgres (and DNS); the model
     server is the generators', the classifier's Layer 3 and the retriever's judge; the
-    validator calls the parser; the gateway's doors and every scrape endpoint are
+    validator calls the parser; the doors' faces and every scrape endpoint are
     reached; jobs: migrate Postgres, streams NATS, ingest nothing (Elasticsearch)."""
     dns = {("any", "UDP", 53), ("any", "TCP", 53)}
     core = dns | {("any", "TCP", nats), ("any", "TCP", postgres)}
@@ -357,7 +359,8 @@ def _expected_paths(nats: int = 4222, postgres: int = 5432, model: int = 11434,
     llm = {("any", "TCP", model)}
     search = {("any", "TCP", es)} if es else set()
     return {
-        "gateway": (scrape | {("any", "TCP", 8080), ("any", "TCP", 50052)}, core),
+        "gateway": (scrape, core),
+        "doors": (scrape | {("any", "TCP", 8080), ("any", "TCP", 50052)}, core),
         "classifier": (scrape, core | llm),
         "retriever": (scrape, core | llm | search),
         "generator-main": (scrape, core | llm),

@@ -24,6 +24,9 @@ from shared.auth.natsconn import connect_kwargs
 from shared.auth.permissions import (
     ADMIN_USER,
     APP_ACCOUNT,
+    DOORS,
+    LEARNER,
+    NATS_WORKERS,
     OPS_USER,
     REPLAY_MAX_REPLIES,
     REPLAY_REPLY_SECONDS,
@@ -84,14 +87,40 @@ def test_a_worker_never_manages_streams_and_reads_only_its_inbox(worker: str) ->
     assert not any(s.startswith("_INBOX.") and worker not in s for s in perms.subscribe)
     assert not any(p.startswith("_INBOX") for p in perms.publish)
     # Services-API requests are answered through `allow_responses` (one reply each);
-    # only the gateway asks them (its dashboard's stage figures), with read-only grants.
+    # no stage asks them (the doors' dashboard does: below).
     assert perms.allow_responses
-    asks = [p for p in perms.publish if p.startswith("$SRV")]
-    assert asks == ([p for p in monitoring_subjects() if p.startswith("$SRV")]
-                    if worker == "gateway" else [])
+    assert [p for p in perms.publish if p.startswith("$SRV")] == []
 
 
-@pytest.mark.parametrize("worker", list(WORKER_GRANTS))
+def test_the_doors_publish_and_follow_on_agents_behalf_and_nothing_of_jetstream() -> None:
+    """What the doors do for an authenticated caller: its request and verdict, the
+    answer and the ack, a replay after a reconnect; the dashboard's read-only monitoring.
+    No stage subject, no consumer, no stream of their own, no admission claim."""
+    doors = service_permissions(DOORS)
+    monitoring = set(monitoring_subjects())
+    assert set(doors.publish) - monitoring == {
+        "agent.request.*", "agent.feedback.*", "agent.replay.*"}
+    assert not [p for p in doors.publish if p.startswith("$JS.") and p not in monitoring]
+    assert set(doors.subscribe) == {
+        "agent.response.*.*", "agent.response.*._feedback.*", "_INBOX.intentroute-doors.>",
+        "$SRV.PING", "$SRV.INFO", "$SRV.STATS", "$SRV.*.intentroute-doors",
+        "$SRV.*.intentroute-doors.*"}
+    assert doors.allow_responses
+    assert doors.max_responses == 1
+    # ... which the gateway no longer holds: it admits, it does not ask.
+    gateway = service_permissions("gateway")
+    assert "agent.request.*" not in gateway.publish
+    assert not [s for s in gateway.subscribe if s.startswith("agent.response")]
+    assert not monitoring & {p for p in gateway.publish if p.startswith("$SRV")}
+    # The learner's job is Postgres's: on the bus, the services API under its name only.
+    learner = service_permissions(LEARNER)
+    assert learner.publish == ()
+    assert set(learner.subscribe) == {
+        "_INBOX.intentroute-learner.>", "$SRV.PING", "$SRV.INFO", "$SRV.STATS",
+        "$SRV.*.intentroute-learner", "$SRV.*.intentroute-learner.*"}
+
+
+@pytest.mark.parametrize("worker", list(NATS_WORKERS))
 def test_a_worker_listens_on_the_services_api_under_its_own_name_only(worker: str) -> None:
     own = f"intentroute-{worker}"
     srv = {s for s in service_permissions(worker).subscribe if s.startswith("$SRV")}

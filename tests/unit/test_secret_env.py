@@ -10,7 +10,7 @@ from typing import Annotated
 import msgspec
 import pytest
 
-from services.gateway.dashboard.settings import DashboardSettings
+from services.doors.dashboard.settings import DashboardSettings
 from shared.common.settings import CommonSettings, SettingError, read_env, secret_env
 
 

@@ -17,10 +17,12 @@ import pytest
 
 from intentroute.settings import CliSettings
 from services.classifier.settings import ClassifierSettings
-from services.gateway.dashboard.settings import DashboardSettings
+from services.doors.dashboard.settings import DashboardSettings
+from services.doors.settings import DoorsSettings
 from services.gateway.limits.settings import LimitSettings
 from services.gateway.settings import GatewaySettings
 from services.generator.settings import GeneratorSettings
+from services.learner.settings import LearnerSettings
 from services.retriever.settings import RetrieverSettings
 from services.validator.settings import ValidatorSettings
 from shared.common.settings import (
@@ -46,6 +48,9 @@ FROM_ENV: dict[type[msgspec.Struct], Callable[[Mapping[str, str]], Any]] = {
     CommonSettings: CommonSettings.from_env,
     ClassifierSettings: ClassifierSettings.from_env,
     GatewaySettings: GatewaySettings.from_env,
+    DoorsSettings: DoorsSettings.from_env,
+    LearnerSettings: lambda environ: LearnerSettings.from_env(
+        {"LEARN_INTERVAL": "60", **environ}),
     DashboardSettings: DashboardSettings.from_env,
     LimitSettings: LimitSettings.from_env,
     GeneratorSettings: GeneratorSettings.from_env,
@@ -191,10 +196,12 @@ def test_values_are_read_as_their_field_types() -> None:
     assert common.accounting is False
     assert common.state_dir == Path("/srv/home")
     assert common.confidence == ConfidenceParams(prior_strength=4.0)
-    gateway = GatewaySettings.from_env({"GATEWAY_TLS_CERT": "/c", "GATEWAY_TLS_KEY": "",
-                                        "GATEWAY_HTTP_LISTEN": " OFF ", "LEARN_INTERVAL": "60"})
-    assert (gateway.tls_cert, gateway.tls_key, gateway.http_listen) == (Path("/c"), None, "")
-    assert gateway.learn.interval == 60.0
+    doors = DoorsSettings.from_env({"GATEWAY_TLS_CERT": "/c", "GATEWAY_TLS_KEY": "",
+                                    "GATEWAY_HTTP_LISTEN": " OFF "})
+    assert (doors.tls_cert, doors.tls_key, doors.http_listen) == (Path("/c"), None, "")
+    assert LearnerSettings.from_env({"LEARN_INTERVAL": "60"}).learn.interval == 60.0
+    with pytest.raises(SettingError, match="LEARN_INTERVAL"):  # the learner needs one
+        LearnerSettings.from_env({})
     # A string set to "" is "" (here: Layer 2 off), not the default.
     assert ClassifierSettings.from_env({"CLASSIFIER_HEADS_DIR": ""}).heads_root is None
 

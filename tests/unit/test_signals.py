@@ -72,8 +72,10 @@ def test_rows_give_replicas_lag_rate_and_p95_per_stage() -> None:
         _inst("b", "classifier", 10, fast=10),  # restarted: counts from zero
         _inst("c", "classifier", 10, fast=10)])  # new since the first reading
     rows = {r.stage: r for r in stage_rows(after, before)}
+    # The stages in pipeline order, then the workers that read no stage.
     assert list(rows) == ["gateway", "classifier", "retriever", "generator-main",
-                          "generator-conversational", "validator"]
+                          "generator-conversational", "validator", "doors", "learner"]
+    assert rows["doors"].pending is None
     classifier = rows["classifier"]
     assert classifier.replicas == 3
     assert (classifier.pending, classifier.ack_pending) == (4, 2)

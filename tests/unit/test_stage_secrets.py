@@ -1,5 +1,5 @@
-"""What `intentroute up` hands each process: its own database role's URL, and the
-dashboard's token and the learner's URL to the gateway alone."""
+"""What `intentroute up` hands each process: its own database role's URL (the learner's
+role to the learner), and the dashboard's token to the doors alone."""
 
 from __future__ import annotations
 
@@ -36,17 +36,28 @@ def test_each_worker_gets_its_own_role_and_no_one_elses_secret(worker: str) -> N
     assert (url.hostname, url.port, url.path) == ("127.0.0.1", 5433, "/intentroute")
     values = "\0".join(env.values())
     assert "su-secret" not in values
-    assert ("board-token" in values) == (worker == "gateway")
-    assert (f"pw-{LEARNER_ROLE}" in values) == (worker == "gateway")
+    assert ("board-token" in values) == (worker == "doors")
+    assert f"pw-{LEARNER_ROLE}" not in values
     assert f"pw-{OWNER_ROLE}" not in values
 
 
-@pytest.mark.parametrize(("interval", "learns"), [("", False), ("0", False), ("60", True),
-                                                  ("soon", True)])
-def test_the_gateway_gets_the_learners_url_only_when_it_runs_the_job(
-        interval: str, learns: bool) -> None:
-    env = _secrets().env_for("gateway", {"LEARN_INTERVAL": interval})
-    assert ("LEARN_DATABASE_URL" in env) == learns
+def test_the_learner_connects_as_the_learners_role() -> None:
+    env = _secrets().env_for("learner", {"LEARN_INTERVAL": "60"})
+    assert set(env) == {"DATABASE_URL"}
+    assert urlsplit(env["DATABASE_URL"]).username == LEARNER_ROLE
+
+
+@pytest.mark.parametrize(("interval", "on"), [("", False), ("0", False), ("60", True),
+                                              ("soon", True)])
+def test_up_runs_a_learner_only_when_the_job_is_on(interval: str, on: bool) -> None:
+    from intentroute.cli.stack_cmds import parse_replicas
+    from intentroute.stack.pgroles import learns
+
+    assert learns(interval) == on
+    counts = parse_replicas([], learning=learns(interval))
+    assert ("learner" in counts) == on
+    assert counts["doors"] == 1
+    assert parse_replicas(["doors=2,learner=1"])["learner"] == 1
 
 
 def test_without_roles_every_worker_gets_the_one_url() -> None:
@@ -54,7 +65,7 @@ def test_without_roles_every_worker_gets_the_one_url() -> None:
 
     secrets = StageSecrets(DatabaseUrls("postgresql://u:p@db/x", {}), "")
     assert secrets.env_for("classifier", {}) == {"DATABASE_URL": "postgresql://u:p@db/x"}
-    assert "GATEWAY_DASHBOARD_TOKEN" not in secrets.env_for("gateway", {})
+    assert "GATEWAY_DASHBOARD_TOKEN" not in secrets.env_for("doors", {})
 
 
 def test_role_passwords_are_generated_once_and_private(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ from intentroute.stack.keeper import ServerKeeper
 from intentroute.stack.nats_users import admin_kwargs, auth_files, service_env, sync_agents
 from intentroute.stack.replication import Replicated, leaders, wait_until
 from intentroute.supervisor import Supervisor
-from intentroute.workers import WORKERS, wait_for_consumers
+from intentroute.workers import STAGES, wait_for_consumers
 from shared.client.caller import publish_until_stored
 from shared.common.settings import nats_servers
 from shared.contracts import deadletter, pipeline, request, response
@@ -82,7 +82,7 @@ STREAMS = [Replicated(name) for name in (request.STREAM, pipeline.STREAM, respon
                                          deadletter.STREAM)]
 # The gateway reads the chaos agent's requests through that agent's own consumer.
 CONSUMERS = [Replicated(request.STREAM, agent_consumer_name(name, AGENT)) if name == "gateway"
-             else Replicated(pipeline.STREAM, name) for name in WORKERS]
+             else Replicated(pipeline.STREAM, name) for name in STAGES]
 
 
 # STAGE_ACK_WAIT's default, which the workers here run with; a replica is stopped for
@@ -179,7 +179,7 @@ class Chaos:
                    RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="", GENERATOR_BACKEND="echo",
                    GENERATOR_ECHO_DELAY="0.4", AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="ERROR",
                    REQUEST_DEADLINE=str(self.deadline))
-        for name in WORKERS:
+        for name in STAGES:
             for _ in range(REPLICAS):
                 self.supervisor.add(name, [sys.executable, "-m", "intentroute.cli", "worker",
                                            name], {**env, **service_env(self.state, name)})
@@ -335,7 +335,7 @@ class Chaos:
         await asyncio.sleep(2.0)
         if isinstance(self.nats, NatsCluster):
             await self.kill_node()
-        for name in WORKERS:
+        for name in STAGES:
             self.kill_one(name)
             await asyncio.sleep(1.5)
         # Hung replicas (issue 20): stopped for three ack waits with deliveries in hand.
@@ -374,7 +374,7 @@ class Chaos:
         supervising = asyncio.create_task(self.supervise(stop))
         try:
             async with await self.admin() as admin:
-                await wait_for_consumers(admin, list(WORKERS))
+                await wait_for_consumers(admin, list(STAGES))
             async def reconnected() -> None:
                 self.caller_reconnects.append(time.monotonic())
 

@@ -44,7 +44,7 @@ from intentroute.stack import free_port
 from intentroute.stack.llm import LOCAL_MODEL, local_server
 from services.generator.prompts import render_prompt
 from services.parser.server import serve as serve_parser
-from services.retriever.app import build_retrieval
+from services.retriever.bootstrap import build_retrieval
 from services.retriever.ports import Retrieval
 from services.retriever.settings import RetrieverSettings
 from services.validator.extract import extract_avap_code

@@ -6,7 +6,7 @@ keeps: 50 agents x 2 models x 4 query types x 3 layers per day; and a year of ex
 daily percentiles per agent where the schema has `daily_agent_latency`), 90 days of
 feedback (every verdict is kept) and today's request log (`today_rows`, 33,000 by
 default: a day of 1,000,000 requests a month, which every load reads live since today
-is never final in the rollups), the gateway's dashboard routes serve it on
+is never final in the rollups), the doors' dashboard routes serve it on
 127.0.0.1, and:
 
 The dashboard is served by a process of its own (as the gateway would), the clients
@@ -45,7 +45,7 @@ from aiohttp import web
 
 from bench.browser import LAUNCH_ARGS, find_chromium
 from intentroute.stack import PostgresServer
-from services.gateway.dashboard import add_dashboard_routes
+from services.doors.dashboard import add_dashboard_routes
 from shared.policy.agent import AgentPolicy
 from shared.store import asyncpg_dsn, migrate
 from shared.store.policies import save_policy
@@ -130,8 +130,8 @@ async def seed(pool: asyncpg.Pool, *, agents: int, history_days: int, feedback_d
 
 async def index_use(pool: asyncpg.Pool, until: dt.date, days: int) -> dict[str, list[str]]:
     """The scans the planner picks for the dashboard's queries (EXPLAIN)."""
-    from services.gateway.dashboard.queries import BREAKDOWN_SQL, DAYS_SQL, FEEDBACK_SQL
-    from services.gateway.dashboard.rows import Window
+    from services.doors.dashboard.queries import BREAKDOWN_SQL, DAYS_SQL, FEEDBACK_SQL
+    from services.doors.dashboard.rows import Window
 
     window = Window.ending(until, days)
     start, end = window.bounds()

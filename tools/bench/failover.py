@@ -48,10 +48,10 @@ from pathlib import Path
 from typing import Any
 
 import nats
-from intentroute.stack.auth import admin_kwargs, service_env, sync_agents
 from nats.aio.client import Client
 
 from intentroute.stack import embedded_stack, free_port
+from intentroute.stack.nats_users import admin_kwargs, service_env, sync_agents
 from intentroute.workers import wait_for_consumers
 from shared.client.caller import AnswerTimeoutError, ask
 from shared.contracts.request import AgentRequest

@@ -55,7 +55,7 @@ from nats.aio.msg import Msg
 from intentroute.stack import NatsServer, PostgresServer
 from intentroute.stack.nats_users import admin_kwargs, auth_files, service_env, sync_agents
 from intentroute.supervisor import Supervisor
-from intentroute.workers import WORKERS, wait_for_consumers
+from intentroute.workers import STAGES, wait_for_consumers
 from services.gateway.limits.logic import price_table
 from services.gateway.limits.store import budget_overshoot
 from shared.client.caller import publish_until_stored
@@ -155,7 +155,7 @@ class Fairness:
                    INTENTROUTE_HOME=str(self.state), INDEX_DIR=str(self.state / "index"),
                    RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="", AVAP_PARSER_TIMEOUT="0",
                    LOG_LEVEL="ERROR", REQUEST_DEADLINE=str(self.deadline), **self.extra_env)
-        for name in WORKERS:
+        for name in STAGES:
             for _ in range(2 if name == "gateway" else 1):
                 self.supervisor.add(name, [sys.executable, "-m", "intentroute.cli", "worker",
                                            name], {**env, **service_env(self.state, name)})
@@ -226,7 +226,7 @@ class Fairness:
         conns: list[Any] = []
         try:
             async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
-                await wait_for_consumers(admin, list(WORKERS))
+                await wait_for_consumers(admin, list(STAGES))
                 await admin.subscribe("agent.response.*.*", cb=self.finals.on_chunk)
                 for agent in (FLOOD, *VICTIMS, INJECTOR):
                     conns.append(await nats.connect(self.nats.url, **creds[agent].nats))

@@ -1,8 +1,9 @@
 """Feedback -> score lag: seconds from an agent's `POST /agents/{id}/feedback` until its
 row in `agent_scores` reflects the verdict (ADR-0006 asks for <= 60 s).
 
-A gateway worker runs as its own process on the embedded servers (auth on), with its
-score refresh at the default interval unless told otherwise. The agent has logged
+A gateway worker (which records the verdict, with its score refresh at the default
+interval unless told otherwise) and a doors worker (the HTTP route) run as processes of
+their own on the embedded servers (auth on). The agent has logged
 requests (their implicit outcome: success); each sample turns one into `user_rejected`
 and polls the agent's success count until it drops. Samples start at random phases of
 the refresh interval, so the figures spread over it: the median is about half the
@@ -108,7 +109,7 @@ async def _prepare(state: Path, db_url: str, nats_url: str, samples: int) -> tup
 async def _measure(http_url: str, db_url: str, token: str, ids: list[str],
                    refresh: float) -> list[float]:
     async with aiohttp.ClientSession() as http:
-        for _ in range(600):  # until the gateway serves
+        for _ in range(600):  # until the doors serve
             try:
                 async with http.post(f"{http_url}/agents/{AGENT}/feedback") as resp:
                     if resp.status == 401:
@@ -141,16 +142,19 @@ def run(samples: int = 10, score_refresh: float | None = None) -> dict[str, Any]
             port = free_port()
             env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
                        INTENTROUTE_HOME=str(state), LOG_LEVEL="WARNING",
-                       GATEWAY_HTTP_LISTEN=f"127.0.0.1:{port}", SCORE_REFRESH=str(refresh),
-                       **service_env(state, "gateway"))
-            gateway = subprocess.Popen([sys.executable, "-m", "intentroute.cli", "worker",
-                                        "gateway"], env=env)
+                       GATEWAY_HTTP_LISTEN=f"127.0.0.1:{port}", SCORE_REFRESH=str(refresh))
+            # The doors take the HTTP verdict and publish it; the gateway records it.
+            procs = [subprocess.Popen([sys.executable, "-m", "intentroute.cli", "worker", name],
+                                      env={**env, **service_env(state, name)})
+                     for name in ("gateway", "doors")]
             try:
                 lags = asyncio.run(_measure(f"http://127.0.0.1:{port}", db_url, token, ids,
                                             refresh))
             finally:
-                gateway.terminate()
-                gateway.wait(15)
+                for proc in procs:
+                    proc.terminate()
+                for proc in procs:
+                    proc.wait(15)
     return {
         "feedback_to_score_s": round(statistics.median(lags), 3),
         "feedback_to_score_s_max": round(max(lags), 3),

@@ -33,7 +33,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from intentroute.stack import DEFAULT_SYNC_INTERVAL, embedded_stack
-from intentroute.workers import WORKERS, wait_for_consumers
+from intentroute.workers import DOORS, STAGES, wait_for_consumers
 from shared.client.caller import publish_request
 from shared.common.settings import nats_servers
 from shared.contracts.codec import decode_chunk
@@ -117,10 +117,11 @@ def _request(i: int, agent: str = "bench-load") -> AgentRequest:
 
 
 async def _measure(nats_url: str, db_url: str, requests: int, load: int, window: int,
-                   creds: dict[str, dict[str, Any]], http_url: str = "") -> dict[str, Any]:
+                   creds: dict[str, dict[str, Any]], http_url: str = "",
+                   workers: tuple[str, ...] = STAGES) -> dict[str, Any]:
     servers = nats_servers(nats_url)
     admin = await nats.connect(servers, **creds["admin"])
-    await wait_for_consumers(admin, list(WORKERS))
+    await wait_for_consumers(admin, list(workers))
     floor = await _floor(admin, creds["admin"])
     callers = {agent: await nats.connect(servers, **creds[agent]) for agent in AGENTS}
     waiter = Waiter()
@@ -278,7 +279,10 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
             if not models:
                 env.update(RETRIEVER_METHOD="bm25", CLASSIFIER_HEADS_DIR="")
             http_url = ""
+            # The stages; the doors (their own process, as deployed) for `--door openai`.
+            workers = STAGES
             if door == "openai":
+                workers = (*STAGES, DOORS)
                 from intentroute.stack import free_port
 
                 port = free_port()
@@ -287,11 +291,12 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
             procs = [
                 subprocess.Popen([sys.executable, "-m", "intentroute.cli", "worker", name],
                                  env={**env, **(service_env(state, name) if auth else {})})
-                for name in WORKERS
+                for name in workers
             ]
             try:
                 result = uvloop.run(
-                    _measure(nats_url, db_url, requests, load, window, creds, http_url))
+                    _measure(nats_url, db_url, requests, load, window, creds, http_url,
+                             workers))
                 result["models"] = models
                 result["auth"] = auth
                 result["accounting"] = accounting

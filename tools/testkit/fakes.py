@@ -25,24 +25,27 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from services.classifier.ports import Prediction
+from services.doors.pipeline import Door
+from services.doors.throttle import AuthThrottle
 from services.gateway.feedback_recorder import FeedbackRecorder
-from services.gateway.limits.logic import ADMITTED, Admission, Ask, Grant, Limits
+from services.gateway.limits.ports import ADMITTED, Admission, Ask, Grant, Limits
 from services.generator.prompts import ChatMessage
 from services.parser.avap import validate
 from services.retriever.ports import SearchResult
 from services.validator.ports import CheckResult, ParseOutcome
-from shared.auth.ports import AgentInfo
+from shared.auth.ports import AgentInfo, TokenVerifier
+from shared.contracts.checks import check_feedback, refused
 from shared.contracts.codec import decode_chunk
-from shared.contracts.feedback import Feedback
+from shared.contracts.feedback import Feedback, FeedbackAck
 from shared.contracts.ids import MAX_ID_CHARS
 from shared.contracts.pipeline import Passage
-from shared.contracts.response import ResponseChunk
+from shared.contracts.response import ErrorCode, ResponseChunk
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
 from shared.encoders.embeddings import Vectors
 from shared.policy.agent import AgentPolicy
 from shared.store.feedback_table import Recorded
+from shared.store.ports import StoreRejectedError, StoreUnavailableError
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
-from shared.store.writer import StoreRejectedError, StoreUnavailableError
 
 # ------------------------------------------------------------------------ the bus
 
@@ -321,6 +324,29 @@ class FakeFeedbackTable:
 def feedback_recorder(table: FakeFeedbackTable | None = None) -> FeedbackRecorder:
     """A FeedbackRecorder over a FakeFeedbackTable (no retries of unknown ids)."""
     return FeedbackRecorder(table or FakeFeedbackTable(), unknown_retries=())
+
+
+class LocalDoor(Door):
+    """The doors' Door without a bus: its verdicts go to `recorder` (the gateway's
+    FeedbackRecorder, what the gateway's consumer would answer) in process, a store
+    that cannot be reached answered as the gateway's last delivery answers it; the
+    doors' routes are driven without NATS. `agents` checks the tokens."""
+
+    def __init__(self, agents: TokenVerifier, recorder: FeedbackRecorder | None = None,
+                 throttle: AuthThrottle | None = None, *, answer_timeout: float = 1.0
+                 ) -> None:
+        super().__init__(None, agents, throttle or AuthThrottle(""),  # type: ignore[arg-type]
+                         answer_timeout=answer_timeout)
+        self.recorder = recorder or feedback_recorder()
+
+    async def feedback(self, agent_id: str, fb: Feedback) -> FeedbackAck:
+        bad = check_feedback(fb)
+        if bad is not None:
+            return bad
+        try:
+            return await self.recorder.record(agent_id, fb)
+        except StoreUnavailableError as exc:
+            return refused(fb.request_id, ErrorCode.STORE_UNAVAILABLE, str(exc))
 
 
 # ------------------------------------------------------------------------ adapters

@@ -21,17 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.gateway.limits.lease import LEASE_TTL, SHARE, AgentLease
-from services.gateway.limits.logic import (
-    ADMITTED,
-    Admission,
-    Ask,
-    Limits,
-    Refusal,
-    price_table,
-    resolve,
-)
+from services.gateway.limits.logic import Refusal, price_table, resolve
+from services.gateway.limits.ports import ADMITTED, Admission, Ask, Limits, LimitStore
 from services.gateway.limits.settings import LimitSettings
-from services.gateway.ports import LimitStore
 from shared.contracts.pipeline import Admitted
 from shared.contracts.response import ErrorInfo
 from shared.policy.ports import Policies

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from services.gateway.limits.logic import Ask, Grant, Held, Limits
+from services.gateway.limits.ports import Ask, Grant, Held, Limits
 
 # Seconds an allowance lasts, on the gateway's clock; topped up at half. Shorter costs
 # more calls, longer leaves an idle replica's allowance unusable by others longer.

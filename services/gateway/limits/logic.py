@@ -18,40 +18,22 @@ Checked in this order, each on the agent's own state, before anything is worked 
 
 from __future__ import annotations
 
-import enum
 import math
 from typing import TypeVar
 
 import msgspec
 
+from services.gateway.limits.ports import Admission, Limits, Verdict
 from services.gateway.limits.settings import LimitSettings
+from shared.contracts.errors import ADMISSION_REFUSALS
 from shared.contracts.response import ErrorCode
-from shared.policy.agent import UNLIMITED, AgentPolicy, OnBudget
+from shared.policy.agent import UNLIMITED, AgentPolicy
 
 T = TypeVar("T", int, float)
 
 
 # The final chunks of requests refused at admission (gRPC: RESOURCE_EXHAUSTED).
-REFUSALS = frozenset({ErrorCode.RATE_LIMITED, ErrorCode.CONCURRENCY_LIMITED,
-                      ErrorCode.QUOTA_EXCEEDED, ErrorCode.BUDGET_EXCEEDED})
-
-
-class Limits(msgspec.Struct, frozen=True, kw_only=True):
-    """The limits that apply to one agent (None: no such limit)."""
-
-    rate: float | None = None
-    burst: int | None = None
-    max_inflight: int | None = None
-    tokens_per_min: int | None = None
-    budget_day: float | None = None
-    budget_month: float | None = None
-    on_budget: OnBudget = OnBudget.REFUSE
-
-    @property
-    def unlimited(self) -> bool:
-        """No limit at all: nothing to check (no round trip)."""
-        return (self.rate is None and self.max_inflight is None and self.tokens_per_min is None
-                and self.budget_day is None and self.budget_month is None)
+REFUSALS = frozenset(ADMISSION_REFUSALS)
 
 
 def _own(own: T | None, default: T | None) -> T | None:
@@ -85,63 +67,6 @@ def price_table(policy: AgentPolicy) -> dict[str, list[float]]:
     state prices answered requests (the cost report's formula, shared.accounting)."""
     return {model: [p.input_per_1k, p.output_per_1k, p.per_compute_s]
             for model, p in policy.prices.items()}
-
-
-class Verdict(enum.StrEnum):
-    """What the shared state decided for one request."""
-
-    ADMIT = "ok"
-    DEGRADE = "degrade"  # past a budget, on_budget=degrade: the extractive answer
-    RATE_LIMITED = ErrorCode.RATE_LIMITED.value
-    CONCURRENCY_LIMITED = ErrorCode.CONCURRENCY_LIMITED.value
-    QUOTA_EXCEEDED = ErrorCode.QUOTA_EXCEEDED.value
-    BUDGET_EXCEEDED = ErrorCode.BUDGET_EXCEEDED.value
-    # Under a budget, before any of the agent's requests has a known cost: one in
-    # flight at a time (refused CONCURRENCY_LIMITED), so the overshoot bound holds.
-    PROBE = "probe"
-
-
-class Admission(msgspec.Struct, frozen=True, kw_only=True):
-    """The verdict on one request and the agent's state after it."""
-
-    verdict: Verdict
-    retry_after_ms: int = 0
-    # Cost units spent (answered, settled) this UTC day / month, and reserved for the
-    # agent's requests in flight (this one included when admitted).
-    spent_day: float = 0.0
-    spent_month: float = 0.0
-    reserved: float = 0.0
-
-
-ADMITTED = Admission(verdict=Verdict.ADMIT)
-
-
-class Ask(msgspec.Struct, frozen=True):
-    """One request waiting for the shared state's verdict."""
-
-    request_id: str
-    accepted_at: float
-    deadline: float
-
-
-class Held(msgspec.Struct, frozen=True):
-    """One request a replica admitted on its allowance, to be recorded in flight with the
-    cost units it reserves."""
-
-    request_id: str
-    accepted_at: float
-    deadline: float
-    estimate: float
-
-
-class Grant(msgspec.Struct, frozen=True, kw_only=True):
-    """The shared state's answer to a replica: the verdict on each request it asked
-    about, in order, and `extra` more admissions it may make on its own (each reserving
-    `estimate` cost units) until its allowance expires."""
-
-    admissions: list[Admission]
-    extra: int = 0
-    estimate: float = 0.0
 
 
 class Refusal(msgspec.Struct, frozen=True):

@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from services.gateway.limits.logic import Admission, Ask, Grant, Held, Limits, Verdict
+from services.gateway.limits.ports import Admission, Ask, Grant, Held, Limits, Verdict
 
 # Seconds after its deadline a request without a request-log row stops being waited
 # for: it is settled at its estimate (an error answer's rows are written for up to 30 s

@@ -13,16 +13,12 @@ import msgspec
 from hypothesis import strategies as st
 from opentelemetry.trace import NoOpTracer
 
-from services.gateway.feedback_recorder import (
-    FeedbackRecorder,
-    build_feedback_consumer,
-    check_feedback,
-    decode_feedback,
-)
+from services.gateway.feedback_recorder import FeedbackRecorder, build_feedback_consumer
 from services.gateway.handlers import GatewayDeps
 from shared.auth.admission import Admission
 from shared.auth.ports import AgentInfo
 from shared.common.settings import CommonSettings
+from shared.contracts.checks import check_feedback, decode_feedback
 from shared.contracts.feedback import (
     SUBJECT_PREFIX,
     Feedback,

@@ -25,7 +25,7 @@ from services.classifier.cascade import Cascade
 from services.classifier.handlers import ClassifierDeps
 from services.classifier.handlers import build_stage as classifier_stage
 from services.classifier.settings import ClassifierSettings
-from services.gateway.handlers import GatewayDeps, InvalidRequestError, admitter
+from services.gateway.handlers import GatewayDeps, admitter
 from services.gateway.handlers import build_stage as gateway_stage
 from services.gateway.settings import GatewaySettings
 from services.generator.handlers import GeneratorDeps
@@ -42,6 +42,7 @@ from shared.auth.admission import Admission
 from shared.auth.ports import AgentInfo
 from shared.common.settings import CommonSettings
 from shared.contracts.codec import decode_admitted, decode_chunk, decode_routed, encode
+from shared.contracts.errors import InvalidInputError
 from shared.contracts.ids import is_valid_id
 from shared.contracts.pipeline import (
     CLASSIFY_SUBJECT,
@@ -322,13 +323,12 @@ DECODE_REQUEST = admitter(COMMON.request_deadline)
 
 
 async def check_request_decoder(ex: Example) -> Verdict:
-    """The gateway's decoder: an Admitted every stage can answer, or InvalidRequestError
+    """The gateway's decoder: an Admitted every stage can answer, or InvalidInputError
     with a typed code and an id answers can be addressed to; nothing else."""
     agent = agent_of(ex.subject)
     try:
         env = DECODE_REQUEST(FakeDelivery(ex.data, ex.subject))
-    except InvalidRequestError as exc:
-        error = exc.error
+    except InvalidInputError as error:
         if error.code not in TYPED_CODES:
             return Verdict(untyped=f"refused with code {error.code!r}")
         if error.request_id and not is_valid_id(error.request_id):

@@ -18,8 +18,8 @@ import datetime as dt
 import asyncpg
 import msgspec
 
-from services.gateway.dashboard.live import LiveFigures, live_figures, overlay
-from services.gateway.dashboard.rows import (
+from services.doors.dashboard.live import LiveFigures, live_figures, overlay
+from services.doors.dashboard.rows import (
     PER_DAY,
     AgentDayLatency,
     FeedbackGroup,
@@ -29,6 +29,8 @@ from services.gateway.dashboard.rows import (
     Window,
 )
 from shared.accounting.rollups import pending_days, prices_of, read_log_rollups
+from shared.contracts.errors import RetryableError
+from shared.contracts.response import ErrorCode
 from shared.policy.agent import AgentPolicy
 from shared.store.policies import load_policies
 
@@ -130,8 +132,10 @@ class Figures(msgspec.Struct, frozen=True):
     live_days: list[dt.date] = []
 
 
-class FiguresUnavailableError(RuntimeError):
+class FiguresUnavailableError(RetryableError):
     """The database could not answer (down, or the queries ran past their timeout)."""
+
+    code = ErrorCode.STORE_UNAVAILABLE
 
 
 async def _bounded(conn: asyncpg.Connection, timeout_ms: int, work_mem: str = "") -> None:

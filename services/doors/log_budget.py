@@ -1,7 +1,7 @@
 """Log lines an anonymous caller can cause, bounded.
 
 Wrong credentials, throttled addresses and refused logins are worth a line for the
-operator, but each is one call away for anyone who can reach the gateway: a flood would
+operator, but each is one call away for anyone who can reach a door: a flood would
 become a flood of lines. `LogBudget` writes at most `per_key` lines per key (a client
 address) and `total` lines in all (whatever the addresses) per window, and tells in the
 next line it writes how many it left out. Never a traceback.

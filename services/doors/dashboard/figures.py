@@ -22,8 +22,8 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
-from services.gateway.dashboard.queries import Figures
-from services.gateway.dashboard.rows import (
+from services.doors.dashboard.queries import Figures
+from services.doors.dashboard.rows import (
     PER_DAY,
     PER_DAY_LAYER,
     PER_DAY_MODEL,

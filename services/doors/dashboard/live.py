@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from services.gateway.dashboard.rows import (
+from services.doors.dashboard.rows import (
     PER_DAY,
     PER_DAY_LAYER,
     PER_DAY_MODEL,

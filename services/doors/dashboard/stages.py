@@ -21,9 +21,11 @@ import msgspec
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
+from shared.contracts.errors import RetryableError
+from shared.contracts.response import ErrorCode
 from shared.runtime.stage_status import Sample, StageRow, read_sample, stage_rows
 
-log = logging.getLogger("intentroute.gateway.dashboard")
+log = logging.getLogger("intentroute.doors.dashboard")
 
 
 class StagesView(msgspec.Struct, kw_only=True):
@@ -34,8 +36,10 @@ class StagesView(msgspec.Struct, kw_only=True):
     stages: list[StageRow]
 
 
-class StagesUnavailableError(RuntimeError):
+class StagesUnavailableError(RetryableError):
     """The bus did not answer the reading."""
+
+    code = ErrorCode.BUS_UNAVAILABLE
 
 
 async def _read(nc: Client, timeout: float) -> Sample:

@@ -1,4 +1,4 @@
-"""Dashboard settings, read from the environment here only (the gateway nests them)."""
+"""Dashboard settings, read from the environment here only (the doors nest them)."""
 
 from __future__ import annotations
 

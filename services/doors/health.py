@@ -1,9 +1,11 @@
-"""`GET /healthz` and `GET /readyz` on the gateway's HTTP server, for probes (no token).
+"""`GET /healthz` and `GET /readyz` on the doors' HTTP server, for probes (no token).
 
 * `/healthz`: 200 while the process serves HTTP at all (a liveness probe);
 * `/readyz`: 200 when this replica can answer: its NATS connection is up, Postgres
-  answers `SELECT 1` within `timeout`, and its consumers are pulling (from the end of
-  its start-up to the start of its shutdown); else 503. Both bodies name each check:
+  (the agents' tokens) answers `SELECT 1` within `timeout`, and it is serving (from the
+  end of its start-up to the start of its shutdown: the check keeps the name
+  `consumers` it had when the doors were the gateway's); else 503. Both bodies name
+  each check:
   `{"status": "ready", "checks": {"nats": "ok", "postgres": "ok", "consumers": "ok"}}`.
 """
 

@@ -6,12 +6,14 @@ wrong ones from an address RESOURCE_EXHAUSTED, throttle.py), a body that names a
 agent PERMISSION_DENIED, and only then a body that does not decode INVALID_ARGUMENT
 (grpc_decode.py). A request is then checked like a NATS one (bad
 input -> INVALID_ARGUMENT; its `timeout_ms` shortens the pipeline's deadline as on NATS)
-and published on the agent's `agent.request.<agent_id>`, so
-it takes the same durable path through the workers. Feedback goes to the same recorder
-as the NATS and HTTP entry points (feedback_recorder.py): bad input INVALID_ARGUMENT, a request
-id that is not one of the agent's (unknown or another agent's) NOT_FOUND, the store
-unreachable UNAVAILABLE. The same server answers `grpc.health.v1.Health` and server
-reflection, without a token (grpc_health.py).
+and published on the agent's `agent.request.<agent_id>` (pipeline.Door), so it takes the
+same durable path through the workers. Feedback is published on the agent's
+`agent.feedback.<agent_id>` and the gateway's ack awaited: bad input INVALID_ARGUMENT, a
+request id that is not one of the agent's (unknown or another agent's) NOT_FOUND, the
+store unreachable UNAVAILABLE. Every refusal is an abort with the status of its code in
+the one table (shared.contracts.errors.door_status), its details `CODE: message`, and
+`retry-after` / `retry-after-ms` trailers when it says when to ask again. The same server
+answers `grpc.health.v1.Health` and server reflection, without a token (grpc_health.py).
 """
 
 from __future__ import annotations
@@ -19,40 +21,34 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from typing import NoReturn
 
 import grpc
 import msgspec
-from nats.aio.client import Client
-from opentelemetry.trace import Tracer
 
-from services.gateway.bridge import Door, refusal, retry_after_seconds
-from services.gateway.feedback_recorder import FeedbackRecorder
-from services.gateway.grpc_decode import DeferDecodeErrors, Undecodable, reject_undecodable
-from services.gateway.grpc_health import (
-    OPEN_SERVICES,
-    GrpcServer,
-    HealthReporter,
-    ReadyCheck,
-)
-from services.gateway.throttle import AuthThrottle, ThrottledError, grpc_peer_address
-from services.gateway.validation import InputError
+from services.doors.grpc_decode import DeferDecodeErrors, Undecodable, reject_undecodable
+from services.doors.grpc_health import OPEN_SERVICES, GrpcServer, HealthReporter, ReadyCheck
+from services.doors.pipeline import Door, refusal, retry_after_seconds
+from services.doors.throttle import grpc_peer_address
 from shared.auth.identity import bearer_value
-from shared.auth.ports import AgentInfo, TokenVerifier
-from shared.client.answers import RequestInFlightError
-from shared.client.caller import AnswerTimeoutError, RequestRefusedError, assemble
+from shared.auth.ports import AgentInfo
+from shared.client.caller import assemble
+from shared.contracts.errors import (
+    IntentrouteError,
+    InvalidInputError,
+    door_status,
+)
 from shared.contracts.feedback import (
     Feedback,
-    FeedbackAck,
     FeedbackMetadata,
     FeedbackOutcome,
 )
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import ErrorCode, ErrorInfo, ResponseChunk
+from shared.contracts.response import ErrorCode, ResponseChunk
 from shared.contracts.routing import RoutingDecision
 from shared.grpc import agent_pb2, agent_pb2_grpc
-from shared.store.writer import StoreUnavailableError
 
-log = logging.getLogger("intentroute.gateway.grpc")
+log = logging.getLogger("intentroute.doors.grpc")
 
 # The service's full name, as callers and the door's spans name it.
 SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AssistanceEngine"].full_name
@@ -100,11 +96,17 @@ def to_response(chunk: ResponseChunk) -> agent_pb2.AgentResponse:
 
 
 def to_feedback(msg: agent_pb2.FeedbackRequest) -> Feedback:
-    """ValueError for an outcome outside the vocabulary."""
+    """InvalidInputError (INVALID_FIELD) for an outcome outside the vocabulary."""
     meta = msg.metadata
+    try:
+        outcome = FeedbackOutcome(msg.outcome)
+    except ValueError:
+        allowed = ", ".join(o.value for o in FeedbackOutcome)
+        raise InvalidInputError(ErrorCode.INVALID_FIELD, f"outcome '{msg.outcome}' is not "
+                                f"one of: {allowed}") from None
     return Feedback(
         request_id=msg.request_id,
-        outcome=FeedbackOutcome(msg.outcome),
+        outcome=outcome,
         metadata=FeedbackMetadata(
             completion_quality=(meta.completion_quality
                                 if meta.HasField("completion_quality") else None),
@@ -128,31 +130,37 @@ def bearer_token(context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
+async def abort(context: grpc.aio.ServicerContext, code: str, message: str,
+                retry_after_ms: int = 0) -> NoReturn:
+    """End the call with the gRPC status of `code` (the one table), details
+    `CODE: message`, and `retry-after` (whole seconds, as HTTP's header) and
+    `retry-after-ms` trailers when it says when to ask again."""
+    if retry_after_ms > 0:
+        context.set_trailing_metadata((
+            ("retry-after", str(retry_after_seconds(retry_after_ms))),
+            ("retry-after-ms", str(retry_after_ms))))
+    await context.abort(grpc.StatusCode[door_status(code).grpc], f"{code}: {message}")
+    raise AssertionError("unreachable")
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: IntentrouteError) -> NoReturn:
+    await abort(context, exc.code, exc.message, exc.retry_after_ms)
+
+
 class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
-    def __init__(self, nc: Client, agents: TokenVerifier, *, answer_timeout: float,
-                 feedback: FeedbackRecorder, throttle: AuthThrottle,
-                 tracer: Tracer | None = None) -> None:
-        # The bridging to the pipeline, shared with the OpenAI-compatible door (bridge.py).
-        self._door = Door(nc, agents, throttle, answer_timeout=answer_timeout, tracer=tracer)
-        self._feedback = feedback
+    def __init__(self, door: Door) -> None:
+        # The bridging to the pipeline, shared with the OpenAI-compatible door (pipeline.py).
+        self._door = door
 
     async def _caller(self, claimed: str, context: grpc.aio.ServicerContext) -> AgentInfo:
-        """The token's agent; aborts when there is none or the body names another."""
-        token = bearer_token(context)
-        try:
-            agent = await self._door.caller(token, grpc_peer_address(context.peer()))
-        except ThrottledError as exc:
-            context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            raise AssertionError("unreachable") from None
-        if agent is None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "a valid agent bearer token is required")
-            raise AssertionError("unreachable")
+        """The token's agent; ThrottledError / UnauthenticatedError when there is none,
+        InvalidInputError (AGENT_MISMATCH) when the body names another."""
+        agent = await self._door.caller(bearer_token(context),
+                                        grpc_peer_address(context.peer()))
         if claimed and claimed != agent.agent_id:
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"AGENT_MISMATCH: the token is agent '{agent.agent_id}', not '{claimed}'")
+            raise InvalidInputError(
+                ErrorCode.AGENT_MISMATCH,
+                f"the token is agent '{agent.agent_id}', not '{claimed}'")
         return agent
 
     async def _checked(
@@ -165,126 +173,79 @@ class AssistanceEngine(agent_pb2_grpc.AssistanceEngineServicer):
         agent = await self._caller(claimed, context)
         if isinstance(request, Undecodable):
             await reject_undecodable(context, request)
-        checked = self._door.check(to_request(request), agent.agent_id)
-        if isinstance(checked, InputError):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"{checked.code}: {checked.message}"
-            )
-        assert isinstance(checked, AgentRequest)
-        return checked
+        return self._door.check(to_request(request), agent.agent_id)
 
     async def _chunks(
-        self, req: AgentRequest, context: grpc.aio.ServicerContext, method: str
+        self, request: agent_pb2.AgentRequest | Undecodable,
+        context: grpc.aio.ServicerContext, method: str
     ) -> AsyncIterator[ResponseChunk]:
+        """The answer's chunks; every refusal (the door's, or the pipeline's admission)
+        ends the call with its code's status."""
         try:
+            req = await self._checked(request, context)
             async for chunk in self._door.answer(
                     req, span_name=f"{SERVICE}/{method}", carrier=metadata_carrier(context),
                     attributes={"rpc.system": "grpc", "rpc.service": SERVICE,
                                 "rpc.method": method}):
                 refused = refusal(chunk)
                 if refused is not None:
-                    await abort_refused(context, refused)
-                if chunk.error is not None and chunk.error.code == ErrorCode.DUPLICATE_REQUEST:
-                    # Its id was admitted already: its answer is on its own subject.
-                    await context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                                        f"{chunk.error.code}: {chunk.error.message}")
+                    await abort(context, refused.code, refused.message,
+                                refused.retry_after_ms)
                 yield chunk
-        except AnswerTimeoutError as exc:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-        except RequestRefusedError as exc:  # the request stream is full (for this agent)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except RequestInFlightError as exc:  # its id is in flight: nothing was published
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        except IntentrouteError as exc:
+            await abort_with(context, exc)
 
     async def AskAgentStream(
         self, request: agent_pb2.AgentRequest | Undecodable,
         context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.AgentResponse]:
-        req = await self._checked(request, context)
-        async for chunk in self._chunks(req, context, "AskAgentStream"):
+        async for chunk in self._chunks(request, context, "AskAgentStream"):
             yield to_response(chunk)
 
     async def AskAgent(
         self, request: agent_pb2.AgentRequest | Undecodable,
         context: grpc.aio.ServicerContext
     ) -> agent_pb2.AgentResponse:
-        req = await self._checked(request, context)
         chunks: list[ResponseChunk] = []
-        async for chunk in self._chunks(req, context, "AskAgent"):
+        async for chunk in self._chunks(request, context, "AskAgent"):
             chunks.append(chunk)
             if chunk.is_final:
                 final = to_response(chunk)
                 final.text = assemble(chunks)
                 return final
-        await context.abort(grpc.StatusCode.INTERNAL, "answer ended without a final chunk")
-        raise AssertionError("unreachable")
+        await abort(context, ErrorCode.STAGE_FAILED, "answer ended without a final chunk")
 
     async def Feedback(
         self, request: agent_pb2.FeedbackRequest | Undecodable,
         context: grpc.aio.ServicerContext
     ) -> agent_pb2.FeedbackReply:
-        claimed = "" if isinstance(request, Undecodable) else request.agent_id
-        agent = await self._caller(claimed, context)
-        if isinstance(request, Undecodable):
-            await reject_undecodable(context, request)
         try:
-            fb = to_feedback(request)
-        except ValueError:
-            allowed = ", ".join(o.value for o in FeedbackOutcome)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"{ErrorCode.INVALID_FIELD}: outcome "
-                                f"'{request.outcome}' is not one of: {allowed}")
-            raise AssertionError("unreachable") from None
-        try:
-            ack = await self._feedback.record(agent.agent_id, fb)
-        except StoreUnavailableError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"{ErrorCode.STORE_UNAVAILABLE}: {exc}")
-            raise AssertionError("unreachable") from None
+            claimed = "" if isinstance(request, Undecodable) else request.agent_id
+            agent = await self._caller(claimed, context)
+            if isinstance(request, Undecodable):
+                await reject_undecodable(context, request)
+            ack = await self._door.feedback(agent.agent_id, to_feedback(request))
+        except IntentrouteError as exc:
+            await abort_with(context, exc)
         if not ack.accepted:
-            await context.abort(feedback_status(ack), f"{ack.error_code}: {ack.message}")
+            await abort(context, ack.error_code, ack.message)
         return agent_pb2.FeedbackReply(request_id=ack.request_id, accepted=True,
                                        repeat=ack.repeat)
 
 
-async def abort_refused(context: grpc.aio.ServicerContext, error: ErrorInfo) -> None:
-    """A request refused at admission (a per-agent limit): RESOURCE_EXHAUSTED, with
-    `retry-after` (whole seconds, as HTTP's header) and `retry-after-ms` trailers when
-    the refusal says when to ask again."""
-    if error.retry_after_ms > 0:
-        context.set_trailing_metadata((
-            ("retry-after", str(retry_after_seconds(error.retry_after_ms))),
-            ("retry-after-ms", str(error.retry_after_ms))))
-    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{error.code}: {error.message}")
-
-
-def feedback_status(ack: FeedbackAck) -> grpc.StatusCode:
-    if ack.error_code == ErrorCode.UNKNOWN_REQUEST:
-        return grpc.StatusCode.NOT_FOUND
-    return grpc.StatusCode.INVALID_ARGUMENT
-
-
 async def start_grpc(
-    nc: Client,
+    door: Door,
     listen: str,
-    agents: TokenVerifier,
     *,
-    answer_timeout: float,
-    feedback: FeedbackRecorder,
-    throttle: AuthThrottle,
     tls: tuple[bytes, bytes] | None = None,
     ready: ReadyCheck | None = None,
-    tracer: Tracer | None = None,
 ) -> GrpcServer:
     """`tls`: (private key, certificate chain) in PEM; None serves plain text. `ready`:
-    whether this replica can answer, for the health service (None: once started).
-    `tracer`: the door's spans (bridge.Door)."""
+    whether this replica can answer, for the health service (None: once started)."""
     server = grpc.aio.server(interceptors=(DeferDecodeErrors(OPEN_SERVICES),))
     # The generated registration function is untyped (grpc_tools emits no annotations).
     agent_pb2_grpc.add_AssistanceEngineServicer_to_server(  # type: ignore[no-untyped-call]
-        AssistanceEngine(nc, agents, answer_timeout=answer_timeout, feedback=feedback,
-                         throttle=throttle, tracer=tracer), server
-    )
+        AssistanceEngine(door), server)
     health = HealthReporter(ready)
     health.add_to(server)
     if tls is not None:
@@ -293,6 +254,6 @@ async def start_grpc(
         server.add_insecure_port(listen)
     await server.start()
     await health.start()
-    log.info("[gateway] gRPC AskAgent / Feedback listening on %s%s (health, reflection)",
+    log.info("[doors] gRPC AskAgent / Feedback listening on %s%s (health, reflection)",
              listen, " (TLS)" if tls else "")
     return GrpcServer(server, health)

@@ -1,6 +1,8 @@
-"""The OpenAI chat-completions wire format, pure: a request body into an `AgentRequest`,
-the answer's chunks into a `chat.completion` or `chat.completion.chunk` events, an error
-into OpenAI's `{"error": {...}}` body with its HTTP status.
+"""The OpenAI chat-completions wire format, pure: a request body into an `AgentRequest`
+(`decode`; what does not map is an InvalidInputError naming the parameter at fault), the
+answer's chunks into a `chat.completion` or `chat.completion.chunk` events, an error
+into OpenAI's `{"error": {...}}` body with its HTTP status (the one table of codes,
+shared.contracts.errors).
 
 Mapping (README "OpenAI-compatible API"):
 
@@ -30,19 +32,14 @@ from collections.abc import Mapping
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from services.gateway.validation import validation_code
+from shared.contracts.checks import validation_code
+from shared.contracts.errors import InvalidInputError, door_status
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import ErrorCode, ErrorInfo, ResponseChunk
+from shared.contracts.response import ErrorCode, ResponseChunk
 from shared.contracts.routing import QueryType, RoutingDecision
 
 MODEL = "intentroute"
 ROUTE_MODELS = {f"{MODEL}/{t.value}": t.value for t in QueryType}
-# A full request stream refused the publish (nothing queued): ask again shortly.
-QUEUE_FULL = "QUEUE_FULL"
-# NATS failed the publish or the answer's follow (a server paused or restarting).
-BUS_UNAVAILABLE = "BUS_UNAVAILABLE"
-THROTTLED = "THROTTLED"
-UNAUTHENTICATED = "UNAUTHENTICATED"
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -89,28 +86,28 @@ class ChatRequest(msgspec.Struct, frozen=True):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class WireError(msgspec.Struct, frozen=True):
-    """A request the door answers itself: HTTP status, error code, message, parameter."""
-
-    status: int
-    code: str
-    message: str
-    param: str | None = None
-
-
 _decoder = msgspec.json.Decoder(ChatRequest)
 
 
-def decode_chat(body: bytes) -> ChatRequest | WireError:
+def decode(body: bytes, *, session_header: str, request_id: str
+           ) -> tuple[ChatRequest, AgentRequest]:
+    """The chat request in `body` and the pipeline's request for it (its bounds are
+    checked after, as any door's: shared.contracts.checks); InvalidInputError."""
+    chat = decode_chat(body)
+    return chat, to_agent_request(chat, session_header=session_header, request_id=request_id)
+
+
+def decode_chat(body: bytes) -> ChatRequest:
     try:
         return _decoder.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        return WireError(400, validation_code(exc),
-                         f"the body is not a chat completion request: {text}",
-                         _param_of(text))
+        raise InvalidInputError(validation_code(exc),
+                                f"the body is not a chat completion request: {text}",
+                                param=_param_of(text)) from None
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-        return WireError(400, ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}")
+        raise InvalidInputError(ErrorCode.MALFORMED_JSON,
+                                f"the body is not valid JSON: {exc}") from None
 
 
 def _param_of(text: str) -> str | None:
@@ -125,16 +122,16 @@ def _param_of(text: str) -> str | None:
     return (field.split("`")[0] or None) if missing else None
 
 
-def text_of(message: Message) -> str | WireError:
+def text_of(message: Message) -> str:
     content = message.content
     if content is None or isinstance(content, str):
         return content or ""
     parts = []
     for part in content:
         if part.type != "text":
-            return WireError(400, ErrorCode.INVALID_FIELD,
-                             f"content parts of type {part.type!r} are not supported "
-                             f"(text only)", "messages")
+            raise InvalidInputError(ErrorCode.INVALID_FIELD,
+                                    f"content parts of type {part.type!r} are not "
+                                    f"supported (text only)", param="messages")
         parts.append(part.text)
     return "\n".join(parts)
 
@@ -150,44 +147,41 @@ def derived_session(user: str, opening: str) -> str:
     return f"oai-{digest}"
 
 
-def _query_type(chat: ChatRequest, ext: Extension) -> str | WireError | None:
+def _invalid(message: str, param: str, code: ErrorCode = ErrorCode.INVALID_FIELD
+             ) -> InvalidInputError:
+    return InvalidInputError(code, message, param=param)
+
+
+def _query_type(chat: ChatRequest, ext: Extension) -> str | None:
     if chat.model != MODEL and chat.model not in ROUTE_MODELS:
-        return WireError(400, ErrorCode.INVALID_FIELD,
-                         f"model {chat.model!r} is not one of: "
-                         f"{', '.join([MODEL, *ROUTE_MODELS])}", "model")
+        raise _invalid(f"model {chat.model!r} is not one of: "
+                       f"{', '.join([MODEL, *ROUTE_MODELS])}", "model")
     declared = ROUTE_MODELS.get(chat.model)
     if declared and ext.query_type and ext.query_type != declared:
-        return WireError(400, ErrorCode.INVALID_FIELD,
-                         f"model {chat.model!r} declares {declared}, intentroute.query_type "
-                         f"{ext.query_type}", "model")
+        raise _invalid(f"model {chat.model!r} declares {declared}, intentroute.query_type "
+                       f"{ext.query_type}", "model")
     return declared or ext.query_type or None
 
 
 def to_agent_request(chat: ChatRequest, *, session_header: str,
-                     request_id: str) -> AgentRequest | WireError:
+                     request_id: str) -> AgentRequest:
     """The pipeline's request for `chat` (its bounds are checked after, as any door's:
-    validation.check_request)."""
+    shared.contracts.checks); InvalidInputError for what does not map."""
     if chat.n not in (None, 1):
-        return WireError(400, ErrorCode.INVALID_FIELD, "only n=1 is supported", "n")
+        raise _invalid("only n=1 is supported", "n")
     if not chat.messages:
-        return WireError(400, ErrorCode.MISSING_FIELD, "messages is empty", "messages")
+        raise _invalid("messages is empty", "messages", ErrorCode.MISSING_FIELD)
     last = chat.messages[-1]
     if last.role != "user":
-        return WireError(400, ErrorCode.INVALID_FIELD,
-                         f"the last message must be the user's question, not {last.role!r}",
-                         "messages")
+        raise _invalid(f"the last message must be the user's question, not {last.role!r}",
+                       "messages")
     ext = chat.intentroute or Extension()
     query_type = _query_type(chat, ext)
-    if isinstance(query_type, WireError):
-        return query_type
     texts: dict[str, list[str]] = {"system": [], "user": []}
     for message in chat.messages:
         role = "system" if message.role in ("system", "developer") else message.role
         if role in texts:
-            text = text_of(message)
-            if isinstance(text, WireError):
-                return text
-            texts[role].append(text)
+            texts[role].append(text_of(message))
     session = (session_header or ext.session_id
                or derived_session(chat.user or "", texts["user"][0]))
     return AgentRequest(
@@ -334,39 +328,13 @@ def headers_of(final: ResponseChunk | None, request_id: str, session_id: str
     return headers
 
 
-# HTTP status per error code (the code itself is in the body, as on the other doors).
-_STATUS: Mapping[str, int] = {
-    ErrorCode.AGENT_MISMATCH: 403, ErrorCode.UNKNOWN_AGENT: 403,
-    ErrorCode.RATE_LIMITED: 429, ErrorCode.CONCURRENCY_LIMITED: 429,
-    ErrorCode.QUOTA_EXCEEDED: 429, ErrorCode.BUDGET_EXCEEDED: 429, QUEUE_FULL: 429,
-    THROTTLED: 429, UNAUTHENTICATED: 401,
-    ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.BACKEND_UNAVAILABLE: 503,
-    ErrorCode.STORE_UNAVAILABLE: 503, BUS_UNAVAILABLE: 503,
-    # The request id was admitted already (its answer is on its own subject).
-    ErrorCode.DUPLICATE_REQUEST: 409,
-}
-_INPUT = frozenset({ErrorCode.MALFORMED_JSON, ErrorCode.MISSING_FIELD,
-                    ErrorCode.INVALID_FIELD, ErrorCode.OVERSIZED_FIELD,
-                    ErrorCode.UNKNOWN_QUERY_TYPE})
-_TYPES: Mapping[int, str] = {400: "invalid_request_error", 401: "authentication_error",
-                             403: "permission_error", 404: "invalid_request_error",
-                             409: "invalid_request_error",
-                             413: "invalid_request_error", 429: "rate_limit_error"}
-
-
-def status_of(code: str) -> int:
-    return 400 if code in _INPUT else _STATUS.get(code, 500)
-
-
-def error_envelope(status: int, code: str, message: str, param: str | None = None
-                   ) -> ErrorEnvelope:
-    return ErrorEnvelope(ErrorBody(message=message, type=_TYPES.get(status, "server_error"),
-                                   code=code, param=param))
-
-
-def error_of(info: ErrorInfo) -> tuple[int, ErrorEnvelope]:
-    status = status_of(info.code)
-    return status, error_envelope(status, info.code, info.message)
+def error_envelope(code: str, message: str, param: str | None = None
+                   ) -> tuple[int, ErrorEnvelope]:
+    """An error as OpenAI answers it: its code's HTTP status and error type (the one
+    table), the code itself in the body, as on the other doors."""
+    status = door_status(code)
+    return status.http, ErrorEnvelope(ErrorBody(message=message, type=status.openai,
+                                                code=code, param=param))
 
 
 class ModelCard(msgspec.Struct, frozen=True):

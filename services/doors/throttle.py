@@ -1,5 +1,5 @@
-"""Wrong credentials per client address, and the gateway's slow-hash budget (gRPC, HTTP
-feedback, the dashboard).
+"""Wrong credentials per client address, and the doors' slow-hash budget (gRPC, HTTP
+feedback, the OpenAI-compatible door, the dashboard).
 
 Checking a credential is cheap: an agent token against its fast digest (~3 us,
 shared.auth.identity), the dashboard token by constant-time comparison. So every
@@ -17,7 +17,7 @@ attacker rotating addresses gains no more CPU than one that does not. Past that,
 token is refused unchecked (retry in a second), the right one too; the first right one
 writes the digest and ends it for that agent.
 
-Addresses are as the gateway sees them. Each replica counts its own (memory).
+Addresses are as the doors see them. Each replica counts its own (memory).
 """
 
 from __future__ import annotations
@@ -30,29 +30,33 @@ import limits
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
 
-from services.gateway.log_budget import LogBudget
+from services.doors.log_budget import LogBudget
 from shared.auth.ports import AgentInfo, TokenVerifier
+from shared.contracts.errors import RetryableError
+from shared.contracts.response import ErrorCode
 
-log = logging.getLogger("intentroute.gateway.throttle")
+log = logging.getLogger("intentroute.doors.throttle")
 
 DEFAULT_AUTH_FAILURES = "20/minute"
 # bcrypt cost 10 took 63 ms of one core here (2 cores): 8 a second is half a core at
 # most, whatever the number of addresses.
 DEFAULT_AUTH_HASHES = "8/second"
 # KiB of chat bodies one agent may have the OpenAI door read and parse a second: twice
-# the largest body (2 MiB). Reading and converting a 2 MB body took the gateway's loop
+# the largest body (2 MiB). Reading and converting a 2 MB body took the door's loop
 # 10-15 ms here (50-65 ms under load); unbounded, six loops of such bodies from one
 # agent (~18 a second) raised another agent's p50 from 0.54 to 1.01 s.
 DEFAULT_BODY_RATE = "4096/second"
 _HASHES = "bcrypt"
 
 
-class ThrottledError(Exception):
+class ThrottledError(RetryableError):
     """Refused: this address presented too many wrong credentials lately, or the slow
-    check it needs is over the gateway's budget."""
+    check it needs is over the doors' budget; `retry_after`: whole seconds to wait."""
+
+    code = ErrorCode.THROTTLED
 
     def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
+        super().__init__(message, retry_after_ms=retry_after * 1000)
         self.retry_after = retry_after
 
 
@@ -96,7 +100,7 @@ class AuthThrottle:
 
     def before_hashing(self, client: str) -> None:
         """ThrottledError unless a bcrypt check for `client` may be spent: the address
-        is not throttled and the gateway's budget has room."""
+        is not throttled and the doors' budget has room."""
         if self.throttled(client):
             assert self._failures is not None
             retry_after = self._retry_after(self._failures, client)
@@ -133,7 +137,7 @@ def grpc_peer_address(peer: str) -> str:
 class BodyBudget:
     """The OpenAI door's per-agent budget of request bytes read and parsed, checked on
     the body's declared length before it is read (a body with none is charged once
-    read, before it is parsed): one agent's large bodies cannot take the gateway's loop
+    read, before it is parsed): one agent's large bodies cannot take the door's loop
     from the others. A sliding-window counter (`limits`), kept per replica."""
 
     def __init__(self, rate: str = DEFAULT_BODY_RATE) -> None:

@@ -1,8 +1,8 @@
 """the request log keeps the parts of an answer several models wrote (`model_parts`),
 and every cost counts each part at its own model's price
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 
 A model server that breaks mid-answer has the answer continued by the chain's next
 model from what the caller already has (shared.llm.walk): the delivered answer is then
@@ -20,8 +20,8 @@ daily rollups and `budget_overshoot` add it in their own SQL.
 
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 

@@ -1,4 +1,4 @@
-"""`grpc.health.v1.Health` and server reflection on the gateway's gRPC server.
+"""`grpc.health.v1.Health` and server reflection on the doors' gRPC server.
 
 Health (grpcio-health-checking) answers for the server ("") and for
 `intentroute.agent.v1.AssistanceEngine`: NOT_SERVING from the start until the replica is
@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from shared.grpc import agent_pb2
 
-log = logging.getLogger("intentroute.gateway.grpc")
+log = logging.getLogger("intentroute.doors.grpc")
 
 ReadyCheck = Callable[[], Awaitable[bool]]
 
@@ -73,7 +73,7 @@ class HealthReporter:
             try:
                 ready = await self._ready() if self._ready is not None else True
             except Exception as exc:  # a failed check is an answer: not ready
-                log.debug("[gateway] readiness check failed: %r", exc)
+                log.debug("[doors] readiness check failed: %r", exc)
                 ready = False
             await self._set(ready)
             await asyncio.sleep(self._interval)
@@ -84,7 +84,7 @@ class HealthReporter:
 
 
 class GrpcServer:
-    """The gateway's gRPC server and its health: `stop` says NOT_SERVING before it
+    """The doors' gRPC server and its health: `stop` says NOT_SERVING before it
     stops the server (probes and load balancers stop sending new calls during the
     grace period)."""
 

@@ -1,4 +1,4 @@
-"""The dashboard's HTTP routes on the gateway's aiohttp application.
+"""The dashboard's HTTP routes on the doors' aiohttp application.
 
     GET  {prefix}                 the page (the login form, 401, without a session)
     POST {prefix}/login           form field `token` -> session cookie, 303 to the page
@@ -28,16 +28,16 @@ import msgspec
 from aiohttp import web
 from nats.aio.client import Client
 
-from services.gateway.dashboard.auth import COOKIE, session_cookie, session_valid, token_matches
-from services.gateway.dashboard.figures import build_dashboard
-from services.gateway.dashboard.queries import FiguresUnavailableError, read_figures
-from services.gateway.dashboard.rows import Window
-from services.gateway.dashboard.stages import StageReader, StagesUnavailableError
-from services.gateway.log_budget import LogBudget
-from services.gateway.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle, ThrottledError
+from services.doors.dashboard.auth import COOKIE, session_cookie, session_valid, token_matches
+from services.doors.dashboard.figures import build_dashboard
+from services.doors.dashboard.queries import FiguresUnavailableError, read_figures
+from services.doors.dashboard.rows import Window
+from services.doors.dashboard.stages import StageReader, StagesUnavailableError
+from services.doors.log_budget import LogBudget
+from services.doors.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle, ThrottledError
 from shared.auth.identity import bearer_value
 
-log = logging.getLogger("intentroute.gateway.dashboard")
+log = logging.getLogger("intentroute.doors.dashboard")
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 _STATIC_TYPES = {
@@ -56,7 +56,7 @@ _HEADERS = {
 _NO_STORE = {**_HEADERS, "Cache-Control": "no-store"}
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 # The right token is let in from any address, however many wrong ones came from there
-# (services/gateway/throttle.py), so the throttle does not stop guessing: the token's
+# (services/doors/throttle.py), so the throttle does not stop guessing: the token's
 # length does. 32 characters of hex are 128 bits; `up` generates 43 of base64 (256).
 MIN_TOKEN = 32
 
@@ -128,7 +128,7 @@ class _Dashboard:
             form = await request.post()
         except (ValueError, LookupError):
             # A form that does not parse (multipart without its boundary, an unknown
-            # charset, bytes not of it): the caller's error, not the gateway's.
+            # charset, bytes not of it): the caller's error, not the door's.
             return self._login_form("The form could not be read.", 400)
         given = form.get("token")
         if not isinstance(given, str) or not self._token_ok(request, given):

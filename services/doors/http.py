@@ -1,7 +1,7 @@
-"""The gateway's HTTP face (aiohttp.web): `POST /agents/{agent_id}/feedback` (ADR-0006).
+"""The doors' HTTP face (aiohttp.web): `POST /agents/{agent_id}/feedback` (ADR-0006).
 
-`build_http_app` returns the Application before it is started, so other parts of the
-gateway add their routes to the same server; `start_http` serves it. Its routes:
+`build_http_app` returns the Application before it is started, so the other doors add
+their routes to the same server; `start_http` serves it. Its routes:
 
 | route | token | what |
 |---|---|---|
@@ -9,32 +9,32 @@ gateway add their routes to the same server; `start_http` serves it. Its routes:
 | `POST /v1/chat/completions` | agent (API key) | ask OpenAI-style, streamed or not (openai_door/) |
 | `GET /v1/models`, `GET /v1/models/{model}` | agent | `intentroute` and one model per route |
 | `GET /healthz` | none | 200 while the process serves (health.py) |
-| `GET /readyz` | none | 200 when NATS, Postgres and its consumers are up, else 503 |
+| `GET /readyz` | none | 200 when NATS and Postgres answer and it serves, else 503 |
 | `/dashboard/...` | the operator's | the dashboard, with GATEWAY_DASHBOARD_TOKEN (dashboard/) |
 
-The OpenAI door answers errors as OpenAI does (`{"error": {"message", "type", "code",
-"param"}}`, `code` the same as on the other doors): 400 a body or request that does not
-check, 401 no valid key, 429 + `Retry-After` (and `retry-after-ms`) a request refused by
-a per-agent limit (RATE_LIMITED, CONCURRENCY_LIMITED, QUOTA_EXCEEDED, BUDGET_EXCEEDED),
-too many wrong keys (THROTTLED) or a full request stream (QUEUE_FULL), 503
-BACKEND_UNAVAILABLE, 504 DEADLINE_EXCEEDED, 500 the pipeline's other failures.
+Every refusal's status is its code's in the one table (shared.contracts.errors
+`door_status`); the OpenAI door answers errors as OpenAI does (`{"error": {"message",
+"type", "code", "param"}}`, `code` the same as on the other doors), with `Retry-After`
+(and `retry-after-ms`) when a refusal says when to ask again.
 
 At every route, a request aiohttp's parser refuses or a body that cannot be read is 400,
 and what aiohttp logs about either is one line within a budget, no traceback (ServerLog).
 
 Feedback carries the agent's bearer token (`Authorization: Bearer <token>`, the
-`token` of its credential file), checked like gRPC's:
+`token` of its credential file), checked like gRPC's, and is published for the gateway
+to record (pipeline.Door.feedback); its body is the gateway's FeedbackAck:
 
 | answer | when |
 |---|---|
-| 200 + FeedbackAck JSON | stored (`repeat: true` when it replaced an earlier verdict) |
-| 400 | the body is not JSON |
+| 200 | stored (`repeat: true` when it replaced an earlier verdict) |
+| 400 | the body is not JSON, does not match the contract, or holds values out of bounds |
 | 401 | no token, or not a valid one |
 | 403 | a valid token of another agent than the path's |
-| 429 | too many wrong credentials from this address lately (Retry-After: seconds) |
 | 404 | the request id is not one of the agent's (unknown, or another agent's) |
-| 422 | JSON that does not match the contract, or values out of bounds |
-| 503 | the store cannot be reached (send again) |
+| 413 | a body over 64 KiB |
+| 429 | too many wrong credentials from this address lately (Retry-After: seconds) |
+| 503 | the store or the bus cannot be reached (send again) |
+| 504 | no acknowledgement in time (send again: a repeat updates, never counts twice) |
 """
 
 from __future__ import annotations
@@ -50,25 +50,22 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
-from services.gateway.feedback_recorder import FeedbackRecorder, decode_feedback
-from services.gateway.log_budget import LEFT_OUT, LogBudget
-from services.gateway.throttle import AuthThrottle, ThrottledError
+from services.doors.log_budget import LEFT_OUT, LogBudget
+from services.doors.pipeline import Door, retry_after_seconds
 from shared.auth.identity import bearer_value
-from shared.auth.ports import TokenVerifier
+from shared.contracts.checks import decode_feedback, refused
 from shared.contracts.codec import encode
+from shared.contracts.errors import IntentrouteError, InvalidInputError, door_status
 from shared.contracts.feedback import FeedbackAck
 from shared.contracts.response import ErrorCode
-from shared.store.writer import StoreUnavailableError
 
-log = logging.getLogger("intentroute.gateway.http")
+log = logging.getLogger("intentroute.doors.http")
 
 FEEDBACK_PATH = "/agents/{agent_id}/feedback"
 # Feedback is a few hundred bytes; anything much larger is not feedback.
 MAX_BODY = 64 * 1024
 
-AGENTS_KEY = web.AppKey("agents", TokenVerifier)
-RECORDER_KEY = web.AppKey("feedback", FeedbackRecorder)
-THROTTLE_KEY = web.AppKey("throttle", AuthThrottle)
+DOOR_KEY = web.AppKey("door", Door)
 
 # What a caller's malformed request raises: aiohttp's parser refusing its request line,
 # a header or its framing (BadHttpMessage, LineTooLong, InvalidHeader, ...), or its body
@@ -77,19 +74,11 @@ _MALFORMED = (HttpProcessingError, web.RequestPayloadError)
 _REASON_CHARS = 200
 _STATUS_LINE = re.compile(r"\d+, message:")
 
-_STATUS: Mapping[str, int] = {
-    ErrorCode.MALFORMED_JSON: 400,
-    ErrorCode.UNKNOWN_REQUEST: 404,
-    ErrorCode.STORE_UNAVAILABLE: 503,
-}
 
 
-def build_http_app(*, agents: TokenVerifier, feedback: FeedbackRecorder,
-                   throttle: AuthThrottle) -> web.Application:
+def build_http_app(door: Door) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY, middlewares=[malformed_body_is_400])
-    app[AGENTS_KEY] = agents
-    app[RECORDER_KEY] = feedback
-    app[THROTTLE_KEY] = throttle
+    app[DOOR_KEY] = door
     app.router.add_post(FEEDBACK_PATH, post_feedback)
     return app
 
@@ -105,7 +94,7 @@ async def malformed_body_is_400(request: web.Request, handler: Handler) -> web.S
 
 
 class ServerLog(logging.LoggerAdapter[logging.Logger]):
-    """aiohttp's server logger for the gateway's HTTP face (AppRunner's `logger`), its
+    """aiohttp's server logger for the doors' HTTP face (AppRunner's `logger`), its
     lines bounded as every line a caller can cause is (log_budget.py).
 
     aiohttp logs an ERROR with a traceback (a dozen lines) for each request its parser
@@ -169,13 +158,23 @@ def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:_REASON_CHARS].rstrip(':')}"
 
 
-def _json(ack: FeedbackAck, status: int) -> web.Response:
-    return web.Response(body=encode(ack), status=status, content_type="application/json")
+def _json(ack: FeedbackAck, status: int, headers: Mapping[str, str] | None = None
+          ) -> web.Response:
+    return web.Response(body=encode(ack), status=status, content_type="application/json",
+                        headers=headers)
 
 
-def throttled(exc: ThrottledError) -> web.Response:
-    return web.json_response({"accepted": False, "error_code": "THROTTLED", "message": str(exc)},
-                             status=429, headers={"Retry-After": str(exc.retry_after)})
+def refusal(request_id: str, code: str, message: str, retry_after_ms: int = 0
+            ) -> web.Response:
+    """A refused verdict as its ack, with its code's status (the one table) and, when
+    it says when to ask again, `Retry-After` / `retry-after-ms`; 401 names the scheme."""
+    headers: dict[str, str] = {}
+    if retry_after_ms > 0:
+        headers = {"Retry-After": str(retry_after_seconds(retry_after_ms)),
+                   "retry-after-ms": str(retry_after_ms)}
+    if code == ErrorCode.UNAUTHENTICATED:
+        headers["WWW-Authenticate"] = 'Bearer realm="intentroute"'
+    return _json(refused(request_id, code, message), door_status(code).http, headers)
 
 
 def bearer(request: web.Request) -> str:
@@ -183,40 +182,31 @@ def bearer(request: web.Request) -> str:
 
 
 async def post_feedback(request: web.Request) -> web.Response:
-    path_agent = request.match_info["agent_id"]
-    token = bearer(request)
+    door = request.app[DOOR_KEY]
+    request_id = ""
     try:
-        agent = await request.app[THROTTLE_KEY].verify(request.app[AGENTS_KEY], token,
-                                                       request.remote or "")
-    except ThrottledError as exc:
-        return throttled(exc)
-    if agent is None:
-        return web.json_response(
-            {"accepted": False, "error_code": "UNAUTHENTICATED",
-             "message": "a valid agent bearer token is required"},
-            status=401, headers={"WWW-Authenticate": 'Bearer realm="intentroute"'})
-    if agent.agent_id != path_agent:
-        return web.json_response(
-            {"accepted": False, "error_code": ErrorCode.AGENT_MISMATCH.value,
-             "message": f"the token is agent '{agent.agent_id}', not '{path_agent}'"},
-            status=403)
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _json(FeedbackAck(request_id="", accepted=False,
-                                 error_code=ErrorCode.OVERSIZED_FIELD,
-                                 message=f"body exceeds {MAX_BODY} bytes"), 413)
-    decoded = decode_feedback(body)
-    if isinstance(decoded, FeedbackAck):
-        return _json(decoded, _STATUS.get(decoded.error_code, 422))
-    try:
-        ack = await request.app[RECORDER_KEY].record(agent.agent_id, decoded)
-    except StoreUnavailableError as exc:
-        ack = FeedbackAck(request_id=decoded.request_id, accepted=False,
-                          error_code=ErrorCode.STORE_UNAVAILABLE, message=str(exc))
+        agent = await door.caller(bearer(request), request.remote or "")
+        path_agent = request.match_info["agent_id"]
+        if agent.agent_id != path_agent:
+            raise InvalidInputError(
+                ErrorCode.AGENT_MISMATCH,
+                f"the token is agent '{agent.agent_id}', not '{path_agent}'")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise InvalidInputError(ErrorCode.OVERSIZED_FIELD,
+                                    f"body exceeds {MAX_BODY} bytes") from None
+        decoded = decode_feedback(body)
+        if isinstance(decoded, FeedbackAck):
+            ack = decoded
+        else:
+            request_id = decoded.request_id
+            ack = await door.feedback(agent.agent_id, decoded)
+    except IntentrouteError as exc:
+        return refusal(request_id, exc.code, exc.message, exc.retry_after_ms)
     if ack.accepted:
         return _json(ack, 200)
-    return _json(ack, _STATUS.get(ack.error_code, 422))
+    return _json(ack, door_status(ack.error_code).http)
 
 
 async def start_http(app: web.Application, listen: str) -> tuple[web.AppRunner, str]:
@@ -235,7 +225,7 @@ async def start_http(app: web.Application, listen: str) -> tuple[web.AppRunner, 
     site = web.TCPSite(runner, host, port, reuse_port=True)
     await site.start()
     url = bound_url(runner, host)
-    log.info("[gateway] HTTP listening on %s", url)
+    log.info("[doors] HTTP listening on %s", url)
     return runner, url
 
 
