@@ -144,7 +144,7 @@ def export(
     that names no server gets NATS_URL's (else the running `up`'s)."""
     import msgspec
 
-    from intentroute.cli.errors import UsageError
+    from intentroute.cli.failure_lines import UsageError
     from shared.auth.exports import render
     from shared.auth.natsconn import read_credential, with_server, write_secret
 

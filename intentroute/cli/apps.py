@@ -1,7 +1,7 @@
 """The Typer apps the command modules register on, and what several commands share.
 
 `app` is invoked as a `Cli`: an exception that ends a command becomes one line on stderr
-and an exit code (intentroute.cli.errors), a traceback only with `--debug`; a bad flag or
+and an exit code (intentroute.cli.failure_lines), a traceback only with `--debug`; a bad flag or
 argument is one line too (`OneLineUsage`), exit 2."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from intentroute.cli.errors import USAGE, describe
+from intentroute.cli.failure_lines import USAGE, describe
 from intentroute.cli.reach import check_db
 from intentroute.settings import CliSettings
 from intentroute.stack import read_state

@@ -11,7 +11,7 @@ import typer
 from nats.aio.client import Client
 
 from intentroute.cli.apps import OPTIONS, app, settings, urls
-from intentroute.cli.errors import CliError, UsageError
+from intentroute.cli.failure_lines import CliError, UsageError
 from intentroute.cli.reach import connect_nats
 from shared.auth.natsconn import RECONNECT
 

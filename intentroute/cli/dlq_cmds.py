@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from intentroute.cli.apps import OPTIONS, app, emit, operator_kwargs, settings, urls
-from intentroute.cli.errors import CliError
+from intentroute.cli.failure_lines import CliError
 from intentroute.cli.reach import connect_nats
 
 # JetStream's error code for "no message found" (a missing stream is 10059).

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
-from intentroute.cli.errors import CliError, UsageError
+from intentroute.cli.failure_lines import CliError, UsageError
 from shared.common.settings import nats_servers
 
 # Between two connection attempts within the bound (nats-py waits 2 s by default, which

@@ -11,11 +11,11 @@ import asyncpg
 from aiohttp import web
 
 from services.doors.dashboard import add_dashboard_routes
+from services.doors.door import Door
 from services.doors.grpc_server import start_grpc
 from services.doors.health import Readiness, add_health_routes
 from services.doors.http import build_http_app, start_http
 from services.doors.openai_door.routes import add_openai_routes
-from services.doors.pipeline import Door
 from services.doors.settings import DoorsSettings
 from services.doors.throttle import AuthThrottle, BodyBudget
 from shared.auth.identity import CachedAgents

@@ -26,9 +26,9 @@ from typing import NoReturn
 import grpc
 import msgspec
 
+from services.doors.door import Door, refusal, retry_after_seconds
 from services.doors.grpc_decode import DeferDecodeErrors, Undecodable, reject_undecodable
 from services.doors.grpc_health import OPEN_SERVICES, GrpcServer, HealthReporter, ReadyCheck
-from services.doors.pipeline import Door, refusal, retry_after_seconds
 from services.doors.throttle import grpc_peer_address
 from shared.auth.identity import bearer_value
 from shared.auth.ports import AgentInfo

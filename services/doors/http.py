@@ -50,8 +50,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
+from services.doors.door import Door, retry_after_seconds
 from services.doors.log_budget import LEFT_OUT, LogBudget
-from services.doors.pipeline import Door, retry_after_seconds
 from shared.auth.identity import bearer_value
 from shared.contracts.checks import decode_feedback, refused
 from shared.contracts.codec import encode

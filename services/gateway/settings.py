@@ -11,6 +11,8 @@ from shared.common.settings import CommonSettings, env, read_env
 
 class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     common: CommonSettings
+    # Requests the admission stage takes from the request stream per pull (and works on
+    # at once).
     batch_size: Annotated[int, env("GATEWAY_BATCH")] = 32
     # Fair share (fair_consumer.py): pipeline messages admitted and not yet through it,
     # over all replicas, are kept under GATEWAY_PIPELINE_DELAY seconds of the measured

@@ -20,11 +20,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from services.doors.door import BusUnavailableError, Door, bus_failed
 from services.doors.health import Readiness, add_health_routes
 from services.doors.http import start_http
 from services.doors.openai_door import wire
 from services.doors.openai_door.routes import add_openai_routes
-from services.doors.pipeline import BusUnavailableError, Door, bus_failed
 from services.doors.throttle import AuthThrottle, BodyBudget
 from shared.auth.ports import AgentInfo
 from shared.client.answers import RequestInFlightError

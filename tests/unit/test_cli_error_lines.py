@@ -1,4 +1,4 @@
-"""What line and exit code each kind of failure gets (intentroute.cli.errors.describe),
+"""What line and exit code each kind of failure gets (intentroute.cli.failure_lines.describe),
 for the kinds the CLI table test (tests/integration/test_cli_errors.py) does not reach
 with a real command; and server URLs shown without their passwords."""
 
@@ -12,7 +12,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from intentroute.cli.errors import CliError, UsageError, describe
+from intentroute.cli.failure_lines import CliError, UsageError, describe
 from intentroute.cli.reach import shown
 from shared.common.settings import SettingError
 from shared.encoders.packaged import ModelAssemblyError

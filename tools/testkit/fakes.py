@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from services.classifier.ports import Prediction
-from services.doors.pipeline import Door
+from services.doors.door import Door
 from services.doors.throttle import AuthThrottle
 from services.gateway.feedback_recorder import FeedbackRecorder
 from services.gateway.limits.ports import ADMITTED, Admission, Ask, Grant, Limits

@@ -32,9 +32,9 @@ import msgspec
 from aiohttp import web
 from msgspec import UNSET, UnsetType
 
+from services.doors.door import Door, retry_after_seconds
 from services.doors.openai_door import wire
 from services.doors.openai_door.wire import Delta, Usage
-from services.doors.pipeline import Door, retry_after_seconds
 from services.doors.throttle import BodyBudget
 from shared.auth.identity import bearer_value
 from shared.auth.ports import AgentInfo
