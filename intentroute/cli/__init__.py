@@ -12,6 +12,7 @@ from intentroute.cli import (
     dlq_cmds,
     docs_cmds,
     learn_cmds,
+    multi_cmds,
     report_cmds,
     serve_cmds,
     stack_cmds,
@@ -21,6 +22,6 @@ from intentroute.cli.apps import app
 
 __all__ = ["agent_cmds", "app", "ask_cmd", "bench_cmds", "data_cmds", "deploy_cmds", "dlq_cmds",
            "docs_cmds",
-           "learn_cmds",
+           "learn_cmds", "multi_cmds",
            "report_cmds", "serve_cmds",
            "stack_cmds", "status_cmd"]

@@ -71,10 +71,17 @@ class Part(msgspec.Struct, frozen=True):
     refers_to: int | None = None
     # Text the part needs to stand alone that sits outside its span (a list's lead-in).
     context: str = ""
+    # The request as routed and answered: the text without a join the span could not
+    # leave out ("¿Y cuánta cuota me queda?" -> "¿cuánta cuota me queda?"); "" = text.
+    request: str = ""
+
+    @property
+    def query(self) -> str:
+        return self.request or self.text
 
     @property
     def standalone(self) -> str:
-        return f"{self.context} {self.text}" if self.context else self.text
+        return f"{self.context} {self.query}" if self.context else self.query
 
 
 class Split(msgspec.Struct, frozen=True):
@@ -161,11 +168,14 @@ _ACCENT_REQUIRED = re.compile(r"^(?:qué|cómo|cuál|cuáles|cuánt|por qué|dó
                               re.IGNORECASE)
 # An inverted question ("what is", "how do", "is there"): a question of its own after
 # a bare "and", unlike an embedded one ("how it works", "what it returns").
+_AUX = r"is|are|was|were|do|does|did|can|could|should|would|will|has|have"
+_SUBJECT_PRONOUN = r"it|i|you|we|they|he|she|this|that|these|those|there|one"
 _INVERTED = re.compile(
-    r"^(?:(?:what|which|who|why|when|where|how)(?:'s|\s+(?:is|are|was|were|do|does|did|"
-    r"can|could|should|would|will|much|many|long|far|often|kind|type|time|about))|"
-    r"(?:is|are|was|were|do|does|did|can|could|should|would|will|has|have)\s+"
-    r"(?:it|there|my|our|the|this|that|i|we|you|a|an)\b)"
+    rf"^(?:(?:what|which|who|why|when|where|how)(?:'s|\s+(?:{_AUX}|much|many|long|far|often|"
+    r"kind|type|time|about)\b|"
+    # "what city is", "which airlines do": a noun or two, then the auxiliary
+    rf"(?:\s+(?!(?:{_SUBJECT_PRONOUN})\b)[a-z]+){{1,2}}\s+(?:{_AUX})\b)|"
+    rf"(?:{_AUX})\s+(?:it|there|my|our|the|this|that|i|we|you|a|an|any)\b)"
 )
 # Imperatives that ask the assistant for a deliverable (never a program's step).
 _ASK_EN = (
@@ -466,13 +476,13 @@ def _decide(left: str, right: str, join: str, *, left_asks: bool) -> tuple[bool,
     if join in ("and", "comma", "comma_and") and first is Opening.ASK and \
             _AMBIGUOUS.match(folded_right) and is_code_request(left):
         return False, True  # "..., and show an error if it is missing": a step
-    if sentence or join in ("strong", "comma_and"):
+    if sentence or join == "strong":
         return True, False
     if first is Opening.QUESTION:
-        # A bare "and"/"y" or a comma before a question: only an inverted one, or
-        # one opened with "¿", stands alone ("what is X and how it works" does not).
+        # "and", ", and" or a comma before a question: only an inverted one, or one
+        # opened with "¿", stands alone ("explain what X is, and how it works" does not).
         inverted = bool(_INVERTED.match(folded_right)) or right.lstrip().startswith("¿")
-        return inverted, True
+        return inverted, join != "comma_and" or not inverted
     return True, join == "comma"
 
 
@@ -563,8 +573,14 @@ def _parts(message: str, spans: list[tuple[int, int, str]]) -> list[Part]:
     for i, (start, end, context) in enumerate(spans):
         start, end = _trim(message, start, end)
         text = message[start:end]
-        refers = i - 1 if i and _POINTS_BACK.search(text) else None
-        parts.append(Part(text, start, end, refers_to=refers, context=context))
+        request = ""
+        if text.startswith("¿"):  # "¿Y cuánta ...?": the join sits inside the question
+            lead = _LEAD.match(text[1:])
+            if lead and lead.end() < len(text) - 1:
+                request = "¿" + text[1 + lead.end():]
+        refers = i - 1 if i and _POINTS_BACK.search(request or text) else None
+        parts.append(Part(text, start, end, refers_to=refers, context=context,
+                          request=request))
     return parts
 
 
