@@ -161,6 +161,10 @@ _QUESTION_ES = re.compile(
     r"quienes)\b"
 )
 # Spanish question words count only with their accent ("que" is also "that").
+# Without accents, at the start of a sentence or after "y también" ("que" is "that").
+_UNACCENTED_ES = re.compile(
+    r"^(?:como(?!\s+(?:te|le|les|os|ya|si|sabes|ves|dije|decia|siempre|de|en|un|una|el|la)"
+    r"\b)|cual|cuales|cuant[oa]s?|donde|quien|quienes)\s+\w+")
 _ACCENTED_ES = re.compile(
     r"^(?:qu[eé]|c[oó]mo|cu[aá]l|cu[aá]les|cu[aá]nt[oa]s?|por qu[eé]|d[oó]nde|cu[aá]ndo|"
     r"qui[eé]n|qui[eé]nes)\b", re.IGNORECASE)
@@ -183,13 +187,15 @@ _ASK_EN = (
     r"code|fix|debug|refactor|rewrite|correct|summari[sz]e|shorten|simplify|rephrase|"
     r"reword|translate|repeat|continue|say|put|compare|define|help|recommend|suggest|"
     r"clarify|elaborate|expand|let me know|walk me through|remind me|send me|check my|"
-    r"look up|find|break down|go over"
+    r"look up|find|break down|go over|condense|bullet(?:-| )?point|tabulate|outline|"
+    r"paraphrase|recap|talk me through|draft"
 )
 _ASK_ES = (
     r"explica|escribe|crea|genera|construye|implementa|programa|arregla|corrige|"
     r"refactoriza|reescribe|resume|acorta|abrevia|simplifica|reformula|traduce|repite|"
     r"continua|sigue|pon|haz|di|cuenta|muestra|ensena|da|lista|compara|define|ayuda|"
-    r"recomienda|sugiere|aclara|describe|detalla|revisa mi|busca"
+    r"recomienda|sugiere|aclara|describe|detalla|revisa mi|busca|condensa|esquematiza|"
+    r"parafrasea|recapitula|habla"
 )
 _POLITE = r"(?:(?:please|pls|kindly|just|also|now|can you|could you|would you|will you|" \
           r"puedes|podrias|me puedes|por favor|tambien|ahora)\s+)*"
@@ -211,9 +217,11 @@ _NEED = re.compile(
 # translate it").
 _RESHAPE = re.compile(
     r"^(?:make it|make that|shorten|summari[sz]e|simplify|rephrase|reword|translate|"
-    r"rewrite|put (?:it|that)|say (?:it|that)|hazlo|ponlo|acorta|resume|simplifica|"
-    r"reformula|traduce|reescribe|dilo)"
+    r"rewrite|put (?:it|that)|say (?:it|that)|condense|bullet|paraphrase|recap|hazlo|ponlo|"
+    r"acorta|resume|simplifica|reformula|traduce|reescribe|dilo|condensa|parafrasea)"
 )
+_POLITE_RE = re.compile(r"^(?:(?:please|pls|kindly|just|also|can you|could you|would you|"
+                        r"will you|puedes|podrias|me puedes|por favor)\s+)+")
 _EXAMPLE = re.compile(
     r"^(?:(?:give|show)(?: me)?|(?:and )?with|da|dame|pon|ponme|muestrame|ensename|con)\s+"
     r"(?:an?|one|some|un|una|algun|unos)\s+(?:short |small |quick |corto |pequeno )?"
@@ -224,8 +232,11 @@ _EXAMPLE = re.compile(
 _REMEDY = re.compile(
     r"^(?:(?:and\s+|y\s+)?(?:how (?:can|do|should|would) (?:i|we)|how to|como)\s+(?:lo |la )?"
     r"(?:fix|solve|repair|arreglo|soluciono|corrijo|resuelvo|arreglarlo|solucionarlo)|"
-    r"(?:fix|arregla|corrige|soluciona)(?:lo|la)?)(?:\s+(?:it|that|this|them|eso|esto))?"
-    r"\W*$"
+    r"(?:(?:please |can you |could you |would you |will you |puedes |podrias |me )?"
+    r"(?:lo |la |me lo |me la )?(?:fix|solve|repair|correct|arreglas|corriges|solucionas|"
+    r"arreglar(?:lo|la)?|corregir(?:lo|la)?))|"
+    r"(?:fix|arregla|corrige|soluciona)(?:lo|la|melo|mela)?)"
+    r"(?:\s+(?:it|that|this|them|eso|esto|for me|please|por favor))*\W*$"
 )
 # Explaining what the request before delivers: "... and explain it", "y coméntalo".
 _EXPLAIN_IT = re.compile(
@@ -263,9 +274,10 @@ def _opening_text(text: str) -> str:
     return _fold(stripped.lstrip("¿¡ ")).strip()
 
 
-def opening(text: str, *, sentence: bool = False) -> Opening:
+def opening(text: str, *, sentence: bool = False, loose: bool = False) -> Opening:
     """What a piece opens with. `sentence`: the piece is a whole sentence, so a final
-    "?" makes it a question ("¿y endLoop?", "¿mi plan incluye ...?")."""
+    "?" makes it a question ("¿y endLoop?", "¿mi plan incluye ...?"); it and `loose`
+    (after "and also", "y también") let a Spanish question word lack its accent."""
     raw = _LEAD.sub("", text.strip().lstrip("¡ "))
     folded = _opening_text(text)
     if not folded:
@@ -287,6 +299,8 @@ def opening(text: str, *, sentence: bool = False) -> Opening:
     if _QUESTION_ES.match(folded) and _ACCENTED_ES.match(raw.lstrip("¿")) and \
             _ACCENT_REQUIRED.match(raw.lstrip("¿")):
         return Opening.QUESTION
+    if (sentence or loose) and _UNACCENTED_ES.match(folded):
+        return Opening.QUESTION  # chat Spanish drops accents: "cuantas llamadas me quedan"
     if sentence and text.rstrip().endswith("?"):
         return Opening.QUESTION
     return Opening.OTHER
@@ -305,7 +319,7 @@ def is_request(text: str) -> bool:
 # Code and quoted text: their commas, dots and "and"s are not joins.
 _MASKED = re.compile(
     r"```.*?(?:```|$)|`[^`\n]*`|\$\{[^}\n]*\}|\"[^\"\n]{0,200}\"|https?://\S+|"
-    r"\b\w+\s*\((?:[^()\n]|\([^()\n]*\))*\)|\b(?:e\.g|i\.e|etc|vs|approx|p\.ej|ej)\.",
+    r"\b\w+\((?:[^()\n]|\([^()\n]*\))*\)|\b(?:e\.g|i\.e|etc|vs|approx|p\.ej|ej)\.",
     re.DOTALL | re.IGNORECASE,
 )
 # A line of code: a call, optionally assigned (`r = RequestGet(...)`), or a block end.
@@ -392,8 +406,8 @@ def _clauses(masked: str, sentence: Piece) -> list[Piece]:
 
 
 # List items: "1. ", "2) ", "(3) ", "a) ", "- ", "* ", "• " at the start of a line.
-_ITEM = re.compile(r"^[ \t]*(?:\(?\d{1,2}[.)]|\(?[a-dA-D]\)|[-*•·\u2013])[ \t]+(?=\S)",
-                   re.MULTILINE)
+_ITEM = re.compile(r"^[ \t]*(?:\(?\d{1,2}[.)]|\d{1,2}[ \t]*[-\u2013:]|\(?[a-dA-D]\)|"
+                   r"[-*•·\u2013])[ \t]+(?=\S)", re.MULTILINE)
 _INLINE_ITEM = re.compile(r"(?:(?<=\s)|^)\(?(\d)[.)][ \t]+(?=\S)")
 
 
@@ -461,14 +475,15 @@ def _piece_asks(text: str, join: str) -> bool:
 def _decide(left: str, right: str, join: str, *, left_asks: bool) -> tuple[bool, bool]:
     """(separate, uncertain) for the join between the request so far and the piece."""
     sentence = join in ("sentence", "list", "start")
-    first = opening(right, sentence=sentence)
+    first = opening(right, sentence=sentence, loose=join == "strong")
     if first not in _REQUESTS:
         # A fragment after "and then" / "and also" may still be a request in terse
         # text ("... and then flight numbers"): the judge's call.
         return False, join == "strong" and first is Opening.OTHER and len(right.split()) >= 2
     if not (left_asks or is_request(left)):
         return False, False
-    folded_left, folded_right = _opening_text(left), _opening_text(right)
+    folded_left = _POLITE_RE.sub("", _opening_text(left))
+    folded_right = _POLITE_RE.sub("", _opening_text(right))
     if _RESHAPE.match(folded_left) and _RESHAPE.match(folded_right):
         return False, False
     if _EXPLAIN_IT.match(folded_right):
@@ -482,8 +497,21 @@ def _decide(left: str, right: str, join: str, *, left_asks: bool) -> tuple[bool,
         # "and", ", and" or a comma before a question: only an inverted one, or one
         # opened with "¿", stands alone ("explain what X is, and how it works" does not).
         inverted = bool(_INVERTED.match(folded_right)) or right.lstrip().startswith("¿")
+        if inverted and _POINTS_AT_LEFT.search(folded_right) and len(right.split()) <= 9:
+            # "..., and when should I use each?", "... and how does that compare ...?":
+            # a question about what the left one asked about, no subject of its own.
+            return False, True
         return inverted, join != "comma_and" or not inverted
     return True, join == "comma"
+
+
+# A question whose subject is what the request before it named (a pointer early on,
+# or "each" / "both" anywhere).
+_POINTS_AT_LEFT = re.compile(
+    r"^(?:\S+\s+){0,3}(?:it|that|this|they|them|eso|esto|ello)\b(?!\s+(?:plan|account|"
+    r"invoice|quota|cuenta|factura|cuota))|\b(?:each|both|either|ambos|ambas|cada uno|"
+    r"cada una|los dos|las dos)\b"
+)
 
 
 _STRENGTH = ("comma", "and", "comma_and", "strong", "sentence", "list", "start")
@@ -576,8 +604,10 @@ def _parts(message: str, spans: list[tuple[int, int, str]]) -> list[Part]:
         request = ""
         if text.startswith("¿"):  # "¿Y cuánta ...?": the join sits inside the question
             lead = _LEAD.match(text[1:])
-            if lead and lead.end() < len(text) - 1:
-                request = "¿" + text[1 + lead.end():]
+            rest = text[1 + lead.end():] if lead else ""
+            # "¿y con pasos negativos?" stays whole: it needs the part before it.
+            if rest and (_ACCENTED_ES.match(rest) or _QUESTION_EN.match(_fold(rest))):
+                request = "¿" + rest
         refers = i - 1 if i and _POINTS_BACK.search(request or text) else None
         parts.append(Part(text, start, end, refers_to=refers, context=context,
                           request=request))

@@ -46,6 +46,12 @@ def texts(message: str) -> list[str]:
          ["shorten your answer", "explain getTimeStamp"]),
         ("1) what is ormDirect 2) write a query endpoint 3) what plan do I have",
          ["what is ormDirect", "write a query endpoint", "what plan do I have"]),
+        ("(1) define the try command (2) write an endpoint that uses it",
+         ["define the try command", "write an endpoint that uses it"]),
+        ("1 - what plan am I on\n2 - write an endpoint that returns 204",
+         ["what plan am I on", "write an endpoint that returns 204"]),
+        ("explain getRegex's groups, and also bullet-point your last answer",
+         ["explain getRegex's groups", "bullet-point your last answer"]),
     ],
 )
 def test_english_messages_with_several_requests_are_split(message: str,
@@ -73,6 +79,9 @@ def test_english_messages_with_several_requests_are_split(message: str,
          ["¿qué es addResult?", "escribe un endpoint con dos resultados", "¿mi consumo?"]),
         ("- acorta tu respuesta\n- explica getTimeStamp",
          ["acorta tu respuesta", "explica getTimeStamp"]),
+        # chat Spanish without accents nor question marks
+        ("como leo una cabecera y tambien cual es mi limite de peticiones",
+         ["como leo una cabecera", "cual es mi limite de peticiones"]),
     ],
 )
 def test_spanish_messages_with_several_requests_are_split(message: str,
@@ -118,6 +127,15 @@ def test_spanish_messages_with_several_requests_are_split(message: str,
         "write an endpoint that returns the date and explain it",
         "also, what does getQueryParamList return?",
         "por cierto, ¿qué devuelve getQueryParamList?",
+        # a question about what the one before asked about; a remedy asked politely
+        "what's the difference between getDateTime and getTimeStamp, and when do I use each?",
+        "how many calls did I make in May and how does that compare with April?",
+        "Why does getRegex(s, [0-9]+, m) give None? Can you fix it?",
+        "¿Por qué getRegex(s, [0-9]+, m) da None? ¿Me lo arreglas?",
+        "could you summarise that and make it shorter?",
+        # "como" / "cuando" that are not questions
+        "como te decía, quiero un endpoint que devuelva la hora",
+        "cuando llamo a RequestGet, ¿por qué tarda tanto?",
     ],
 )
 def test_a_single_request_is_not_split(message: str) -> None:
@@ -162,6 +180,11 @@ def test_a_spanish_join_inside_the_question_mark_is_left_out_of_the_request() ->
     assert second.text == "¿Y cuánta cuota me queda?"
     assert second.query == "¿cuánta cuota me queda?"
     assert first.query == first.text
+
+
+def test_an_elliptical_spanish_follow_up_keeps_its_join() -> None:
+    _, second = split("¿Qué hace startLoop? ¿y con pasos negativos?").parts
+    assert second.query == second.text == "¿y con pasos negativos?"
 
 
 def test_a_part_pointing_back_says_at_which_and_list_items_share_their_lead_in() -> None:
