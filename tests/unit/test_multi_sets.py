@@ -17,7 +17,10 @@ from services.classifier.offline.multi_eval import load_multi
 from shared.contracts.routing import QueryType
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-SETS = {"multi_intent.jsonl": 150, "multi_intent_heldout.jsonl": 60}
+# The tuning set; a held-out set written after the splitter was first frozen; a fresh
+# one written after its revision on the held-out set's failures (docs/_handoff).
+SETS = {"multi_intent.jsonl": 150, "multi_intent_heldout.jsonl": 60,
+        "multi_intent_fresh.jsonl": 60}
 
 
 @pytest.mark.parametrize(("name", "minimum"), SETS.items())
@@ -52,10 +55,11 @@ def test_a_multi_intent_set_is_well_formed(name: str, minimum: int) -> None:
         assert {line.kind for line in mine} == {"multi", "single"}
 
 
-def test_the_held_out_set_shares_no_query_with_the_tuning_set() -> None:
-    first = {line.query for line in load_multi(DATA / "multi_intent.jsonl")}
-    held_out = {line.query for line in load_multi(DATA / "multi_intent_heldout.jsonl")}
-    assert not first & held_out
+def test_the_sets_share_no_query() -> None:
+    queries = [{line.query for line in load_multi(DATA / name)} for name in SETS]
+    for i, mine in enumerate(queries):
+        for other in queries[i + 1:]:
+            assert not mine & other
 
 
 AGIF = """\
