@@ -104,10 +104,13 @@ class SplitJudge(Protocol):
 # --------------------------------------------------------------------------- words
 
 
+_ACCENTED = "áàâäãéèêëíìîïóòôöõúùûüñç"
+_FOLD = str.maketrans({c: unicodedata.normalize("NFD", c)[0] for c in _ACCENTED})
+
+
 def _fold(text: str) -> str:
     """Lowercase without accents, for matching openers ("Explícame" -> "explicame")."""
-    decomposed = unicodedata.normalize("NFD", text.lower())
-    return "".join(c for c in decomposed if unicodedata.category(c) != "Mn")
+    return text.lower().translate(_FOLD)
 
 
 # Joins that announce another request whatever follows ("and then", "btw").
@@ -165,6 +168,10 @@ _QUESTION_ES = re.compile(
 _UNACCENTED_ES = re.compile(
     r"^(?:como(?!\s+(?:te|le|les|os|ya|si|sabes|ves|dije|decia|siempre|de|en|un|una|el|la)"
     r"\b)|cual|cuales|cuant[oa]s?|donde|quien|quienes)\s+\w+")
+# A preposition before a question word: "para qué sirve", "de qué tipo", "en cuál".
+_PREPOSITION = re.compile(
+    r"^(?:para|por(?=\s+cu)|de|en|con|a|desde|hasta|sobre)\s+(?=(?:qu[eé]|cu[aá]l|cu[aá]nt|"
+    r"qui[eé]n|d[oó]nde|cu[aá]ndo)\b)", re.IGNORECASE)
 _ACCENTED_ES = re.compile(
     r"^(?:qu[eé]|c[oó]mo|cu[aá]l|cu[aá]les|cu[aá]nt[oa]s?|por qu[eé]|d[oó]nde|cu[aá]ndo|"
     r"qui[eé]n|qui[eé]nes)\b", re.IGNORECASE)
@@ -203,6 +210,20 @@ _ASK = re.compile(
     rf"^{_POLITE}(?:(?:{_ASK_EN})\b|(?:{_ASK_ES})(?:me|lo|la|le|los|las|melo|mela|nos|"
     r"noslo|selo)?\b)"
 )
+# Verbs that make something: an ask only when what they make is a deliverable ("write an
+# endpoint", "escríbeme", "make it shorter"), else a step ("write the result to a file",
+# "generate a random string", "crea una variable").
+_PRODUCE = re.compile(
+    rf"^{_POLITE}(?:write|create|generate|build|make|implement|code|escribe|crea|genera|"
+    r"construye|implementa|programa|haz|escribir|crear|generar|construir|implementar|"
+    r"hacer)(me|lo|la|nos|melo|mela|le)?\b")
+_DELIVERABLE = re.compile(
+    r"^(?:\s+\S+){0,4}?\s+(?:me|us|for me|endpoints?|scripts?|functions?|funci[oó]n|"
+    r"funciones|code|c[oó]digo|programs?|programa|snippets?|fragmentos?|loops?|bucles?|"
+    r"quer(?:y|ies)|consultas?|tests?|pruebas?|examples?|ejemplos?|versions?|versi[oó]n|"
+    r"handlers?|apis?|avap|services?|servicios?|wrappers?|envoltorios?|modules?|m[oó]dulos?|"
+    r"apps?|class(?:es)?|regex|it|that|this|one|eso|esto|uno|una|your|tu|tus|answers?|"
+    r"repl(?:y|ies)|respuestas?|explanations?|explicaci[oó]n)\b")
 # Of those, the verbs that also name a step inside a code request ("..., and show an
 # error if it is missing"): a request after a code request only when they say whose.
 _AMBIGUOUS = re.compile(
@@ -211,14 +232,18 @@ _AMBIGUOUS = re.compile(
 )
 _NEED = re.compile(
     r"^(?:i need|i want|i'd like|i would like|i'd love|i wanna|i'm looking for|"
-    r"quiero|necesito|me gustaria|quisiera|me haria falta)\b"
+    r"let me (?:also )?know|(?:i'm |i am )?(?:also )?curious (?:about|how|what|whether|if|"
+    r"why|when|which)|i wonder|i was wondering|"
+    r"quiero|necesito|me gustaria|quisiera|me haria falta|tengo curiosidad|me pregunto)\b"
 )
 # Reshaping an answer: several of them in a row are one request ("shorten that and
 # translate it").
 _RESHAPE = re.compile(
     r"^(?:make it|make that|shorten|summari[sz]e|simplify|rephrase|reword|translate|"
     r"rewrite|put (?:it|that)|say (?:it|that)|condense|bullet|paraphrase|recap|hazlo|ponlo|"
-    r"acorta|resume|simplifica|reformula|traduce|reescribe|dilo|condensa|parafrasea)"
+    r"acorta|resume|simplifica|reformula|traduce|reescribe|dilo|condensa|parafrasea|"
+    r"resumir|acortar|hacerlo|hacerla|simplificar|reformular|traducir|condensar|parafrasear|"
+    r"ponerlo|ponerla|reescribir)"
 )
 _POLITE_RE = re.compile(r"^(?:(?:please|pls|kindly|just|also|can you|could you|would you|"
                         r"will you|puedes|podrias|me puedes|por favor)\s+)+")
@@ -243,8 +268,9 @@ _EXPLAIN_IT = re.compile(
     r"^(?:(?:please|also|then)\s+)*(?:explain|comment|document|describe|walk me through|"
     r"explica|comenta|documenta|describe)(?:me|lo|la|melo|mela)?\s*"
     r"(?:it|that|this|the code|the result|how it works|what it does|lo|eso|esto|el codigo|"
-    r"como funciona|que hace)?(?:\s+(?:too|as well|please|also|tambien|por favor|"
-    r"line by line|linea a linea|briefly|brevemente))*\W*$"
+    r"como funciona|que hace|each line|every line|each step|each part|cada linea|cada paso|"
+    r"cada parte)?(?:\s+(?:too|as well|please|also|tambien|por favor|"
+    r"line by line|linea a linea|linea por linea|briefly|brevemente))*\W*$"
 )
 _CLARIFIER = re.compile(
     r"^(?:i mean|like|or|o|o sea|es decir|that is|i\.e\.|e\.g\.|for example|for instance|"
@@ -278,8 +304,10 @@ def opening(text: str, *, sentence: bool = False, loose: bool = False) -> Openin
     """What a piece opens with. `sentence`: the piece is a whole sentence, so a final
     "?" makes it a question ("¿y endLoop?", "¿mi plan incluye ...?"); it and `loose`
     (after "and also", "y también") let a Spanish question word lack its accent."""
-    raw = _LEAD.sub("", text.strip().lstrip("¡ "))
-    folded = _opening_text(text)
+    raw = _PREPOSITION.sub("", _LEAD.sub("", text.strip().lstrip("¡ ")).lstrip("¿"))
+    if text.strip().lstrip("¡ ").startswith("¿"):
+        raw = "¿" + raw
+    folded = _PREPOSITION.sub("", _opening_text(text))
     if not folded:
         return Opening.OTHER
     if _EXAMPLE.match(folded):
@@ -293,6 +321,9 @@ def opening(text: str, *, sentence: bool = False, loose: bool = False) -> Openin
     if _NEED.match(folded):
         return Opening.NEED
     if _ASK.match(folded):
+        produce = _PRODUCE.match(folded)
+        if produce and not produce.group(1) and not _DELIVERABLE.match(folded[produce.end():]):
+            return Opening.OTHER  # "write the result to a variable": a step, not an ask
         return Opening.ASK
     if _QUESTION_EN.match(folded) or raw.startswith("¿"):
         return Opening.QUESTION
@@ -358,6 +389,8 @@ _SENTENCE = re.compile(
     r"|(?<=[)\d]\.)\s+(?=[^\W\d_¿¡])"      # after "...(x)." / "5." before a word
     r"|\s*;\s*"                            # a semicolon
     r"|:\s+(?=[¿¡])"                       # "Otra cosa: ¿...?"
+    r"|\s+(?=¿)"                           # "... una fecha ¿y cuál es ...?"
+    r"|(?<=\.\.\.)\s+(?=\S)|(?<=…)\s+(?=\S)"  # after an ellipsis
     r"|\s*\n\s*",                          # a new line
 )
 _COLON = re.compile(r":\s+")
@@ -460,6 +493,8 @@ class _Segment:
         self.kept = kept  # False while it holds only greetings / fillers / a meta lead-in
         # Some piece of it asks something ("I'm building an API. How do I ...?").
         self.request = kept and _piece_asks(message[piece.start:piece.end], piece.join)
+        # Opened by a modal, or an infinitive a modal before it lent its request to.
+        self.modal = bool(_MODAL.match(_opening_text(message[piece.start:piece.end])))
 
     @property
     def text(self) -> str:
@@ -472,10 +507,14 @@ def _piece_asks(text: str, join: str) -> bool:
         "?" in text or is_code_request(text)
 
 
-def _decide(left: str, right: str, join: str, *, left_asks: bool) -> tuple[bool, bool]:
+def _decide(left: str, right: str, join: str, *, left_asks: bool,
+            left_modal: bool = False) -> tuple[bool, bool]:
     """(separate, uncertain) for the join between the request so far and the piece."""
     sentence = join in ("sentence", "list", "start")
     first = opening(right, sentence=sentence, loose=join == "strong")
+    if first is Opening.OTHER and not sentence and _modal_ask(right) \
+            and (left_modal or _MODAL.match(_opening_text(left))):
+        first = Opening.ASK  # "¿puedes explicar X, escribir Y y decirme Z?"
     if first not in _REQUESTS:
         # A fragment after "and then" / "and also" may still be a request in terse
         # text ("... and then flight numbers"): the judge's call.
@@ -489,7 +528,7 @@ def _decide(left: str, right: str, join: str, *, left_asks: bool) -> tuple[bool,
     if _EXPLAIN_IT.match(folded_right):
         return False, False  # "write X and explain it": the explanation of X
     if join in ("and", "comma", "comma_and") and first is Opening.ASK and \
-            _AMBIGUOUS.match(folded_right) and is_code_request(left):
+            _AMBIGUOUS.match(folded_right) and (is_code_request(left) or _CODE_WORDS.search(left)):
         return False, True  # "..., and show an error if it is missing": a step
     if sentence or join == "strong":
         return True, False
@@ -505,6 +544,29 @@ def _decide(left: str, right: str, join: str, *, left_asks: bool) -> tuple[bool,
     return True, join == "comma"
 
 
+# A request opened by a modal lends it to the infinitives after it ("can you ...").
+_MODAL = re.compile(r"^(?:can you|could you|would you|will you|puedes|podrias|me puedes|"
+                    r"me podrias|podeis|podriais)\b")
+_INFINITIVE_ASK = re.compile(
+    r"^(?:explicar|escribir|crear|generar|construir|implementar|arreglar|corregir|resumir|"
+    r"traducir|decir|contar|mostrar|ensenar|dar|poner|hacer|comparar|listar|revisar)"
+    r"(?:me|lo|la|le|melo|mela|nos)?\b")
+def _modal_ask(text: str) -> bool:
+    """An infinitive that asks for something when a modal before it lends it the ask
+    ("¿puedes explicar X, escribir un endpoint y decirme Z?")."""
+    folded = _opening_text(text)
+    if not _INFINITIVE_ASK.match(folded):
+        return False
+    produce = _PRODUCE.match(folded)
+    return not produce or bool(produce.group(1)) or bool(
+        _DELIVERABLE.match(folded[produce.end():]))
+
+
+# Code named in the request before an ambiguous verb ("add error handling to it and make
+# the response JSON": the response of that code).
+_CODE_WORDS = re.compile(r"\b(?:code|c[oó]digo|endpoint|script|function|funci[oó]n|loop|"
+                         r"bucle|snippet|error handling|manejo de errores|response|respuesta)\b",
+                         re.IGNORECASE)
 # A question whose subject is what the request before it named (a pointer early on,
 # or "each" / "both" anywhere).
 _POINTS_AT_LEFT = re.compile(
@@ -548,12 +610,15 @@ def _walk(message: str, masked: str, pieces: list[Piece],
             # Only a greeting / a lead-in so far: the request starts here.
             segments[-1] = _Segment(piece, message, kept=not filler)
             continue
-        separate, unsure = _decide(current.text, text, piece.join, left_asks=current.request)
+        separate, unsure = _decide(current.text, text, piece.join, left_asks=current.request,
+                                   left_modal=current.modal)
         if unsure:
             uncertain.append(piece.join_at)
         separate = overrides.get(piece.join_at, separate)
         if separate:
             segments.append(_Segment(piece, message, kept=not filler))
+            if current.modal and _modal_ask(text):
+                segments[-1].modal = segments[-1].request = True
         elif not filler:
             current.end = piece.end  # a trailing "thanks!" is not the request's text
             current.request = current.request or _piece_asks(text, piece.join)

@@ -99,6 +99,11 @@ async def test_a_wrong_split_lowers_split_accuracy_and_counts_singles_cut(
     assert report["exact_set_accuracy"] < 1.0
     # Routing of the expected parts does not depend on the splitter.
     assert report["gold_part_routing_accuracy"] == 1.0
+    # Each control's halves route to one type ("compara addV" / "ar y addParam" both
+    # RETRIEVAL; "...hashes it and returns it" points back at the code): merged back,
+    # neither is cut, and the multi-request lines are still scored on their types.
+    assert report["same_type_merged"]["singles_wrongly_split"] == 0.0
+    assert report["same_type_merged"]["exact_set_accuracy"] < 1.0
 
 
 async def test_each_part_is_routed_with_the_parts_before_it_in_its_history(

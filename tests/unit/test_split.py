@@ -52,6 +52,8 @@ def texts(message: str) -> list[str]:
          ["what plan am I on", "write an endpoint that returns 204"]),
         ("explain getRegex's groups, and also bullet-point your last answer",
          ["explain getRegex's groups", "bullet-point your last answer"]),
+        ("What is the parser for? Let me also know when my plan renews.",
+         ["What is the parser for?", "Let me also know when my plan renews."]),
     ],
 )
 def test_english_messages_with_several_requests_are_split(message: str,
@@ -82,6 +84,13 @@ def test_english_messages_with_several_requests_are_split(message: str,
         # chat Spanish without accents nor question marks
         ("como leo una cabecera y tambien cual es mi limite de peticiones",
          ["como leo una cabecera", "cual es mi limite de peticiones"]),
+        ("genera un endpoint que sume dos números... ¿y cuánto me queda de cuota?",
+         ["genera un endpoint que sume dos números...", "¿y cuánto me queda de cuota?"]),
+        ("¿tengo facturas pendientes? por cierto para qué sirve getListLen",
+         ["¿tengo facturas pendientes?", "para qué sirve getListLen"]),
+        # a modal lends its ask to the infinitives after it
+        ("¿puedes explicar addVar, escribir un endpoint con él y decirme mi plan?",
+         ["¿puedes explicar addVar", "escribir un endpoint con él", "decirme mi plan?"]),
     ],
 )
 def test_spanish_messages_with_several_requests_are_split(message: str,
@@ -133,6 +142,12 @@ def test_spanish_messages_with_several_requests_are_split(message: str,
         "Why does getRegex(s, [0-9]+, m) give None? Can you fix it?",
         "¿Por qué getRegex(s, [0-9]+, m) da None? ¿Me lo arreglas?",
         "could you summarise that and make it shorter?",
+        # "write" / "escribir" making a step, not a deliverable; explaining each line
+        "can you read the file and write the result to a variable?",
+        "¿puedes leer el fichero y escribir el resultado en otra variable?",
+        "explain getListLen and generate a random string with randomString",
+        "show me the code for an upload endpoint and explain each line",
+        "can you add error handling to it and make the response JSON?",
         # "como" / "cuando" that are not questions
         "como te decía, quiero un endpoint que devuelva la hora",
         "cuando llamo a RequestGet, ¿por qué tarda tanto?",

@@ -27,6 +27,8 @@ Figures (each also by `lang`):
                            requests
     clarity_gate           today's ADR-018 gate on the whole message: multi-request
                            lines it flags `multi_intent`, single ones it flags wrongly
+    same_type_merged       a policy to weigh: neighbouring parts routed to one type
+                           answered as one part (the expected parts merged the same way)
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class _Tally:
         self.gold_parts = self.gold_right = 0
         self.single_right = 0
         self.gate_multi = self.gate_single = 0
+        self.merged_exact = self.merged_singles_split = 0
 
     def report(self) -> dict[str, Any]:
         return {
@@ -149,6 +152,10 @@ class _Tally:
             "split_precision": _ratio(self.multis_cut, self.cut),
             "split_recall": _ratio(self.multis_cut, self.multis),
         }
+
+    def merged_report(self) -> dict[str, Any]:
+        return {"exact_set_accuracy": _ratio(self.merged_exact, self.n),
+                "singles_wrongly_split": _ratio(self.merged_singles_split, self.singles)}
 
 
 def _ratio(part: int, whole: int) -> float | None:
@@ -200,6 +207,8 @@ async def evaluate_multi(lines: list[MultiLine], cascade: Cascade, *,
     report["by_lang"] = {lang: tally.report() for lang, tally in sorted(by_lang.items())}
     report["exact_set_accuracy_by_parts"] = {
         str(k): _ratio(right, total) for k, (total, right) in sorted(by_parts.items())}
+    report["same_type_merged"] = {**overall.merged_report(), "by_lang": {
+        lang: tally.merged_report() for lang, tally in sorted(by_lang.items())}}
     report["clarity_gate"] = {
         "multi_flagged": _ratio(overall.gate_multi, overall.multis),
         "singles_flagged": _ratio(overall.gate_single, overall.singles)}
@@ -222,6 +231,10 @@ def _count(tally: _Tally, line: MultiLine, cut: Split, predicted: list[QueryType
            expected: list[QueryType], gold: list[QueryType], whole: RoutingDecision) -> None:
     tally.n += 1
     tally.exact += predicted == expected
+    merged = _collapse(predicted)
+    tally.merged_exact += merged == _collapse(expected)
+    if line.kind == "single":
+        tally.merged_singles_split += len(merged) > 1
     right_count = len(predicted) == len(expected)
     tally.split_right += right_count
     tally.cut += cut.multi
@@ -239,6 +252,11 @@ def _count(tally: _Tally, line: MultiLine, cut: Split, predicted: list[QueryType
         tally.parts_right += sum(p == e for p, e in zip(predicted, expected, strict=True))
     tally.gold_parts += len(expected)
     tally.gold_right += sum(g == e for g, e in zip(gold, expected, strict=True))
+
+
+def _collapse(types: list[QueryType]) -> list[QueryType]:
+    """Neighbouring parts of one type as one part."""
+    return [t for i, t in enumerate(types) if i == 0 or types[i - 1] != t]
 
 
 def run_eval_multi(path: Path, settings: Any, *, threshold: float,
