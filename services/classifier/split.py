@@ -260,7 +260,8 @@ _REMEDY = re.compile(
     r"(?:(?:please |can you |could you |would you |will you |puedes |podrias |me )?"
     r"(?:lo |la |me lo |me la )?(?:fix|solve|repair|correct|arreglas|corriges|solucionas|"
     r"arreglar(?:lo|la)?|corregir(?:lo|la)?))|"
-    r"(?:fix|arregla|corrige|soluciona)(?:lo|la|melo|mela)?)"
+    r"(?:fix|arregla|corrige|soluciona)(?:lo|la|melo|mela)?|"
+    r"how (?:do|can|would|should) (?:i|we) do (?:that|it|this)|como (?:lo|la) (?:hago|hacemos))"
     r"(?:\s+(?:it|that|this|them|eso|esto|for me|please|por favor))*\W*$"
 )
 # Explaining what the request before delivers: "... and explain it", "y coméntalo".
@@ -271,6 +272,13 @@ _EXPLAIN_IT = re.compile(
     r"como funciona|que hace|each line|every line|each step|each part|cada linea|cada paso|"
     r"cada parte)?(?:\s+(?:too|as well|please|also|tambien|por favor|"
     r"line by line|linea a linea|linea por linea|briefly|brevemente))*\W*$"
+)
+# Doing what the request before asked for, in some way: "Do it in AVAP", "escríbelo
+# como un endpoint".
+_SAME_THING = re.compile(
+    r"^(?:please\s+)?(?:do|write|make|build|code|haz|escribe|crea|programa|hacer|escribir)"
+    r"(?:lo|la|melo|mela)?(?:\s+(?:it|that|this|one))?\s+(?:in|en|as|como|with|con|using|"
+    r"usando)\b[^?]{0,40}$"
 )
 _CLARIFIER = re.compile(
     r"^(?:i mean|like|or|o|o sea|es decir|that is|i\.e\.|e\.g\.|for example|for instance|"
@@ -525,8 +533,8 @@ def _decide(left: str, right: str, join: str, *, left_asks: bool,
     folded_right = _POLITE_RE.sub("", _opening_text(right))
     if _RESHAPE.match(folded_left) and _RESHAPE.match(folded_right):
         return False, False
-    if _EXPLAIN_IT.match(folded_right):
-        return False, False  # "write X and explain it": the explanation of X
+    if _EXPLAIN_IT.match(folded_right) or _SAME_THING.match(folded_right):
+        return False, False  # "write X and explain it", "... . Hazlo en AVAP": about X
     if join in ("and", "comma", "comma_and") and first is Opening.ASK and \
             _AMBIGUOUS.match(folded_right) and (is_code_request(left) or _CODE_WORDS.search(left)):
         return False, True  # "..., and show an error if it is missing": a step
@@ -576,6 +584,7 @@ _POINTS_AT_LEFT = re.compile(
 )
 
 
+_WORD = re.compile(r"\w")
 _STRENGTH = ("comma", "and", "comma_and", "strong", "sentence", "list", "start")
 
 
@@ -590,7 +599,7 @@ def _walk(message: str, masked: str, pieces: list[Piece],
     carried: Piece | None = None
     for piece in pieces:
         text = message[piece.start:piece.end]
-        if not text.strip() or not _opening_text(text):
+        if not _WORD.search(text) or not _opening_text(text):
             # Only punctuation or fillers ("Also, what ..."): its join is the next one's.
             strong = "strong" if _STRONG_RE.search(text) else piece.join
             carried = piece._replace(join=_stronger(strong, carried.join if carried else

@@ -148,6 +148,10 @@ def test_spanish_messages_with_several_requests_are_split(message: str,
         "explain getListLen and generate a random string with randomString",
         "show me the code for an upload endpoint and explain each line",
         "can you add error handling to it and make the response JSON?",
+        # doing the same thing some way; how to do what was just said; "??"
+        "Quiero un endpoint que devuelva la hora de Madrid. Hazlo en AVAP.",
+        "I want to move to the Business plan, how do I do that?",
+        "why did my bill double this month??",
         # "como" / "cuando" that are not questions
         "como te decía, quiero un endpoint que devuelva la hora",
         "cuando llamo a RequestGet, ¿por qué tarda tanto?",
