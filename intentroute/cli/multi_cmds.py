@@ -25,22 +25,26 @@ def eval_multi(
     mixatis: Annotated[Path | None, typer.Option(
         help="A MixATIS folder of the AGIF repository's data (test.txt; MixATIS_clean "
              "is the cleaned one): the splitter with an ATIS intent classifier")] = None,
+    controls: Annotated[list[Path] | None, typer.Option(
+        "--controls", help="A routing set (`eval routing`'s lines; repeatable): each line "
+                           "is one request, so any cut is wrong")] = None,
     atis_train: Annotated[Path | None, typer.Option(
         help="ATIS training file the intent classifier learns from (default: "
              "ATIS/train.txt beside the MixATIS folder)")] = None,
 ) -> None:
     """Each message split into its requests and each part routed by the real cascade
     (rules, embedding head, LLM when configured); changes nothing."""
-    if file is None and mixatis is None:
-        raise typer.BadParameter("a FILE, --mixatis DIR, or both", param_hint="FILE")
+    if file is None and mixatis is None and not controls:
+        raise typer.BadParameter("a FILE, --controls FILE or --mixatis DIR",
+                                 param_hint="FILE")
     report: dict[str, Any] = {}
     with _input_errors():
-        if file is not None:
+        if file is not None or controls:
             from services.classifier.offline.multi_eval import run_eval_multi
             from services.classifier.settings import ClassifierSettings
 
             report = run_eval_multi(file, ClassifierSettings.from_env(), threshold=threshold,
-                                    predictions_out=predictions)
+                                    predictions_out=predictions, controls=controls)
         if mixatis is not None:
             from services.classifier.offline.mixatis import run_mixatis
 

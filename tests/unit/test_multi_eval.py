@@ -167,3 +167,22 @@ def test_the_command_prints_the_figures_as_json(tmp_path: Path,
     assert refused.exit_code == 2
     assert f"{bad}:1: parts:" in refused.stderr
     assert CliRunner().invoke(app, ["eval", "multi", "--json"]).exit_code == 2
+
+
+def test_routing_sets_serve_as_single_request_controls(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLASSIFIER_HEADS_DIR", "")
+    monkeypatch.setenv("OLLAMA_HOST", "")
+    monkeypatch.setenv("CLASSIFIER_LLM_MODEL", "")
+    routing = write(tmp_path, [
+        {"id": "r1", "query": "write an endpoint that reads the id and returns it",
+         "expected": C},
+        {"id": "r2", "query": "What does addVar do? What does addParam do?",
+         "expected": R}], "routing.jsonl")
+    done = CliRunner().invoke(app, ["eval", "multi", "--controls", str(routing), "--json"])
+    assert done.exit_code == 0, done.output
+    (report,) = json.loads(done.stdout)["controls"].values()
+    assert (report["n"], report["singles_wrongly_split"]) == (2, 0.5)
+    assert [cut["id"] for cut in report["cut"]] == ["r2"]
+    # Both halves of r2 are RETRIEVAL: answered as one part under that policy.
+    assert report["same_type_merged_singles_wrongly_split"] == 0.0

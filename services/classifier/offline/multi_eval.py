@@ -259,14 +259,40 @@ def _collapse(types: list[QueryType]) -> list[QueryType]:
     return [t for i, t in enumerate(types) if i == 0 or types[i - 1] != t]
 
 
-def run_eval_multi(path: Path, settings: Any, *, threshold: float,
-                   predictions_out: Path | None) -> dict[str, Any]:
-    """The worker's cascade as `settings` configure it (as `eval routing` builds it)."""
+def controls_from_routing(path: Path) -> list[MultiLine]:
+    """A routing set's lines (`eval routing`'s format) as single-request controls: each
+    is one request of its expected type, whatever its wording."""
+    from services.classifier.offline.routing_eval import load_lines
+
+    return [MultiLine(query=line.query, parts=[ExpectedPart(line.query, line.expected)],
+                      lang="-", kind="single", id=line.id, history=line.history,
+                      extra_context=line.extra_context, editor_context=line.editor_context)
+            for line in load_lines(path)]
+
+
+async def evaluate_controls(lines: list[MultiLine], cascade: Cascade) -> dict[str, Any]:
+    """Single-request messages written for another purpose: how many are cut."""
+    full = await evaluate_multi(lines, cascade)
+    return {"n": full["n"], "singles_wrongly_split": full["singles_wrongly_split"],
+            "same_type_merged_singles_wrongly_split":
+                full["same_type_merged"]["singles_wrongly_split"],
+            "exact_set_accuracy": full["exact_set_accuracy"],
+            "single_routing_accuracy": full["single_routing_accuracy"],
+            "cut": [w for w in full["wrong"] if len(w["predicted"]) > 1]}
+
+
+def run_eval_multi(path: Path | None, settings: Any, *, threshold: float,
+                   predictions_out: Path | None,
+                   controls: list[Path] | None = None) -> dict[str, Any]:
+    """The worker's cascade as `settings` configure it (as `eval routing` builds it).
+    `controls`: routing sets whose every line is one request (how many are cut)."""
     from services.classifier.adapters import build_classifier, build_llm
     from services.classifier.llm import ModelLabeler
     from services.classifier.offline.routing_eval import DirectLayer2
 
-    lines = load_multi(path)  # a malformed line fails before any model is loaded
+    # A malformed line fails before any model is loaded.
+    lines = load_multi(path) if path is not None else []
+    control_sets = {str(p): controls_from_routing(p) for p in controls or []}
     classifier = build_classifier(settings, threshold=threshold)
     llm = build_llm(settings)
     cascade = Cascade(CascadeConfig(threshold=threshold),
@@ -276,6 +302,11 @@ def run_eval_multi(path: Path, settings: Any, *, threshold: float,
     async def run() -> dict[str, Any]:
         if isinstance(llm, ModelLabeler):
             await llm.warm()
-        return await evaluate_multi(lines, cascade, predictions_out=predictions_out)
+        report = await evaluate_multi(lines, cascade, predictions_out=predictions_out) \
+            if path is not None else {}
+        if control_sets:
+            report["controls"] = {name: await evaluate_controls(mine, cascade)
+                                  for name, mine in control_sets.items()}
+        return report
 
     return asyncio.run(run())
