@@ -4,29 +4,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from services.classifier.cascade import Cascade
+from services.classifier.part_routing import route_parts
+from services.classifier.rules import has_platform_prefix
 from services.classifier.settings import ClassifierSettings
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_admitted
 from shared.contracts.pipeline import (
     CLASSIFY_SUBJECT,
-    RETRIEVE_SUBJECT,
     Admitted,
+    PartPlan,
     Routed,
-    generate_subject,
+    first_subject,
 )
+from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind
 from shared.contracts.routing import (
-    RETRIEVING_TYPES,
     Clarity,
     HistoryEntry,
+    Layer,
     QueryType,
     RoutingDecision,
 )
-from shared.policy.agent import ClarityPolicy
+from shared.policy.agent import ClarityPolicy, MultiIntent
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.endings import request_log_row
+from shared.runtime.message_parts import open_part
 from shared.runtime.stage import (
     Call,
     Handoff,
@@ -86,18 +92,24 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
                                              confirm=policy.clarity_threshold)
         routed = Routed.from_admitted(env, decision)
         ask = (policy.clarity_policy or settings.clarity_policy) == ClarityPolicy.ASK
+        multi = policy.multi_intent or settings.multi_intent
+        if multi is MultiIntent.ASK and decision.clarity == Clarity.MULTI_INTENT:
+            ask = True
+        elif may_split(req, decision, trusted=env.trusted):
+            plans = await route_parts(deps.cascade, req, history, trusted=env.trusted,
+                                      confirm=policy.clarity_threshold)
+            if plans:
+                routed = split_routed(env, plans, first_only=multi is MultiIntent.FIRST)
+                await open_part(deps.bus, routed, redelivered=call.delivery.deliveries > 1)
+                return Handoff(first_subject(routed.decision), routed, "classified")
         if ask and decision.clarity in ASKED:
             call.mark(routed)
             await ask_back(deps, routed)
             return None
         # RC-04: only RETRIEVAL and CODE_GENERATION go through the retriever.
-        if decision.type in RETRIEVING_TYPES:
-            subject = RETRIEVE_SUBJECT
-        else:
-            subject = generate_subject(decision.model_slot)
         # This turn's classify_history row travels in the envelope's decision and is
         # written with the turn by the stage that ends it (shared.runtime.stage.finish_turn).
-        return Handoff(subject, routed, "classified")
+        return Handoff(first_subject(decision), routed, "classified")
 
     return Stage(
         name="classify",
@@ -111,6 +123,27 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
         decode=payload(decode_admitted),
         logic=on_classify,
     )
+
+
+def may_split(req: AgentRequest, decision: RoutingDecision, *, trusted: bool) -> bool:
+    """A declared type (a trusted caller's) and the RC-01 platform prefix decide the
+    whole message: it is never cut."""
+    if decision.layer == Layer.DECLARED:
+        return False
+    return not (trusted and has_platform_prefix(req.query))
+
+
+def split_routed(env: Admitted, plans: list[PartPlan], *, first_only: bool) -> Routed:
+    """The envelope of a split message, its first part's turn (`first_only`: that part
+    alone, as a message of one request)."""
+    first = plans[0]
+    request = msgspec.structs.replace(env.request, query=first.text)
+    routed = Routed.from_admitted(msgspec.structs.replace(env, request=request),
+                                  first.decision)
+    if not first_only:
+        routed.parts = plans
+        routed.message = env.request.query
+    return routed
 
 
 async def ask_back(deps: StageDeps, env: Routed) -> None:

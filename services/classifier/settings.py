@@ -8,7 +8,7 @@ import msgspec
 
 from shared.common.settings import CommonSettings, env, read_env, refuse_retired
 from shared.encoders.embeddings import DEFAULT_MODEL
-from shared.policy.agent import ClarityPolicy
+from shared.policy.agent import ClarityPolicy, MultiIntent
 from shared.policy.clarity import DECIDE_THRESHOLD
 
 
@@ -40,6 +40,11 @@ class ClassifierSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Clarity gate policy of agents whose own policy (`intentroute agent set NAME
     # clarity_policy=...`) does not say: "proceed" (default) or "ask".
     clarity_policy: Annotated[ClarityPolicy, env("CLARITY_POLICY")] = ClarityPolicy.PROCEED
+    # A message carrying several requests, for agents whose policy (`agent set NAME
+    # multi_intent=...`) does not say: "split" (default: each part answered in order,
+    # neighbouring parts of one type answered as one), "ask" (ask for them one by one,
+    # when the clarity gate sees several) or "first" (the first request only).
+    multi_intent: Annotated[MultiIntent, env("CLASSIFIER_MULTI_INTENT")] = MultiIntent.SPLIT
 
     @property
     def heads_root(self) -> Path | None:

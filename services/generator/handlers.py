@@ -11,7 +11,7 @@ from services.generator.health import FleetHealth
 from services.generator.settings import GeneratorSettings
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_routed
-from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
+from shared.contracts.pipeline import VALIDATE_SUBJECT, PartDone, Routed, generate_subject
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import QueryType
 from shared.llm.walk import Walker
@@ -20,6 +20,7 @@ from shared.policy.chain import EXTRACTIVE, Step
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.endings import answer_usage
+from shared.runtime.message_parts import end_part, open_part, previous_part_answer
 from shared.runtime.stage import (
     Call,
     Handoff,
@@ -77,9 +78,13 @@ async def generate(
     settings: GeneratorSettings, deps: GeneratorDeps, call: Call, env: Routed
 ) -> Handoff | None:
     req, decision = env.request, env.decision
+    # A split message's part opens here when generation is its first stage.
+    await open_part(deps.bus, env, redelivered=call.delivery.deliveries > 1)
     previous = ""
     if decision.type == QueryType.CONVERSATIONAL:
-        previous = await deps.store.previous_answer(req.agent_id, req.session_id) or ""
+        # A part refers to the part before it; a message to the session's last answer.
+        previous = previous_part_answer(env) or (
+            await deps.store.previous_answer(req.agent_id, req.session_id) or "")
     policy = deps.policies.policy_for(req.agent_id, req.request_id)
     steps = ([Step(EXTRACTIVE)] if env.degraded else
              steps_for(policy, settings.slot.value, chosen_model(req.model, policy,
@@ -123,6 +128,9 @@ async def generate(
         env.seq = out.seq
         raise PermanentError(answered.error,
                              code=answered.error_code or ErrorCode.BACKEND_UNAVAILABLE)
+    if env.parts:
+        return await end_part(deps, out, env, PartDone(
+            answer=out.answer, answered_by=answered.answered_by, usage=env.usage))
     await finish_turn(deps.store, env, answer=out.answer, answered_by=answered.answered_by,
                       first_chunk_at=out.first_text_at)
     await out.final(decision=decision, answered_by=answered.answered_by,

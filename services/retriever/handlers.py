@@ -12,6 +12,7 @@ from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import RETRIEVE_SUBJECT, Routed, generate_subject
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import RETRIEVING_TYPES
+from shared.runtime.message_parts import open_part
 from shared.runtime.stage import (
     Call,
     Handoff,
@@ -40,6 +41,8 @@ def build_stage(settings: RetrieverSettings) -> Stage[Routed, RetrieverDeps]:
         if decision.type not in RETRIEVING_TYPES:
             raise PermanentError(f"{decision.type} request reached the retriever",
                                  code=ErrorCode.RC04_VIOLATION)
+        # A split message's part opens here when retrieval is its first stage.
+        await open_part(deps.bus, env, redelivered=call.delivery.deliveries > 1)
         await deps.retrieval.maybe_reload()
         req = env.request
 

@@ -13,11 +13,12 @@ from services.validator.settings import ValidatorSettings
 from shared.common.otel import request_attributes
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_routed
-from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
+from shared.contracts.pipeline import VALIDATE_SUBJECT, PartDone, Routed, generate_subject
 from shared.contracts.response import ValidationStatus
 from shared.contracts.routing import ModelSlot
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.endings import answer_usage
+from shared.runtime.message_parts import end_part
 from shared.runtime.stage import Call, Handoff, Stage, StageDeps, finish_turn, payload, stage_spec
 
 log = logging.getLogger("intentroute.validator")
@@ -83,6 +84,10 @@ def build_stage(settings: ValidatorSettings) -> Stage[Routed, ValidatorDeps]:
         status = DELIVERED[verdict.status].value
         retried = env.attempt > 0
         await out.text(env.answer)
+        if env.parts:
+            return await end_part(deps, out, env, PartDone(
+                answer=env.answer, answered_by=env.answered_by, validation_status=status,
+                avap_code=code, usage=env.usage))
         await finish_turn(deps.store, env, answer=env.answer, answered_by=env.answered_by,
                           validation_status=status, retried=retried)
         await out.final(decision=env.decision, validation_status=status, avap_code=code,

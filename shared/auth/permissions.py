@@ -167,6 +167,11 @@ REPLAY_REPLY_SECONDS = 600.0
 REPLAY_CONSUMER_CREATE = f"$JS.API.CONSUMER.CREATE.{response.STREAM}.*.{AGENT_RESPONSE_ANY}"
 REPLAY_CONSUMER_DELETE = f"$JS.API.CONSUMER.DELETE.{response.STREAM}.*"
 
+# The stages that end a part of a split message hand the next part to its first stage
+# (shared.runtime.message_parts): the retriever, or a slot's generator (RC-04).
+NEXT_PART = (pipeline.RETRIEVE_SUBJECT, pipeline.generate_subject(ModelSlot.MAIN),
+             pipeline.generate_subject(ModelSlot.CONVERSATIONAL))
+
 WORKER_GRANTS: dict[str, WorkerGrant] = {
     # Admission: every agent's requests, in fair turns, handed to the classifier. It
     # also reads every agent's feedback and acknowledges it on that agent's responses,
@@ -196,18 +201,18 @@ WORKER_GRANTS: dict[str, WorkerGrant] = {
         models=True,
         stream=pipeline.STREAM, durable="generator-main",
         filter_subject=pipeline.generate_subject(ModelSlot.MAIN),
-        publish=(pipeline.VALIDATE_SUBJECT,),
+        publish=(pipeline.VALIDATE_SUBJECT, *NEXT_PART),
     ),
     "generator-conversational": WorkerGrant(
         models=True,
         stream=pipeline.STREAM, durable="generator-conversational",
         filter_subject=pipeline.generate_subject(ModelSlot.CONVERSATIONAL),
-        publish=(),
+        publish=NEXT_PART,
     ),
     # RC-08: one trace-guided retry goes back to the main generator.
     "validator": WorkerGrant(
         stream=pipeline.STREAM, durable="validator", filter_subject=pipeline.VALIDATE_SUBJECT,
-        publish=(pipeline.generate_subject(ModelSlot.MAIN),),
+        publish=(pipeline.generate_subject(ModelSlot.MAIN), *NEXT_PART),
     ),
 }
 

@@ -318,17 +318,22 @@ async def send_feedback(
 
 
 def is_text(chunk: ResponseChunk) -> bool:
-    """Part of the answer's text (status notes are not)."""
-    return chunk.kind in (ChunkKind.TEXT, ChunkKind.CLARIFICATION) or (
+    """Part of the answer's text (status notes are not; a part marker's heading is)."""
+    return chunk.kind in (ChunkKind.TEXT, ChunkKind.CLARIFICATION, ChunkKind.PART) or (
         chunk.is_final and bool(chunk.text))
 
 
 def assemble(chunks: list[ResponseChunk]) -> str:
-    """The answer text, honouring RESET chunks from a redelivered stage."""
+    """The answer text, honouring RESET chunks from a redelivered stage: a reset drops
+    the text since the last part marker (a split message's earlier parts stay)."""
     parts: list[str] = []
+    kept = 0  # the text before the current part's marker
     for chunk in chunks:
         if chunk.kind == ChunkKind.RESET:
-            parts.clear()
+            del parts[kept:]
+        elif chunk.kind == ChunkKind.PART:
+            parts.append(chunk.text)
+            kept = len(parts)
         elif is_text(chunk):
             parts.append(chunk.text)
     return "".join(parts)

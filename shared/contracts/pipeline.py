@@ -10,7 +10,7 @@ import msgspec
 
 from shared.contracts.request import AgentRequest, Problem, request_problem
 from shared.contracts.response import ErrorCode
-from shared.contracts.routing import ModelSlot, RoutingDecision
+from shared.contracts.routing import RETRIEVING_TYPES, ModelSlot, RoutingDecision
 
 STREAM = "INTENTROUTE_PIPELINE"
 SUBJECT_PREFIX = "intentroute.stage"
@@ -64,6 +64,26 @@ class Usage(msgspec.Struct, kw_only=True):
     parts: list[UsagePart] = []
 
 
+class PartPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One request of a split message, as the classifier routed it."""
+
+    text: str
+    decision: RoutingDecision
+    # An earlier part it points back at ("... that uses it"), -1: none.
+    refers_to: int = -1
+
+
+class PartDone(msgspec.Struct, kw_only=True):
+    """A part answered: what the last part's stage puts on the final chunk and in the
+    request log (its answer, who wrote it, its validation, its usage)."""
+
+    answer: str = ""
+    answered_by: str = ""
+    validation_status: str = ""
+    avap_code: str = ""
+    usage: Usage | None = None
+
+
 class Admitted(msgspec.Struct, kw_only=True):
     """A request the gateway accepted, on its way to the classifier."""
 
@@ -113,12 +133,33 @@ class Routed(msgspec.Struct, kw_only=True):
     usage: Usage | None = None
     run: str = ""
     degraded: bool = False
+    # A message carrying several requests (issue 34): its parts in order, the one being
+    # answered now (`request.query` is its text, `decision` its decision), those
+    # answered, and the whole message (the turn the session keeps).
+    parts: list[PartPlan] = []
+    part: int = 0
+    done: list[PartDone] = []
+    message: str = ""
+    # This part's marker chunk is out (shared.runtime.message_parts.open_part).
+    part_opened: bool = False
+
+    @property
+    def more_parts(self) -> bool:
+        return self.part + 1 < len(self.parts)
 
     @classmethod
     def from_admitted(cls, admitted: Admitted, decision: RoutingDecision) -> Routed:
         return cls(request=admitted.request, accepted_at=admitted.accepted_at,
                    decision=decision, timings=admitted.timings, deadline=admitted.deadline,
                    run=admitted.run, degraded=admitted.degraded)
+
+
+def first_subject(decision: RoutingDecision) -> str:
+    """Where a decided request goes first: RC-04, only RETRIEVAL and CODE_GENERATION
+    through the retriever; the others straight to their slot's generator."""
+    if decision.type in RETRIEVING_TYPES:
+        return RETRIEVE_SUBJECT
+    return generate_subject(decision.model_slot)
 
 
 # A run: stream sequence digits, and `r<dead-letter id>` per replay.

@@ -58,6 +58,11 @@ class ChunkKind(enum.StrEnum):
     STATUS = "status"  # progress note (e.g. "validating code"), not part of the answer
     RESET = "reset"  # a redelivered stage restarts the answer: discard text so far
     CLARIFICATION = "clarification"  # clarity gate policy "ask": options, nothing generated
+    # A message carrying several requests is answered part by part: this marker opens a
+    # part (`part` says which); its text is the part's heading, so a client that knows
+    # no markers still reads each part under its heading. A RESET after it drops only
+    # that part's text.
+    PART = "part"
     FINAL = "final"
 
 
@@ -143,6 +148,27 @@ class TokenUsage(msgspec.Struct, frozen=True, omit_defaults=True):
     tokens_out: int = 0
 
 
+class PartInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A part marker's part: its place (from 0) among `count`, its text, its decision."""
+
+    index: int
+    count: int
+    text: str
+    decision: RoutingDecision | None = None
+
+
+class PartResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What one part of a split message got, on the final chunk."""
+
+    index: int
+    text: str
+    query_type: str = ""
+    decision: RoutingDecision | None = None
+    validation_status: str = ""
+    avap_code: str = ""
+    answered_by: str = ""
+
+
 class ResponseChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     request_id: str
     seq: int
@@ -160,3 +186,7 @@ class ResponseChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     # On an answer's final chunk with ACCOUNTING on: what generating it took (the
     # OpenAI door's `usage`).
     usage: TokenUsage | None = None
+    # A part marker's part (kind PART); on the final chunk of a split message, every
+    # part's decision, validation status and code, in order.
+    part: PartInfo | None = None
+    parts: list[PartResult] = []

@@ -16,6 +16,9 @@ Keys (an empty value unsets one):
                                    LLM_TTFT_MS, LLM_STALL_MS)
     models=cloud/big-1,local/small the fleet models the agent may name as `model` at
                                    the OpenAI door (routing and the chain still apply)
+    multi_intent=split|ask|first   a message carrying several requests: answered part
+                                   by part, asked to be sent one by one, or its first
+                                   request only (global: CLASSIFIER_MULTI_INTENT)
     slo_p95_ms=500                 latency SLO
     price.MODEL=IN,OUT[,COMPUTE_S] price per 1k input / output tokens and per compute
                                    second (local models)
@@ -58,6 +61,14 @@ class FallbackEnd(enum.StrEnum):
 
     EXTRACTIVE = "extractive"
     ERROR = "error"
+
+
+class MultiIntent(enum.StrEnum):
+    """What the classifier does with a message carrying several requests (issue 34)."""
+
+    SPLIT = "split"  # each part routed and answered in order, in one stream
+    ASK = "ask"  # ask the user to send them one by one (the clarity gate's question)
+    FIRST = "first"  # answer the first request only
 
 
 class OnBudget(enum.StrEnum):
@@ -108,6 +119,9 @@ class AgentPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     # The agent's share in the gateway's weighted fair scheduling (stored and
     # validated here; the scheduler reads it).
     weight: float | None = None
+    # A message carrying several requests: split, ask or first (None: the global
+    # CLASSIFIER_MULTI_INTENT).
+    multi_intent: MultiIntent | None = None
     # Latency targets of its model calls (shared.llm.walk.Timing); None: the globals.
     ttft_ms: float | None = None
     stall_ms: float | None = None
@@ -204,6 +218,22 @@ def fallback_chain(key: str, value: str) -> list[str]:
     return steps
 
 
+def _clarity(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
+    """One of the keys of what the classifier does with an unclear or a multi-part
+    message (the threshold, the policy, multi-intent)."""
+    replace = msgspec.structs.replace
+    if key == "clarity_threshold":
+        return replace(policy, clarity_threshold=(
+            _number(key, value, low=0.0, high=1.0) if value else None))
+    if key == "clarity_policy":
+        if value and value not in ClarityPolicy.__members__.values():
+            raise PolicyError(f"{key}: {value!r} is not one of proceed, ask")
+        return replace(policy, clarity_policy=ClarityPolicy(value) if value else None)
+    if value and value not in MultiIntent.__members__.values():
+        raise PolicyError(f"{key}: {value!r} is not one of split, ask, first")
+    return replace(policy, multi_intent=MultiIntent(value) if value else None)
+
+
 def _model_calls(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
     """One of the keys of the agent's model calls (latency targets, door models)."""
     if key == "models":
@@ -231,13 +261,8 @@ def apply_assignment(policy: AgentPolicy, assignment: str) -> AgentPolicy:
     replace = msgspec.structs.replace
     if key in _LIMITS or key in ("on_budget", "weight"):
         return _limit(policy, key, value)
-    if key == "clarity_threshold":
-        return replace(policy, clarity_threshold=(
-            _number(key, value, low=0.0, high=1.0) if value else None))
-    if key == "clarity_policy":
-        if value and value not in ClarityPolicy.__members__.values():
-            raise PolicyError(f"{key}: {value!r} is not one of proceed, ask")
-        return replace(policy, clarity_policy=ClarityPolicy(value) if value else None)
+    if key in ("clarity_threshold", "clarity_policy", "multi_intent"):
+        return _clarity(policy, key, value)
     if key in ("slo_p95_ms", "currency"):
         return _reporting(policy, key, value)
     if key in ("ttft_ms", "stall_ms", "models"):

@@ -26,6 +26,8 @@ from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.response import (
     ChunkKind,
     ErrorInfo,
+    PartInfo,
+    PartResult,
     ResponseChunk,
     TokenUsage,
     response_subject,
@@ -179,6 +181,19 @@ class AnswerStream:
             )
         )
 
+    async def flush(self) -> None:
+        """Send the text piece held back (a part ends without a final chunk)."""
+        await self._flush()
+
+    async def part(self, info: PartInfo, heading: str) -> None:
+        """A part marker (a split message's next request begins): the text held back
+        goes first; `heading` is its text, so a client that knows no markers reads each
+        part under its heading."""
+        await self._flush()
+        self.text_parts.clear()
+        await self._send(ResponseChunk(request_id=self.request_id, seq=self.seq,
+                                       text=heading, kind=ChunkKind.PART, part=info))
+
     async def reset(self) -> None:
         self.text_parts.clear()
         self._held = ""
@@ -199,6 +214,8 @@ class AnswerStream:
         retried: bool = False,
         error: ErrorInfo | None = None,
         usage: TokenUsage | None = None,
+        parts: list[PartResult] | None = None,
+        query_type: str | None = None,
     ) -> None:
         if kind == ChunkKind.FINAL and error is None and not text:
             text, self._held = self._held, ""
@@ -210,7 +227,8 @@ class AnswerStream:
             text=text,
             kind=kind,
             is_final=True,
-            query_type=decision.type.value if decision else "",
+            query_type=(query_type if query_type is not None
+                        else decision.type.value if decision else ""),
             validation_status=validation_status,
             error=error,
             decision=decision,
@@ -218,6 +236,7 @@ class AnswerStream:
             answered_by=answered_by,
             retried=retried,
             usage=usage,
+            parts=parts or [],
         )
         payload = encode(chunk)
         lease = ANSWER_LEASE.get()

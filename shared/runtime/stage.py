@@ -270,9 +270,12 @@ async def _run_checked(stage: Stage[E, D], msg: Delivery, deps: D, env: E) -> Ou
             # The run in the key: a request id the agent asks with again is a new run,
             # whose handoffs the stream's 120 s duplicate window dropped without it
             # (asked again through the OpenAI door: no answer, a 504 at its timeout).
+            # A split message's parts each take the same steps: the part in the key.
+            part = getattr(handoff.envelope, "part", 0)
+            step = f"p{part}.{handoff.step}" if part else handoff.step
             await publish_stage(
                 deps.bus, handoff.subject, encode(handoff.envelope),
-                msg_id=f"{req.agent_id}:{req.request_id}:{env.run}:{handoff.step}",
+                msg_id=f"{req.agent_id}:{req.request_id}:{env.run}:{step}",
             )
     except Exception as exc:
         if isinstance(exc, IntentrouteError) and not exc.retryable:

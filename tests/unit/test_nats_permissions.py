@@ -157,9 +157,13 @@ def test_stage_hand_offs_follow_the_pipeline() -> None:
                                              "intentroute.stage.generate.*"}
     assert stage_publishes("retriever") == {"intentroute.stage.generate.main",
                                             "intentroute.stage.generate.conversational"}
-    assert stage_publishes("generator-main") == {"intentroute.stage.validate"}
-    assert stage_publishes("generator-conversational") == set()
-    assert stage_publishes("validator") == {"intentroute.stage.generate.main"}
+    # A split message's next part goes to its first stage from the stage that ended
+    # the part before it (shared.runtime.message_parts): the retriever or a generator.
+    next_part = {"intentroute.stage.retrieve", "intentroute.stage.generate.main",
+                 "intentroute.stage.generate.conversational"}
+    assert stage_publishes("generator-main") == {"intentroute.stage.validate", *next_part}
+    assert stage_publishes("generator-conversational") == next_part
+    assert stage_publishes("validator") == next_part
     # Every stage reads the last stored chunk of an answer (a redelivered message whose
     # answer already went out is dropped) by its subject only, never a stream by
     # sequence, and dead-letters only on its own consumers' subjects (the row writer
