@@ -24,10 +24,10 @@ from services.validator.handlers import ValidatorDeps
 from services.validator.handlers import build_stage as validator_stage
 from services.validator.settings import ValidatorSettings
 from shared.client.caller import assemble
-from shared.contracts.codec import decode_routed
+from shared.contracts.codec import decode_chunk, decode_routed
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import ChunkKind
+from shared.contracts.response import ChunkKind, ResponseChunk
 from shared.contracts.routing import ModelSlot, QueryType
 from shared.llm.fleet import Fleet
 from shared.llm.walk import Walker
@@ -167,3 +167,34 @@ async def test_the_agents_policy_may_answer_the_first_request_only_or_ask() -> N
     # Asked when the clarity gate sees several requests; else answered as one.
     assert final.kind in (ChunkKind.CLARIFICATION, ChunkKind.FINAL)
     assert not final.parts
+
+
+async def test_a_redelivered_part_opens_once_and_its_reset_keeps_the_earlier_parts() -> None:
+    """A part's first stage delivered again (its worker died after sending the marker)
+    does not send the marker twice; a reset of the part's text drops that part's text
+    only, never the parts before it."""
+    pipe = Pipeline()
+    await pipe.run(MESSAGE, extra_context="invoice 2026-10: 12.40 EUR")
+    (part2,) = [s for s in pipe.bus.sent if s.subject == "intentroute.stage.generate."
+                "conversational"]
+    env = decode_routed(part2.payload)
+    stage, deps = pipe.stages["intentroute.stage.generate.conversational"]
+    pipe2 = Pipeline()
+    # The earlier parts' chunks, as stored, then the part's first delivery cut off after
+    # its marker: the redelivery finds the marker and sends it once.
+    for sent in pipe.bus.sent:
+        if sent.subject == "agent.response.a.m-1":
+            chunk = decode_chunk(sent.payload)
+            if chunk.kind == ChunkKind.PART and chunk.part and chunk.part.index == 2:
+                pipe2.bus.sent.append(sent)
+                break
+            pipe2.bus.sent.append(sent)
+    stage, deps = pipe2.stages["intentroute.stage.generate.conversational"]
+    await run_on_wire(stage, env, deps, deliveries=2)
+    chunks = pipe2.bus.chunks("m-1")
+    assert [c.part.index for c in chunks if c.kind == ChunkKind.PART and c.part] == [0, 1, 2]
+    assert sum(c.is_final for c in chunks) == 1
+    text = assemble([*chunks[:-1], ResponseChunk(request_id="m-1", seq=99,
+                                                 kind=ChunkKind.RESET), chunks[-1]])
+    assert "### 1. explain addVar" in text  # the earlier parts survive a reset
+    assert "### 2." in text
