@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from intentroute.cli.apps import OPTIONS, app, settings, urls
 from intentroute.cli.errors import CliError, UsageError
 from intentroute.cli.reach import connect_nats
+from intentroute.cli.stack_home import no_stack
 from shared.auth.natsconn import RECONNECT
 
 
@@ -44,8 +45,7 @@ def ask(
     # NATS_URL, else the server(s) the credential names, else the running `up`'s.
     nats_url = settings().nats_url or credential_url(creds) or urls()[0]
     if not nats_url:
-        typer.echo("no NATS_URL and no running `intentroute up`", err=True)
-        raise typer.Exit(2)
+        no_stack()
     kwargs, creds_agent = caller_kwargs(creds)
 
     async def run() -> int:

@@ -16,9 +16,10 @@ from typing import Annotated, Any, NamedTuple
 
 import typer
 
-from intentroute.cli.apps import app, settings, urls
+from intentroute.cli.apps import app, urls
 from intentroute.cli.data_cmds import ingest_into
 from intentroute.cli.demo import ask_samples
+from intentroute.cli.stack_home import writable_home
 from intentroute.drain import (
     DEFAULT_DRAIN_TIMEOUT,
     StopSignals,
@@ -133,10 +134,11 @@ def up(
     has 3 replicas: losing one node loses nothing. A server that dies is started again
     on the same port; the next `up` in the same state dir takes the same ports."""
     counts = parse_replicas(replicas or [])
-    cli = settings()
+    cli = CliSettings.from_env(starting=True)  # the state folder absolute, here or the variable's
     configure_logging(level=cli.common.log_level, fmt=cli.common.log_format, worker="up")
     _check_fleet(cli)
     state_dir = cli.state_dir
+    writable_home(cli)
     embedded_nats = not cli.nats_url
     _check_cluster_size(nats_cluster, embedded_nats)
     lock = _own_state_dir(state_dir)  # before anything reads or writes the state dir
@@ -320,7 +322,7 @@ def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port:
     worker's own (StageSecrets). The dashboard is on, behind a token generated in the
     state dir, unless GATEWAY_DASHBOARD_TOKEN (or its _FILE) brings one."""
     env = dict(os.environ, NATS_URL=nats_url, INDEX_DIR=str(cli.index_dir),
-               NATS_STREAM_REPLICAS=str(stream_replicas))
+               NATS_STREAM_REPLICAS=str(stream_replicas), INTENTROUTE_HOME=str(cli.state_dir))
     # Six workers' progress bars would interleave into one log, even on a terminal.
     env.setdefault("TQDM_DISABLE", "1")
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

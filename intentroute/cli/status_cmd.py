@@ -11,6 +11,7 @@ import typer
 
 from intentroute.cli.apps import OPTIONS, app, settings, urls
 from intentroute.cli.reach import connect_nats
+from intentroute.cli.stack_home import no_stack
 from intentroute.status import StageRow, read_sample, report, stage_rows
 
 
@@ -101,8 +102,7 @@ def status(
     only; exit 1 if NATS cannot be reached within `intentroute --timeout`."""
     nats_url, _ = urls()
     if not nats_url:
-        typer.echo("no NATS_URL and no running `intentroute up`", err=True)
-        raise typer.Exit(2)
+        no_stack()
     kwargs = status_kwargs()
 
     async def run() -> None:
