@@ -19,6 +19,7 @@ import typer
 from intentroute.cli.apps import app, urls
 from intentroute.cli.data_cmds import ingest_into
 from intentroute.cli.demo import ask_samples
+from intentroute.cli.ready import announce_when_ready, login_links_dir
 from intentroute.cli.stack_home import writable_home
 from intentroute.drain import (
     DEFAULT_DRAIN_TIMEOUT,
@@ -186,6 +187,7 @@ def up(
                            keeper=stack_keeper(servers, state_dir, info, sync),
                            demo=partial(ask_samples, cli, nats_url, admin) if demo else None,
                            exit_after_demo=exit_after_demo,
+                           ready=partial(announce_when_ready, info, state_dir, nats_url, admin),
                            wait_idle=nats_wait_idle(nats_servers(nats_url), admin),
                            drain_timeout=(cli.up_drain_timeout if drain_timeout is None
                                           else drain_timeout))
@@ -341,6 +343,9 @@ def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port:
         token = path.read_text(encoding="utf-8").strip()
         token_file = str(path)
     dashboard_url = f"{http_url}/dashboard" if http_url else ""
+    if token and http_url:  # one-time login links (the ready screen's)
+        env.setdefault("GATEWAY_DASHBOARD_LOGIN_LINKS", str(login_links_dir(cli.state_dir)))
+        login_links_dir(cli.state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     return env, _HttpDoor(http_url, dashboard_url, token_file, token if http_url else "")
 
 
@@ -423,6 +428,7 @@ def _banner(info: StackInfo, stream_replicas: int, counts: dict[str, int]) -> st
 
 def _run_until_stopped(supervisor: Supervisor, sync: AuthSync | None, state_dir: Path, *,
                        demo: Callable[[], None] | None, exit_after_demo: bool,
+                       ready: Callable[[], object] | None = None,
                        keeper: ServerKeeper | None = None,
                        wait_idle: WaitIdle | None = None,
                        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
@@ -436,6 +442,8 @@ def _run_until_stopped(supervisor: Supervisor, sync: AuthSync | None, state_dir:
             demo()
             if exit_after_demo:
                 signals.count = max(signals.count, 1)
+        if ready is not None and not signals.requested:
+            ready()  # the ready screen, once every worker answers (intentroute.cli.ready)
         # A worker that dies is restarted (with backoff), and so is a server (the keeper:
         # same port, data and configuration); only a stop ends them all.
         while not signals.requested:

@@ -90,7 +90,8 @@ def create_app(
                 add_dashboard_routes(http_app, pool, token=board.token,
                                      default_days=board.default_days,
                                      max_days=board.max_days, session_ttl=board.session_ttl,
-                                     throttle=throttle, refresh=board.refresh, nc=wiring.nc)
+                                     throttle=throttle, refresh=board.refresh, nc=wiring.nc,
+                                     login_links=board.login_links)
             runner, _ = await start_http(http_app, settings.http_listen)
             exits.push_async_callback(runner.cleanup)
         if settings.learn.interval > 0:
