@@ -157,6 +157,10 @@ async def ask_and_print(
             if chunk.avap_code or chunk.validation_status:
                 info += f" validation={chunk.validation_status or 'VALID'}"
             typer.secho(f"[{info}]", dim=True, err=True)
+            if dec and dec.declared_ignored:
+                typer.secho(f"[--query-type {query_type} ignored: only a trusted agent's "
+                            "declared type is taken (`intentroute agent add NAME --trusted`)]",
+                            fg="yellow", err=True)
     return code
 
 
