@@ -24,6 +24,7 @@ from intentroute.cli import (
 )
 from intentroute.cli.apps import Cli
 from intentroute.cli.apps import app as _root
+from intentroute.cli.help_text import unwrap_help
 from intentroute.cli.plugins import load_plugins
 
 # Not bound until first asked for (`__getattr__`), so that asking loads the plugins.
@@ -35,6 +36,7 @@ def __getattr__(name: str) -> Cli:
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     load_plugins(_root)
+    unwrap_help(_root)  # help texts wrapped by the terminal (intentroute.cli.help_text)
     globals()["app"] = _root
     return _root
 

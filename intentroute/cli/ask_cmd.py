@@ -41,6 +41,9 @@ def ask(
     """Publish a question on NATS as an agent and print the answer as it streams
     (adds a turn to the session's history and a row to the request log). Exit 1 if it
     ends in an error."""
+    if not query.strip():
+        raise UsageError('ask needs a question: QUERY is empty (e.g. intentroute ask "How do '
+                         'I loop from 1 to 10 in AVAP?")')
     editor_context = editor.read_text(encoding="utf-8") if editor else ""  # before NATS
     # NATS_URL, else the server(s) the credential names, else the running `up`'s.
     nats_url = settings().nats_url or credential_url(creds) or urls()[0]

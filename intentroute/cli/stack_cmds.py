@@ -380,6 +380,9 @@ def _ingest_knowledge_base(ingest_path: Path | None, index_dir: Path) -> None:
         "removed %d) in %.1f s", kb, done.get("docs", 0), done.get("chunks", 0),
         done.get("added", 0), done.get("updated", 0), done.get("unchanged", 0),
         done.get("removed", 0), done.get("seconds", 0.0))
+    if done.get("skipped"):
+        logging.getLogger("intentroute.up").warning("skipped %s", "; ".join(
+            f"{s['file']}: {s['reason']}" for s in done["skipped"]))
 
 
 def _start_processes(cli: CliSettings, env: dict[str, str], counts: dict[str, int], *,
