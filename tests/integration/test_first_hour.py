@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from bench.browser import LAUNCH_ARGS, find_chromium
@@ -233,7 +232,7 @@ def test_status_fits_the_terminal(stack: Stack, columns: int) -> None:
     for stage in ("gateway", "classifier", "generator-conversational", "validator"):
         assert stage in done.stdout
     as_json = run(".venv/bin/intentroute status --json", stack.folder, COLUMNS="60")
-    assert [s["stage"] for s in json.loads(as_json.stdout)["stages"]][0] == "gateway"
+    assert next(s["stage"] for s in json.loads(as_json.stdout)["stages"]) == "gateway"
 
 
 def test_the_start_printed_no_library_line_below_warning(stack: Stack) -> None:

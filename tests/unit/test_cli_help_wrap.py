@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -45,7 +46,7 @@ def test_a_sentence_breaks_only_where_the_panel_ends(columns: int, args: list[st
     assert max(len(row) for row in rows) <= columns
     # A line of a command's help that ends well before the panel's edge, while the next
     # line of the same help goes on with a word that would have fitted: a hard break.
-    for row, after in zip(rows, rows[1:], strict=False):
+    for row, after in itertools.pairwise(rows):
         inner = re.sub(r"^│\s*\S*\s{2,}", "", row).rstrip("│ ")
         nxt = re.sub(r"^│\s+", "", after).rstrip("│ ")
         if not (row.startswith("│") and after.startswith("│ ") and inner and nxt):
