@@ -158,6 +158,12 @@ async def test_the_dashboard_link_logs_a_browser_in_once(stack: Stack) -> None:
             await first.goto(ready.dashboard_login_url)
             await first.wait_for_selector('body[data-ready="1"]', timeout=30_000)
             assert first.url == stack.info.dashboard_url  # the link is gone from the bar
+            # A 30-day window with today's data only: the charts are today's, not a grid
+            # of 30 days with one bar at the edge.
+            spans = await first.evaluate(
+                "Object.values(Chart.instances).map(c => c.data.labels.length)")
+            assert spans, "the charts are drawn"
+            assert max(spans) <= 2, spans  # today (and yesterday, past midnight UTC)
             again = await (await browser.new_context()).new_page()
             response = await again.goto(ready.dashboard_login_url)
             assert response is not None
