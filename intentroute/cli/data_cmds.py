@@ -30,7 +30,7 @@ def ingest(
                        "where from) and change nothing")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="--list as JSON")] = False,
     yes: Annotated[bool, typer.Option(
-        "--yes", "-y", help="Do not ask before a long ingest (only a terminal is asked)")
+        "--yes", help="Do not ask before a long ingest (only a terminal is asked)")
     ] = False,
 ) -> None:
     """Add documents to the embedded index, or to Elasticsearch when ES_URL is set.

@@ -8,6 +8,7 @@ are indented (an example) is kept as written."""
 from __future__ import annotations
 
 import inspect
+from types import FunctionType
 from typing import Any
 
 import typer
@@ -26,11 +27,14 @@ def unwrap(text: str) -> str:
 
 
 def _unwrap_info(info: Any) -> None:
-    text = info.help if isinstance(info.help, str) else None
-    if text is None and getattr(info, "callback", None) is not None:
-        text = inspect.getdoc(info.callback)
-    if text:
-        info.help = unwrap(text)
+    """A command's or group's help where Typer takes it from: its `help` when given,
+    else its function's docstring (rewritten in place, so Typer's order is kept)."""
+    if isinstance(info.help, str):
+        info.help = unwrap(info.help)
+        return
+    callback = getattr(info, "callback", None)
+    if isinstance(callback, FunctionType) and callback.__doc__:
+        callback.__doc__ = unwrap(callback.__doc__)
 
 
 def unwrap_help(app: typer.Typer) -> None:
