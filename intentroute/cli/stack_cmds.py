@@ -16,9 +16,11 @@ from typing import Annotated, Any, NamedTuple
 
 import typer
 
-from intentroute.cli.apps import app, settings, urls
+from intentroute.cli.apps import app, urls
 from intentroute.cli.data_cmds import ingest_into
 from intentroute.cli.demo import ask_samples
+from intentroute.cli.ready import announce_when_ready, login_links_dir
+from intentroute.cli.stack_home import writable_home
 from intentroute.drain import (
     DEFAULT_DRAIN_TIMEOUT,
     StopSignals,
@@ -139,11 +141,12 @@ def up(
     run as one cluster on loopback (same users, routes authenticated) and every stream
     has 3 replicas: losing one node loses nothing. A server that dies is started again
     on the same port; the next `up` in the same state dir takes the same ports."""
-    cli = settings()
+    cli = CliSettings.from_env(starting=True)  # the state folder absolute, here or the variable's
     counts = parse_replicas(replicas or [], learning=learns(os.environ.get("LEARN_INTERVAL", "")))
     configure_logging(level=cli.common.log_level, fmt=cli.common.log_format, worker="up")
     _check_fleet(cli)
     state_dir = cli.state_dir
+    writable_home(cli)
     embedded_nats = not cli.nats_url
     _check_cluster_size(nats_cluster, embedded_nats)
     lock = _own_state_dir(state_dir)  # before anything reads or writes the state dir
@@ -191,6 +194,7 @@ def up(
                            keeper=stack_keeper(servers, state_dir, info, sync),
                            demo=partial(ask_samples, cli, nats_url, admin) if demo else None,
                            exit_after_demo=exit_after_demo,
+                           ready=partial(announce_when_ready, info, state_dir, nats_url, admin),
                            wait_idle=nats_wait_idle(nats_servers(nats_url), admin),
                            drain_timeout=(cli.up_drain_timeout if drain_timeout is None
                                           else drain_timeout))
@@ -327,7 +331,7 @@ def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port:
     worker's own (StageSecrets). The dashboard is on, behind a token generated in the
     state dir, unless GATEWAY_DASHBOARD_TOKEN (or its _FILE) brings one."""
     env = dict(os.environ, NATS_URL=nats_url, INDEX_DIR=str(cli.index_dir),
-               NATS_STREAM_REPLICAS=str(stream_replicas))
+               NATS_STREAM_REPLICAS=str(stream_replicas), INTENTROUTE_HOME=str(cli.state_dir))
     # Six workers' progress bars would interleave into one log, even on a terminal.
     env.setdefault("TQDM_DISABLE", "1")
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -346,6 +350,9 @@ def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port:
         token = path.read_text(encoding="utf-8").strip()
         token_file = str(path)
     dashboard_url = f"{http_url}/dashboard" if http_url else ""
+    if token and http_url:  # one-time login links (the ready screen's)
+        env.setdefault("GATEWAY_DASHBOARD_LOGIN_LINKS", str(login_links_dir(cli.state_dir)))
+        login_links_dir(cli.state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     return env, _HttpDoor(http_url, dashboard_url, token_file, token if http_url else "")
 
 
@@ -380,6 +387,9 @@ def _ingest_knowledge_base(ingest_path: Path | None, index_dir: Path) -> None:
         "removed %d) in %.1f s", kb, done.get("docs", 0), done.get("chunks", 0),
         done.get("added", 0), done.get("updated", 0), done.get("unchanged", 0),
         done.get("removed", 0), done.get("seconds", 0.0))
+    if done.get("skipped"):
+        logging.getLogger("intentroute.up").warning("skipped %s", "; ".join(
+            f"{s['file']}: {s['reason']}" for s in done["skipped"]))
 
 
 def _start_processes(cli: CliSettings, env: dict[str, str], counts: dict[str, int], *,
@@ -428,6 +438,7 @@ def _banner(info: StackInfo, stream_replicas: int, counts: dict[str, int]) -> st
 
 def _run_until_stopped(supervisor: Supervisor, sync: AuthSync | None, state_dir: Path, *,
                        demo: Callable[[], None] | None, exit_after_demo: bool,
+                       ready: Callable[[], object] | None = None,
                        keeper: ServerKeeper | None = None,
                        wait_idle: WaitIdle | None = None,
                        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
@@ -442,6 +453,8 @@ def _run_until_stopped(supervisor: Supervisor, sync: AuthSync | None, state_dir:
             demo()
             if exit_after_demo:
                 signals.count = max(signals.count, 1)
+        if ready is not None and not signals.requested:
+            ready()  # the ready screen, once every worker answers (intentroute.cli.ready)
         # A worker that dies is restarted (with backoff), and so is a server (the keeper:
         # same port, data and configuration); only a stop ends them all.
         while not signals.requested:

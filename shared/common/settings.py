@@ -131,6 +131,9 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     log_level: Annotated[str, env("LOG_LEVEL")] = "INFO"
     log_format: Annotated[LogFormat, env("LOG_FORMAT")] = LogFormat.TEXT
     # Where the embedded stack keeps its state: servers' data, credentials, index, heads.
+    # Unset: `up` keeps it in ./.intentroute; every other command finds the nearest
+    # .intentroute of a running `up` in the current folder or its parents (as git finds
+    # .git). Relative paths are taken from the current folder.
     state_dir: Annotated[Path, env("INTENTROUTE_HOME")] = Path(".intentroute")
     # Sentence encoder: precision of per-query encoders ("fp32", "int8", "int8-block"),
     # of ingestion, and where exported ONNX graphs are cached.

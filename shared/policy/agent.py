@@ -263,7 +263,14 @@ def apply_assignment(policy: AgentPolicy, assignment: str) -> AgentPolicy:
         else:
             prices.pop(name, None)
         return replace(policy, prices=prices)
-    raise PolicyError(f"unknown policy key {key!r}")
+    raise PolicyError(f"unknown policy key {key!r}; the keys: {', '.join(POLICY_KEYS)}")
+
+
+# Every key `apply_assignment` takes (`fallback.SLOT` and `price.MODEL` name a slot, a
+# model), as `intentroute agent set` lists them.
+POLICY_KEYS: tuple[str, ...] = (
+    "clarity_threshold", "clarity_policy", "fallback.SLOT", "slo_p95_ms", "currency",
+    "ttft_ms", "stall_ms", "models", "price.MODEL", *_LIMITS, "on_budget", "weight")
 
 
 def decode_policy(raw: str | bytes | dict[str, Any]) -> AgentPolicy:
