@@ -20,7 +20,8 @@ from intentroute.cli import (
 )
 from intentroute.cli.apps import app
 
-__all__ = ["agent_cmds", "app", "ask_cmd", "bench_cmds", "cache_cmds", "data_cmds", "deploy_cmds", "dlq_cmds",
+__all__ = ["agent_cmds", "app", "ask_cmd", "bench_cmds", "cache_cmds", "data_cmds",
+           "deploy_cmds", "dlq_cmds",
            "docs_cmds",
            "learn_cmds",
            "report_cmds", "serve_cmds",

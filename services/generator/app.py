@@ -13,6 +13,8 @@ from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.health import BackendHealth
 from services.generator.ports import ChatBackend
 from services.generator.settings import GeneratorSettings
+from shared.cache.offer import CacheWriter
+from shared.contracts.routing import ModelSlot
 from shared.llm.select import open_backend
 from shared.runtime.worker import Wiring, build_app
 from shared.store.policy_cache import open_policy_cache
@@ -70,8 +72,12 @@ def create_app(
         policies = await open_policy_cache(wiring.store.pool,
                                            refresh=settings.common.policy_refresh,
                                            exits=wiring.base.exits)
+        answer_cache = None
+        if settings.slot is ModelSlot.MAIN:  # the cached types' slot (RC-05)
+            answer_cache = CacheWriter(wiring.store.pool, settings.common, policies=policies)
+            wiring.base.exits.push_async_callback(answer_cache.close)
         return GeneratorDeps(**wiring.base.parts(), backend=backend, model=model,
-                             policies=policies, health=health)
+                             policies=policies, health=health, answer_cache=answer_cache)
 
     return build_app(service=f"generator-{settings.slot.value}", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

@@ -10,6 +10,7 @@ from services.generator.fallback import produce as produce_answer
 from services.generator.health import BackendHealth
 from services.generator.ports import ChatBackend
 from services.generator.settings import GeneratorSettings
+from shared.cache.offer import CacheWriter
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import VALIDATE_SUBJECT, Routed, generate_subject
@@ -42,6 +43,8 @@ class GeneratorDeps(StageDeps):
     policies: Policies
     # The backend's last outcomes, reported on the services API (`intentroute status`).
     health: BackendHealth | None = None
+    # Stores the answers the cache may keep (shared.cache.offer; main slot only).
+    answer_cache: CacheWriter | None = None
 
 
 def build_stage(settings: GeneratorSettings) -> Stage[Routed, GeneratorDeps]:
@@ -114,4 +117,6 @@ async def generate(
                       first_chunk_at=out.first_text_at)
     await out.final(decision=decision, answered_by=answered.answered_by,
                     retried=env.retrieval_retried, usage=answer_usage(env))
+    if deps.answer_cache is not None:
+        deps.answer_cache.offer(env, answer=out.answer, answered_by=answered.answered_by)
     return None

@@ -19,6 +19,8 @@ Keys (an empty value unsets one):
                                    cost units (from the prices) per UTC day / month
     on_budget=refuse|degrade       past a budget: BUDGET_EXCEEDED, or the extractive answer
     weight=1                       the agent's share in the gateway's fair scheduling
+    cache=on cache_ttl=1h cache_group=NAME
+                                   the answer cache (shared.policy.cache)
 Limits left unset take the gateway's global defaults (LIMIT_*); `off` turns one off
 for the agent whatever the default.
 """
@@ -32,6 +34,9 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+
+from shared.policy.cache import KEYS as CACHE_KEYS
+from shared.policy.cache import CacheKeyError, cache_fields
 
 
 class PolicyError(ValueError):
@@ -89,6 +94,11 @@ class AgentPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     # The agent's share in the gateway's weighted fair scheduling (stored and
     # validated here; the scheduler reads it).
     weight: float | None = None
+    # The answer cache (shared.policy.cache): on for this agent (None: off), how long an
+    # answer serves (seconds; None: ANSWER_CACHE_TTL), the sharing group it joined.
+    cache: bool | None = None
+    cache_ttl: float | None = None
+    cache_group: str | None = None
 
 
 SLOTS = ("main", "conversational")
@@ -171,6 +181,14 @@ def _reporting(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
     return msgspec.structs.replace(policy, currency=code or None)
 
 
+def _cache(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
+    """One of the answer cache's keys applied (shared.policy.cache)."""
+    try:
+        return msgspec.structs.replace(policy, **cache_fields(key, value))
+    except CacheKeyError as exc:
+        raise PolicyError(str(exc)) from None
+
+
 def fallback_chain(key: str, value: str) -> list[str]:
     steps = [step.strip() for step in value.split(",")]
     if not steps or any(not step for step in steps):
@@ -201,6 +219,8 @@ def apply_assignment(policy: AgentPolicy, assignment: str) -> AgentPolicy:
         return replace(policy, clarity_policy=ClarityPolicy(value) if value else None)
     if key in ("slo_p95_ms", "currency"):
         return _reporting(policy, key, value)
+    if key in CACHE_KEYS:
+        return _cache(policy, key, value)
     head, _, name = key.partition(".")
     if head == "fallback" and name:
         if name not in SLOTS:
