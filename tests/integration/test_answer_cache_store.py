@@ -173,7 +173,8 @@ async def test_the_cap_evicts_the_least_recently_used(
         "SELECT id FROM answer_cache WHERE agent_id = $1", agent)}
     assert kept == {ids[0], ids[2], newest}
     totals = (await stats(deployment.urls.owner, agent))["agents"][agent]
-    assert totals["evicted_cap"] == 1 and totals["entries"] == CAP
+    assert totals["evicted_cap"] == 1
+    assert totals["entries"] == CAP
 
 
 async def test_the_agents_ttl_expires_entries(owner: asyncpg.Connection) -> None:
