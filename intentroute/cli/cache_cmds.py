@@ -83,3 +83,64 @@ def bench_cache(
     from bench.cache import run
 
     emit(run(agents=agents, rounds=rounds), json_out)
+
+
+def invalidate_after_ingest(index_dir: Path, *, elasticsearch: bool, changed: bool,
+                            db_url: str | None = None) -> dict[str, object]:
+    """The answers an ingest made stale, deleted (as the owner): every entry built on a
+    source whose chunks changed after its request was admitted, or on a source the
+    index no longer holds (the embedded index's manifest says which and when); with
+    Elasticsearch, whose sources are not listed, every entry when anything changed.
+    `db_url`: the owner's (None: DATABASE_URL or the running stack's; "" or none
+    reachable: nothing done, said so, and the next `up` reconciles)."""
+    import asyncpg
+
+    from intentroute.cli.apps import urls
+
+    if db_url is None:
+        db_url = urls()[1]
+    if not db_url:
+        return {"invalidated": None, "note": "no database: the next `up` reconciles"}
+    if elasticsearch and not changed:
+        return {"invalidated": 0}
+    try:
+        count = asyncio.run(_invalidate(db_url, index_dir, elasticsearch=elasticsearch))
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        return {"invalidated": None, "note": f"database unreachable ({exc}): the next `up` "
+                                             "reconciles"}
+    return {"invalidated": count}
+
+
+def reconcile_cache(index_dir: Path, db_url: str) -> None:
+    """At `up`: forget the answers built on what the embedded index changed while the
+    stack was down (an ingest without a database to tell)."""
+    import logging
+
+    from services.retriever.settings import RetrieverSettings
+
+    if (index_dir / "CURRENT").exists() and not RetrieverSettings.from_env().es_url:
+        done = invalidate_after_ingest(index_dir, elasticsearch=False, changed=False,
+                                       db_url=db_url)
+        if done.get("note"):
+            logging.getLogger("intentroute.up").warning("answer cache: %s", done["note"])
+
+
+async def _invalidate(db_url: str, index_dir: Path, *, elasticsearch: bool) -> int:
+    import asyncpg
+
+    from shared.cache.store import invalidate_all, invalidate_sources
+    from shared.store import asyncpg_dsn
+
+    conn = await asyncpg.connect(asyncpg_dsn(db_url), timeout=10)
+    try:
+        if await conn.fetchval("SELECT to_regclass('answer_cache') IS NULL"):
+            return 0  # a database not migrated yet: nothing cached
+        if elasticsearch:
+            return await invalidate_all(conn)
+        from services.retriever.indexing.embedded_ingest import list_sources
+
+        sources = list_sources(index_dir)
+        changed = {name: float(s.get("ingested_at") or 0.0) for name, s in sources.items()}
+        return await invalidate_sources(conn, changed, indexed=list(sources))
+    finally:
+        await conn.close()

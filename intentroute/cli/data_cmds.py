@@ -78,9 +78,12 @@ def _list(index_dir: Path, json_out: bool) -> None:
 
 
 def ingest_into(path: Path, index_dir: Path, *, replace: bool = False,
-                echo: bool = True) -> dict[str, Any]:
+                echo: bool = True, db_url: str | None = None) -> dict[str, Any]:
     """Ingest `path`; its JSON summary printed on stderr unless not `echo` (`up` logs it
-    in one line), and returned. A progress bar only on a terminal."""
+    in one line), and returned. A progress bar only on a terminal. The answer cache
+    forgets the answers built on what changed (`answer_cache` in the summary; `db_url`:
+    the owner's, None: DATABASE_URL or the running stack's)."""
+    from intentroute.cli.cache_cmds import invalidate_after_ingest
     from services.retriever.settings import RetrieverSettings
     from shared.encoders.embeddings import pin_threads
     from shared.encoders.fast import batch_fast_encoder
@@ -97,6 +100,9 @@ def ingest_into(path: Path, index_dir: Path, *, replace: bool = False,
                                          replace))
     else:
         summary = _ingest_embedded(path, index_dir, encoder, replace)
+    summary["answer_cache"] = invalidate_after_ingest(
+        index_dir, elasticsearch=bool(retriever.es_url), changed=bool(summary.get("changed")),
+        db_url=db_url)
     if echo:
         typer.echo(json.dumps(summary), err=True)
     return summary

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -84,8 +85,9 @@ class ClassifierCache:
         self._kick = asyncio.Event()
         self._hits: asyncio.Queue[tuple[str, str, int]] = asyncio.Queue(maxsize=HIT_QUEUE)
         self._tasks: list[asyncio.Task[None]] = []
-        # Set once the index has been loaded from the table.
+        # Set once the index has been loaded from the table; pulsed on every change.
         self.loaded = asyncio.Event()
+        self._changed = asyncio.Event()
         self.lookups = 0
         self.hits = 0
 
@@ -120,6 +122,7 @@ class ClassifierCache:
     def _removed(self, entry_id: int) -> None:
         self._wanted.discard(entry_id)
         self.index.remove(entry_id)
+        self._changed.set()
         if self._gone_meanwhile is not None:
             self._gone_meanwhile.add(entry_id)
 
@@ -166,6 +169,7 @@ class ClassifierCache:
             self._gone_meanwhile = None
         self.index, self._encoder, self._reload = fresh, encoder, False
         self.loaded.set()
+        self._changed.set()
         log.info("[cache] %d answers indexed", len(fresh))
         if self._wanted:
             self._kick.set()
@@ -177,6 +181,15 @@ class ClassifierCache:
             if entry.id in self._wanted:  # not deleted meanwhile
                 self.index.add(entry, vector)
         self._wanted.difference_update(ids)
+        self._changed.set()
+
+    async def settled(self, done: Callable[[AnswerIndex], bool], timeout: float = 10.0) -> None:
+        """Until `done(index)` holds (tests, benchmarks: an entry stored or deleted has
+        reached this replica); TimeoutError after `timeout` seconds."""
+        async with asyncio.timeout(timeout):
+            while not done(self.index):
+                self._changed.clear()
+                await self._changed.wait()
 
     # -- the request path ------------------------------------------------------------
 

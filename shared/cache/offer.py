@@ -88,25 +88,44 @@ def _sources(passages: list[Passage]) -> tuple[list[str], list[str]]:
     return names, versions
 
 
+def refusal(env: Routed, common: CommonSettings, *, answered_by: str,
+            validation_status: str = "", answer: str = "") -> str:
+    """Why a finished answer may not be stored ("" when it may: module doc)."""
+    req, dec = env.request, env.decision
+    if dec.type not in CACHED_TYPES:
+        return f"type {dec.type.value}"
+    if env.degraded:
+        return "degraded"
+    if req.editor_context or req.extra_context:
+        return "context"
+    if dec.clarity is not Clarity.CLEAR or dec.resolved_reference:
+        return "routing unclear or a reference resolved"
+    if answered_by != slot_answerer(common, dec.model_slot) or (
+            env.usage is not None and env.usage.fallback):
+        return f"answered by {answered_by or 'nobody'}, not the slot's model"
+    if dec.type is QueryType.CODE_GENERATION and validation_status != ValidationStatus.VALID:
+        return f"validation {validation_status}"
+    if not env.passages:
+        return "no passages"
+    if env.retrieval_retried or env.retrieval_query not in ("", req.query):
+        return "retrieval rewrote the question"
+    if not answer.strip():
+        return "empty answer"
+    if not matchable(facts(req.query)):
+        return "nothing to match on"
+    return ""
+
+
 def offer_of(env: Routed, common: CommonSettings, *, answer: str, answered_by: str,
              validation_status: str = "", avap_code: str = "") -> Offer | None:
     """The offer of a finished answer, or None when it may not be stored (module doc)."""
+    why = refusal(env, common, answered_by=answered_by, validation_status=validation_status,
+                  answer=answer)
+    if why:
+        log.debug("[cache] %s not offered: %s", env.request.request_id, why)
+        return None
     req, dec = env.request, env.decision
-    if dec.type not in CACHED_TYPES or env.degraded or req.editor_context or \
-            req.extra_context or dec.clarity is not Clarity.CLEAR or dec.resolved_reference:
-        return None
-    if answered_by != slot_answerer(common, dec.model_slot):
-        return None  # not the slot's model: a fallback, a degraded or another backend
-    if env.usage is not None and env.usage.fallback:
-        return None
-    if dec.type is QueryType.CODE_GENERATION and validation_status != ValidationStatus.VALID:
-        return None
-    if not env.passages or env.retrieval_retried or \
-            env.retrieval_query not in ("", req.query) or not answer.strip():
-        return None
     question = facts(req.query)
-    if not matchable(question):
-        return None
     sources, versions = _sources(env.passages)
     tokens = (env.usage.tokens_in + env.usage.tokens_out) if env.usage is not None else 0
     estimated = tokens <= 0
