@@ -86,13 +86,16 @@ def bench_cache(
 
 
 def invalidate_after_ingest(index_dir: Path, *, elasticsearch: bool, changed: bool,
-                            db_url: str | None = None) -> dict[str, object]:
+                            db_url: str | None = None,
+                            since: float | None = None) -> dict[str, object]:
     """The answers an ingest made stale, deleted (as the owner): every entry built on a
     source whose chunks changed after its request was admitted, or on a source the
-    index no longer holds (the embedded index's manifest says which and when); with
-    Elasticsearch, whose sources are not listed, every entry when anything changed.
-    `db_url`: the owner's (None: DATABASE_URL or the running stack's; "" or none
-    reachable: nothing done, said so, and the next `up` reconciles)."""
+    index no longer holds (the embedded index's manifest says which and when: the
+    sources it stamped at or after `since`, the start of this ingest; None: every
+    source, as `up` reconciles); with Elasticsearch, whose sources are not listed,
+    every entry when anything changed. `db_url`: the owner's (None: DATABASE_URL or the
+    running stack's; "" or none reachable: nothing done, said so, and the next `up`
+    reconciles)."""
     import asyncpg
 
     from intentroute.cli.apps import urls
@@ -104,7 +107,8 @@ def invalidate_after_ingest(index_dir: Path, *, elasticsearch: bool, changed: bo
     if elasticsearch and not changed:
         return {"invalidated": 0}
     try:
-        count = asyncio.run(_invalidate(db_url, index_dir, elasticsearch=elasticsearch))
+        count = asyncio.run(_invalidate(db_url, index_dir, elasticsearch=elasticsearch,
+                                        since=since))
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         return {"invalidated": None, "note": f"database unreachable ({exc}): the next `up` "
                                              "reconciles"}
@@ -125,7 +129,8 @@ def reconcile_cache(index_dir: Path, db_url: str) -> None:
             logging.getLogger("intentroute.up").warning("answer cache: %s", done["note"])
 
 
-async def _invalidate(db_url: str, index_dir: Path, *, elasticsearch: bool) -> int:
+async def _invalidate(db_url: str, index_dir: Path, *, elasticsearch: bool,
+                      since: float | None = None) -> int:
     import asyncpg
 
     from shared.cache.store import invalidate_all, invalidate_sources
@@ -140,7 +145,8 @@ async def _invalidate(db_url: str, index_dir: Path, *, elasticsearch: bool) -> i
         from services.retriever.indexing.embedded_ingest import list_sources
 
         sources = list_sources(index_dir)
-        changed = {name: float(s.get("ingested_at") or 0.0) for name, s in sources.items()}
+        stamps = {name: float(s.get("ingested_at") or 0.0) for name, s in sources.items()}
+        changed = {name: at for name, at in stamps.items() if since is None or at >= since}
         return await invalidate_sources(conn, changed, indexed=list(sources))
     finally:
         await conn.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -89,6 +90,7 @@ def ingest_into(path: Path, index_dir: Path, *, replace: bool = False,
     from shared.encoders.fast import batch_fast_encoder
 
     retriever = RetrieverSettings.from_env()
+    started = time.time()
     pin_threads(2)
     # Same vectors as sentence-transformers (cosine >= 0.9999), ~2x the chunks/s.
     encoder = batch_fast_encoder(retriever.embedding_model,
@@ -102,7 +104,7 @@ def ingest_into(path: Path, index_dir: Path, *, replace: bool = False,
         summary = _ingest_embedded(path, index_dir, encoder, replace)
     summary["answer_cache"] = invalidate_after_ingest(
         index_dir, elasticsearch=bool(retriever.es_url), changed=bool(summary.get("changed")),
-        db_url=db_url)
+        db_url=db_url, since=started)
     if echo:
         typer.echo(json.dumps(summary), err=True)
     return summary
