@@ -57,6 +57,8 @@ GROUPS: tuple[Group, ...] = (
           ("Write code that reads the email parameter and returns it",
            "Write code that reads the name parameter, uppercases it and returns it")),
     Group("CODE_GENERATION", "Write a loop from 1 to 10 with startLoop",
-          ("Write a loop from 1 to 10 using startLoop", "Please write a loop from 1 to 10 with startLoop"),
-          ("Write a loop from 1 to 20 with startLoop", "Write a loop from 1 to 10 without startLoop")),
+          ("Write a loop from 1 to 10 using startLoop",
+           "Please write a loop from 1 to 10 with startLoop"),
+          ("Write a loop from 1 to 20 with startLoop",
+           "Write a loop from 1 to 10 without startLoop")),
 )

@@ -74,6 +74,8 @@ def bench_cache(
     agents: Annotated[int, typer.Option(help="Agents asking (each its own entries)")] = 3,
     rounds: Annotated[int, typer.Option(help="Times each question and its paraphrases "
                                              "are asked per agent")] = 2,
+    batch_wait_ms: Annotated[float | None, typer.Option(
+        help="The classifier's CLASSIFIER_MICRO_BATCH_WAIT_MS (default: as shipped, 2)")] = None,
 ) -> None:
     """A replay on a real stack (embedded NATS and Postgres, every worker, extractive
     answers): documentation and code questions with their paraphrases and hard
@@ -82,7 +84,7 @@ def bench_cache(
     stale_hits_after_ingest, hit_p50_ms, miss_overhead_ms, tokens_saved."""
     from bench.cache import run
 
-    emit(run(agents=agents, rounds=rounds), json_out)
+    emit(run(agents=agents, rounds=rounds, batch_wait_ms=batch_wait_ms), json_out)
 
 
 def invalidate_after_ingest(index_dir: Path, *, elasticsearch: bool, changed: bool,

@@ -38,10 +38,10 @@ import asyncpg
 from services.classifier.cache_vectors import RememberingLayer2, Vector
 from services.classifier.layer1 import points_elsewhere
 from shared.cache.answerer import slot_answerer
-from shared.cache.facts import Facts, facts
+from shared.cache.facts import facts, language
 from shared.cache.index import AnswerIndex, Hit
 from shared.cache.listen import CacheChanges
-from shared.cache.match import matchable, thresholds_for
+from shared.cache.match import thresholds_for
 from shared.cache.offer import CACHED_TYPES
 from shared.cache.store import SQL_HIT, CacheEntry, entries_by_id, live_entries
 from shared.common.settings import CommonSettings
@@ -224,26 +224,27 @@ class ClassifierCache:
             return None
         hit = None
         scope = self._scope(req.agent_id, policy)
-        if scope and not points_elsewhere(req.query):
-            question = facts(req.query)
-            if matchable(question):
-                hit = await self._match(env, policy, scope, question)
+        if scope:
+            hit = await self._match(env, policy, scope)
+            # A message pointing elsewhere ("explain that") is about the session.
+            if hit is not None and points_elsewhere(req.query):
+                hit = None
         self.lookups += 1
         env.timings["cache.lookup"] = round((time.perf_counter() - started) * 1000, 3)
         return hit
 
-    async def _match(self, env: Routed, policy: AgentPolicy, scope: list[str],
-                     question: Facts) -> Hit | None:
+    async def _match(self, env: Routed, policy: AgentPolicy, scope: list[str]) -> Hit | None:
         if self._vectors.encoder is not self._encoder:
             self._resync()  # a promoted head's encoder: the stored vectors are another's
             return None
-        vector = await self._vectors.vector(env.request.query)
+        query = env.request.query
+        vector = await self._vectors.vector(query)
         own_ttl = self._ttl(policy)
         dec = env.decision
         return self.index.lookup(
-            scope, query_type=dec.type, lang=question.lang, model_slot=dec.model_slot.value,
+            scope, query_type=dec.type, lang=language(query), model_slot=dec.model_slot.value,
             model=slot_answerer(self._common, dec.model_slot), vector=vector,
-            question=question, now=time.time(),
+            question=lambda: facts(query), now=time.time(),
             max_age_s=lambda owner: min(own_ttl, self._ttl(self._policies.policy_for(owner))))
 
     async def serve(self, env: Routed, call: Call, deps: StageDeps) -> bool:

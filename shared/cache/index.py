@@ -130,18 +130,20 @@ class AnswerIndex:
         model_slot: str,
         model: str,
         vector: npt.ArrayLike,
-        question: Facts,
+        question: Facts | Callable[[], Facts],
         now: float,
         max_age_s: Callable[[str], float],
     ) -> Hit | None:
         """The best entry of an agent in `scope` that may answer the question, or None.
-        `max_age_s(owner)`: how old an entry of that agent may be (its TTL and the
-        asker's, the shorter)."""
+        `question`: its facts, or how to get them (read only when an entry is similar
+        enough: a miss usually never needs them). `max_age_s(owner)`: how old an entry
+        of that agent may be (its TTL and the asker's, the shorter)."""
         threshold = self.thresholds.get(query_type)
         if threshold is None:
             return None
         q = _unit(vector)
         best: Hit | None = None
+        asked: Facts | None = question if isinstance(question, Facts) else None
         for owner in scope:
             bucket = self._buckets.get(Key(owner, query_type.value, lang, model_slot, model))
             if bucket is None:
@@ -158,7 +160,10 @@ class AnswerIndex:
                 entry, stored, _ = self._entries[bucket.ids[at]]
                 if entry.expires_at <= now or entry.created_at < oldest:
                     continue
-                if disagreement(stored, question):
+                if asked is None:
+                    assert not isinstance(question, Facts)
+                    asked = question()
+                if disagreement(stored, asked):
                     continue
                 best = Hit(entry, similarity)
                 break
