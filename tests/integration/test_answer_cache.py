@@ -322,3 +322,50 @@ async def test_a_validated_code_answer_is_served_again(
             "Write an endpoint that returns the order id", agent_id="cache-t",
             query_type="CODE_GENERATION")))
         assert other.answered_by != "cache"
+
+
+async def test_a_negative_verdict_on_a_cached_answer_evicts_its_entry(
+        connect, db, nats_url, database_url, kb_index) -> None:
+    from shared.client.caller import send_feedback
+    from shared.contracts.feedback import Feedback, FeedbackOutcome
+
+    await set_policy(db, "cache-b", cache=True)
+    nc = await connect("cache-b")
+    env = base_env(nats_url, database_url, kb_index)
+    async with running(env) as apps:
+        first = make_request("What does getDateTime return?", agent_id="cache-b")
+        await ask_all(nc, first)
+        entry = await stored(apps, first.request_id)
+        served = make_request("What does getDateTime return", agent_id="cache-b")
+        assert final(await ask_all(nc, served)).answered_by == "cache"
+        ack = await send_feedback(nc, "cache-b", Feedback(
+            request_id=served.request_id, outcome=FeedbackOutcome.USER_REJECTED))
+        assert ack.accepted
+        await classifier_cache(apps).settled(lambda index: entry not in index)
+        again = final(await ask_all(nc, make_request("what does getDateTime return?",
+                                                     agent_id="cache-b")))
+        assert again.answered_by == "extractive"
+    totals = await db.fetchrow("SELECT evicted_feedback, hits FROM answer_cache_totals "
+                               "WHERE agent_id = 'cache-b'")
+    assert totals["evicted_feedback"] >= 1
+
+
+def test_cache_stats_and_clear_commands(database_url: str) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from intentroute.cli import app
+
+    runner = CliRunner()
+    env = {"DATABASE_URL": database_url}
+    shown = runner.invoke(app, ["cache", "stats", "--agent", "cache-b", "--json"], env=env)
+    assert shown.exit_code == 0, shown.output
+    stats = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert set(stats) == {"agents", "total"}
+    cleared = runner.invoke(app, ["cache", "clear", "--agent", "cache-b", "--json"], env=env)
+    assert cleared.exit_code == 0, cleared.output
+    assert json.loads(cleared.stdout.strip().splitlines()[-1])["agent"] == "cache-b"
+    after = json.loads(runner.invoke(app, ["cache", "stats", "--agent", "cache-b", "--json"],
+                                     env=env).stdout.strip().splitlines()[-1])
+    assert after["agents"].get("cache-b", {}).get("entries", 0) == 0
