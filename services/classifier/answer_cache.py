@@ -90,6 +90,7 @@ class ClassifierCache:
         self._changed = asyncio.Event()
         self.lookups = 0
         self.hits = 0
+        self.reloads = 0
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -168,6 +169,7 @@ class ClassifierCache:
         finally:
             self._gone_meanwhile = None
         self.index, self._encoder, self._reload = fresh, encoder, False
+        self.reloads += 1
         self.loaded.set()
         self._changed.set()
         log.info("[cache] %d answers indexed", len(fresh))

@@ -247,3 +247,52 @@ async def test_every_stored_and_deleted_entry_is_announced(
         assert await asyncio.wait_for(heard.get(), 5) == f"-{entry}"
     finally:
         await listener.close()
+
+
+class FakeVectors:
+    """The classifier's vectors for a replica's index: one fixed vector per question."""
+
+    encoder = object()
+    layers = 0
+
+    async def vector(self, text: str) -> Any:
+        import numpy as np
+
+        return np.ones(4, dtype=np.float32)
+
+    async def encode(self, texts: list[str]) -> Any:
+        import numpy as np
+
+        return np.ones((len(texts), 4), dtype=np.float32)
+
+
+async def test_a_replica_follows_the_table_and_resyncs_after_losing_its_listener(
+        deployment: Deployment, owner: asyncpg.Connection) -> None:
+    from services.classifier.answer_cache import ClassifierCache
+    from shared.common.settings import CommonSettings
+    from shared.store.policy_cache import PolicyCache
+
+    agent = await _agent(owner, cache=True)
+    kept = await owner.fetchval(SQL_PUT, *_put_args(agent))
+    url = deployment.url("classifier")
+    pool = await asyncpg.create_pool(asyncpg_dsn(url), min_size=1, max_size=2)
+    cache = ClassifierCache(pool, asyncpg_dsn(url), CommonSettings(), PolicyCache(dict),
+                            FakeVectors())  # type: ignore[arg-type]
+    try:
+        await cache.start()
+        await cache.settled(lambda index: kept in index)
+        await asyncio.wait_for(cache.listening.wait(), 10)
+        added = await owner.fetchval(SQL_PUT, *_put_args(agent))
+        await cache.settled(lambda index: added in index)
+        # The listening connection dies; what changes meanwhile is not announced to it.
+        assert cache.reloads == 1
+        assert await owner.fetchval(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE usename = 'intentroute_classifier' AND query LIKE 'LISTEN%') AS t") == 1
+        await owner.execute("DELETE FROM answer_cache WHERE id = $1", kept)
+        later = await owner.fetchval(SQL_PUT, *_put_args(agent))
+        await cache.settled(lambda index: kept not in index and later in index, timeout=20)
+        assert cache.reloads == 2  # reloaded from the table, not told
+    finally:
+        await cache.close()
+        await pool.close()
