@@ -286,9 +286,13 @@ async def test_a_replica_follows_the_table_and_resyncs_after_losing_its_listener
         await cache.settled(lambda index: added in index)
         # The listening connection dies; what changes meanwhile is not announced to it.
         assert cache.reloads == 1
-        assert await owner.fetchval(
-            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE usename = 'intentroute_classifier' AND query LIKE 'LISTEN%') AS t") == 1
+        superuser = await asyncpg.connect(asyncpg_dsn(deployment.pg.url))
+        try:
+            assert await superuser.fetchval(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE usename = 'intentroute_classifier' AND query LIKE 'LISTEN%') AS t") == 1
+        finally:
+            await superuser.close()
         await owner.execute("DELETE FROM answer_cache WHERE id = $1", kept)
         later = await owner.fetchval(SQL_PUT, *_put_args(agent))
         await cache.settled(lambda index: kept not in index and later in index, timeout=20)
