@@ -135,10 +135,11 @@ async def _invalidate(db_url: str, index_dir: Path, *, elasticsearch: bool,
                       since: float | None = None) -> int:
     import asyncpg
 
+    from intentroute.cli.apps import OPTIONS
     from shared.cache.store import invalidate_all, invalidate_sources
     from shared.store import asyncpg_dsn
 
-    conn = await asyncpg.connect(asyncpg_dsn(db_url), timeout=10)
+    conn = await asyncpg.connect(asyncpg_dsn(db_url), timeout=OPTIONS.timeout)
     try:
         if await conn.fetchval("SELECT to_regclass('answer_cache') IS NULL"):
             return 0  # a database not migrated yet: nothing cached
