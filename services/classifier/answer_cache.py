@@ -21,7 +21,8 @@ original request and its age). The hit is counted in the background
 The index follows the table: loaded at start, told of each new and deleted entry by
 NOTIFY (`shared.cache.listen`), reloaded after the listening connection was lost and
 when a promoted head brings another encoder (the stored questions are encoded with the
-encoder the messages' vectors come from).
+encoder the messages' vectors come from). While it may be behind (the listening
+connection down, a reload pending), nothing is served.
 """
 
 from __future__ import annotations
@@ -209,9 +210,15 @@ class ClassifierCache:
                     scope.append(owner)
         return scope
 
+    def _in_sync(self) -> bool:
+        """Is the index known to follow the table? Not while the listening connection
+        is down (deletions would go unheard) nor until the reload after it is back:
+        meanwhile nothing is served (fail closed)."""
+        return self._changes.listening.is_set() and not self._reload
+
     def _eligible(self, env: Routed, policy: AgentPolicy) -> bool:
         req, dec = env.request, env.decision
-        return (bool(policy.cache) and dec.type in CACHED_TYPES
+        return (bool(policy.cache) and self._in_sync() and dec.type in CACHED_TYPES
                 and dec.clarity is Clarity.CLEAR and not dec.resolved_reference
                 and not (req.editor_context or req.extra_context or env.degraded)
                 and len(self.index) > 0)

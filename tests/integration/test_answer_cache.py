@@ -167,9 +167,10 @@ async def test_agents_never_see_each_others_entries_unless_both_joined_one_group
         # A group only cache-a joined shares nothing.
         await set_policy_keep(db, "cache-a", cache=True, cache_group="docs")
         await reload_policies(apps)
-        alone = final(await ask_all(c, make_request("How does itemFromList work?",
-                                                    agent_id="cache-c")))
+        asked_alone = make_request("How does itemFromList work?", agent_id="cache-c")
+        alone = final(await ask_all(c, asked_alone))
         assert alone.answered_by == "extractive"
+        await stored(apps, asked_alone.request_id)  # its own answer, dropped next
         # Both in the group (cache-c's own entries dropped): cache-a's answer is shared.
         await set_policy(db, "cache-c", cache=True, cache_group="docs")
         await reload_policies(apps)

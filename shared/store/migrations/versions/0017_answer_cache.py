@@ -31,7 +31,9 @@ No worker role writes the table itself:
   an agent's explicit feedback on any door, the pipeline's implicit outcomes) runs
   `answer_cache_feedback` (a SECURITY DEFINER trigger): a negative one (not `success`,
   or a completion_quality under 5 of 10) deletes the entry, a positive one counts for it;
-  a failure there is a warning, never a verdict (or a turn's rows) refused;
+  a failure there is a warning, never a verdict (or a turn's rows) refused; it and the
+  two functions take a transaction lock on the request (agent and request id), so a
+  verdict recorded while an entry is stored or a hit counted is never missed by both;
 - the owner (the operator's `intentroute cache clear`, `ingest`'s invalidation, `up`)
   does the rest.
 
@@ -126,6 +128,7 @@ BEGIN
                  AND s.changed_at >= admitted) THEN
         RETURN NULL;  -- a source changed since the request was admitted
     END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(agent || '/' || request, 0));
     IF EXISTS (SELECT 1 FROM public.feedback AS f
                WHERE f.agent_id = agent AND f.request_id = request
                  AND (f.outcome <> 'success'
@@ -169,6 +172,9 @@ DECLARE
     owner text;
     saved integer;
 BEGIN
+    -- With the verdict trigger's lock on the same request: a verdict recorded while this
+    -- runs sees the request it served, or this sees the verdict.
+    PERFORM pg_advisory_xact_lock(hashtextextended(agent || '/' || request, 0));
     SELECT c.agent_id, c.tokens INTO owner, saved FROM public.answer_cache AS c
     WHERE c.id = entry;
     IF owner IS NULL OR NOT public.answer_cache_shares(agent, owner) THEN
@@ -209,6 +215,10 @@ BEGIN
        AND OLD.completion_quality IS NOT DISTINCT FROM NEW.completion_quality THEN
         RETURN NULL;  -- a repeat counts once
     END IF;
+    -- Serialised with answer_cache_put / answer_cache_hit of the same request: whichever
+    -- comes second sees what the other wrote.
+    PERFORM pg_advisory_xact_lock(
+        hashtextextended(NEW.agent_id || '/' || NEW.request_id, 0));
     IF negative THEN
         WITH hit AS (
             SELECT c.id, c.agent_id FROM public.answer_cache AS c
