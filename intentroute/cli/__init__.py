@@ -11,6 +11,7 @@ imported before the CLI (a test importing `bench.commands`)."""
 from intentroute.cli import (
     agent_cmds,
     ask_cmd,
+    cache_cmds,
     dashboard_cmd,
     data_cmds,
     deploy_cmds,
@@ -41,6 +42,6 @@ def __getattr__(name: str) -> Cli:
     return _root
 
 
-__all__ = ["agent_cmds", "app", "ask_cmd", "dashboard_cmd", "data_cmds", "deploy_cmds", "dlq_cmds",
-           "docs_cmds", "learn_cmds", "report_cmds", "serve_cmds", "stack_cmds",
-           "status_cmd"]
+__all__ = ["agent_cmds", "app", "ask_cmd", "cache_cmds", "dashboard_cmd", "data_cmds",
+           "deploy_cmds", "dlq_cmds", "docs_cmds", "learn_cmds", "report_cmds", "serve_cmds",
+           "stack_cmds", "status_cmd"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -134,15 +135,19 @@ def _list(index_dir: Path, json_out: bool) -> None:
 
 def ingest_into(path: Path, index_dir: Path, *, replace: bool = False,
                 echo: bool = True,
-                confirm: Callable[[int, float | None], bool] | None = None
-                ) -> dict[str, Any]:
+                confirm: Callable[[int, float | None], bool] | None = None,
+                db_url: str | None = None) -> dict[str, Any]:
     """Ingest `path`; its JSON summary printed on stderr unless not `echo` (`up` logs it
-    in one line), and returned. A progress bar only on a terminal."""
+    in one line), and returned. A progress bar only on a terminal. The answer cache
+    forgets the answers built on what changed (`answer_cache` in the summary; `db_url`:
+    the owner's, None: DATABASE_URL or the running stack's)."""
+    from intentroute.cli.cache_cmds import invalidate_after_ingest
     from services.retriever.settings import RetrieverSettings
     from shared.encoders.embeddings import pin_threads
     from shared.encoders.fast import batch_fast_encoder
 
     retriever = RetrieverSettings.from_env()
+    started = time.time()
     pin_threads(2)
     # Same vectors as sentence-transformers (cosine >= 0.9999), ~2x the chunks/s.
     encoder = batch_fast_encoder(retriever.embedding_model,
@@ -154,6 +159,9 @@ def ingest_into(path: Path, index_dir: Path, *, replace: bool = False,
                                          replace))
     else:
         summary = _ingest_embedded(path, index_dir, encoder, replace, confirm)
+    summary["answer_cache"] = invalidate_after_ingest(
+        index_dir, elasticsearch=bool(retriever.es_url), changed=bool(summary.get("changed")),
+        db_url=db_url, since=started)
     if echo:
         typer.echo(json.dumps(summary), err=True)
     return summary

@@ -17,6 +17,7 @@ from typing import Annotated, Any, NamedTuple
 import typer
 
 from intentroute.cli.apps import app, urls
+from intentroute.cli.cache_cmds import reconcile_cache
 from intentroute.cli.data_cmds import ingest_into
 from intentroute.cli.demo import ask_samples
 from intentroute.cli.ready import announce_when_ready, login_links_dir
@@ -172,7 +173,7 @@ def up(
         admin, nats_pids, sync = _nats_access(cli, db_url, env, embedded_nats=embedded_nats)
         asyncio.run(_declare_streams(nats_url, admin, cli.common.response_ttl,
                                      stream_replicas, cli.common.streams))
-        _ingest_knowledge_base(ingest_path, cli.index_dir)
+        _ingest_knowledge_base(ingest_path, cli.index_dir, db_url)
         supervisor = _start_processes(cli, env, counts, llm=llm, embedded_nats=embedded_nats,
                                       secrets=StageSecrets(db, http.token),
                                       stack_ports=ports.ports)
@@ -375,13 +376,16 @@ def _nats_access(cli: CliSettings, db_url: str, env: dict[str, str], *, embedded
     return admin, nats_pids, sync
 
 
-def _ingest_knowledge_base(ingest_path: Path | None, index_dir: Path) -> None:
+def _ingest_knowledge_base(ingest_path: Path | None, index_dir: Path, db_url: str) -> None:
     """`--ingest`'s knowledge base; without it the demo one, if the index has none yet.
-    What it did is one line of `up`'s log (`intentroute ingest` prints the JSON)."""
+    What it did is one line of `up`'s log (`intentroute ingest` prints the JSON). Either
+    way the answer cache forgets what the index changed meanwhile (an ingest run while
+    no database was reachable)."""
     kb = ingest_path or (DEMO_KB if not (index_dir / "CURRENT").exists() else None)
     if kb is None:
+        reconcile_cache(index_dir, db_url)
         return
-    done = ingest_into(kb, index_dir, echo=False)
+    done = ingest_into(kb, index_dir, echo=False, db_url=db_url)
     logging.getLogger("intentroute.up").info(
         "ingested %s: %d documents, %d chunks (added %d, updated %d, unchanged %d, "
         "removed %d) in %.1f s", kb, done.get("docs", 0), done.get("chunks", 0),

@@ -224,6 +224,13 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Conversations one agent keeps (sessions rows and their messages): past it, each new
     # session expires the agent's least recently used one. 0: no cap.
     max_sessions_per_agent: Annotated[int, env("MAX_SESSIONS_PER_AGENT")] = 10_000
+    # The per-agent answer cache (shared/cache): answers kept per agent (its least
+    # recently used go first; 0: none kept), and how long an answer serves when the
+    # agent's policy sets no `cache_ttl`; both written to `owner_settings` by `migrate`
+    # and `up`, where the database's functions read them. Off for every agent until it
+    # opts in: `agent set NAME cache=on`.
+    answer_cache_max_per_agent: Annotated[int, env("ANSWER_CACHE_MAX_PER_AGENT")] = 1000
+    answer_cache_ttl: Annotated[float, env("ANSWER_CACHE_TTL", unit="seconds")] = 86400.0
     # Agent confidence (shared/policy/confidence.py): prior strength, daily decay, divergence
     # bound; the gateway's score refresh and the learning job read the same.
     confidence: Annotated[ConfidenceParams, env_group(

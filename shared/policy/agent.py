@@ -27,6 +27,8 @@ Keys (an empty value unsets one):
                                    cost units (from the prices) per UTC day / month
     on_budget=refuse|degrade       past a budget: BUDGET_EXCEEDED, or the extractive answer
     weight=1                       the agent's share in the gateway's fair scheduling
+    cache=on cache_ttl=1h cache_group=NAME
+                                   the answer cache (shared.policy.cache)
 Limits left unset take the gateway's global defaults (LIMIT_*); `off` turns one off
 for the agent whatever the default.
 """
@@ -41,6 +43,8 @@ from typing import Any
 
 import msgspec
 
+from shared.policy.cache import KEYS as CACHE_KEYS
+from shared.policy.cache import CacheKeyError, cache_fields
 from shared.policy.chain import ChainError, check_chain, split_ref
 
 
@@ -113,6 +117,11 @@ class AgentPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     stall_ms: float | None = None
     # Fleet models (`backend/model`) it may choose at the OpenAI door.
     models: list[str] = []
+    # The answer cache (shared.policy.cache): on for this agent (None: off), how long an
+    # answer serves (seconds; None: ANSWER_CACHE_TTL), the sharing group it joined.
+    cache: bool | None = None
+    cache_ttl: float | None = None
+    cache_group: str | None = None
 
 
 SLOTS = ("main", "conversational")
@@ -195,6 +204,25 @@ def _reporting(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
     return msgspec.structs.replace(policy, currency=code or None)
 
 
+def _clarity(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
+    """`clarity_threshold` or `clarity_policy` applied."""
+    if key == "clarity_threshold":
+        return msgspec.structs.replace(policy, clarity_threshold=(
+            _number(key, value, low=0.0, high=1.0) if value else None))
+    if value and value not in ClarityPolicy.__members__.values():
+        raise PolicyError(f"{key}: {value!r} is not one of proceed, ask")
+    return msgspec.structs.replace(policy,
+                                   clarity_policy=ClarityPolicy(value) if value else None)
+
+
+def _cache(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
+    """One of the answer cache's keys applied (shared.policy.cache)."""
+    try:
+        return msgspec.structs.replace(policy, **cache_fields(key, value))
+    except CacheKeyError as exc:
+        raise PolicyError(str(exc)) from None
+
+
 def fallback_chain(key: str, value: str) -> list[str]:
     steps = [step.strip() for step in value.split(",")]
     try:
@@ -231,17 +259,14 @@ def apply_assignment(policy: AgentPolicy, assignment: str) -> AgentPolicy:
     replace = msgspec.structs.replace
     if key in _LIMITS or key in ("on_budget", "weight"):
         return _limit(policy, key, value)
-    if key == "clarity_threshold":
-        return replace(policy, clarity_threshold=(
-            _number(key, value, low=0.0, high=1.0) if value else None))
-    if key == "clarity_policy":
-        if value and value not in ClarityPolicy.__members__.values():
-            raise PolicyError(f"{key}: {value!r} is not one of proceed, ask")
-        return replace(policy, clarity_policy=ClarityPolicy(value) if value else None)
+    if key in ("clarity_threshold", "clarity_policy"):
+        return _clarity(policy, key, value)
     if key in ("slo_p95_ms", "currency"):
         return _reporting(policy, key, value)
     if key in ("ttft_ms", "stall_ms", "models"):
         return _model_calls(policy, key, value)
+    if key in CACHE_KEYS:
+        return _cache(policy, key, value)
     head, _, name = key.partition(".")
     if head == "fallback" and name:
         if name not in SLOTS:

@@ -24,6 +24,7 @@ from shared.common.deadline import time_left
 from shared.contracts import response
 from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.response import (
+    CachedFrom,
     ChunkKind,
     ErrorInfo,
     ResponseChunk,
@@ -199,6 +200,7 @@ class AnswerStream:
         retried: bool = False,
         error: ErrorInfo | None = None,
         usage: TokenUsage | None = None,
+        cached_from: CachedFrom | None = None,
     ) -> None:
         if kind == ChunkKind.FINAL and error is None and not text:
             text, self._held = self._held, ""
@@ -218,6 +220,7 @@ class AnswerStream:
             answered_by=answered_by,
             retried=retried,
             usage=usage,
+            cached_from=cached_from,
         )
         payload = encode(chunk)
         lease = ANSWER_LEASE.get()
