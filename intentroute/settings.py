@@ -70,9 +70,24 @@ class CliSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise SettingError(f"NATS_SYNC_INTERVAL: {problem}")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> CliSettings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, *,
+                 starting: bool = False) -> CliSettings:
+        """The settings, the state folder absolute: `up`'s (`starting`: INTENTROUTE_HOME,
+        else ./.intentroute), or the one a command finds from the current folder
+        (intentroute.stack.home)."""
+        from intentroute.stack.home import find_home, home_for_up
+
         common = CommonSettings.from_env(environ)
+        home = (home_for_up if starting else find_home)(home_variable(common, environ))
+        common = msgspec.structs.replace(common, state_dir=home.path)
         nats_url = common.nats_url if is_set(CommonSettings, "nats_url", environ) else ""
         index_dir = (common.index_dir if is_set(CommonSettings, "index_dir", environ)
                      else common.state_dir / "index")
         return read_env(cls, environ, common=common, nats_url=nats_url, index_dir=index_dir)
+
+
+def home_variable(common: CommonSettings | None = None,
+                  environ: Mapping[str, str] | None = None) -> str:
+    """INTENTROUTE_HOME's value as the settings read it ("" when unset)."""
+    common = common or CommonSettings.from_env(environ)
+    return str(common.state_dir) if is_set(CommonSettings, "state_dir", environ) else ""

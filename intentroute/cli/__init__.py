@@ -11,6 +11,8 @@ imported before the CLI (a test importing `bench.commands`)."""
 from intentroute.cli import (
     agent_cmds,
     ask_cmd,
+    cache_cmds,
+    dashboard_cmd,
     data_cmds,
     deploy_cmds,
     dlq_cmds,
@@ -23,6 +25,7 @@ from intentroute.cli import (
 )
 from intentroute.cli.apps import Cli
 from intentroute.cli.apps import app as _root
+from intentroute.cli.help_text import unwrap_help
 from intentroute.cli.plugins import load_plugins
 
 # Not bound until first asked for (`__getattr__`), so that asking loads the plugins.
@@ -34,10 +37,11 @@ def __getattr__(name: str) -> Cli:
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     load_plugins(_root)
+    unwrap_help(_root)  # help texts wrapped by the terminal (intentroute.cli.help_text)
     globals()["app"] = _root
     return _root
 
 
-__all__ = ["agent_cmds", "app", "ask_cmd", "data_cmds", "deploy_cmds", "dlq_cmds",
-           "docs_cmds", "learn_cmds", "report_cmds", "serve_cmds", "stack_cmds",
-           "status_cmd"]
+__all__ = ["agent_cmds", "app", "ask_cmd", "cache_cmds", "dashboard_cmd", "data_cmds",
+           "deploy_cmds", "dlq_cmds", "docs_cmds", "learn_cmds", "report_cmds", "serve_cmds",
+           "stack_cmds", "status_cmd"]

@@ -232,8 +232,8 @@ def set_policy(
     assignments: Annotated[list[str], typer.Argument(
         help="key=value ...: clarity_threshold, clarity_policy, fallback.SLOT, slo_p95_ms, "
              "price.MODEL, rate (20/s), burst, max_inflight, tokens_per_min, budget_day, "
-             "budget_month, on_budget (refuse|degrade), weight (an empty value unsets a "
-             "key; `off` turns a limit off)")],
+             "budget_month, on_budget (refuse|degrade), weight, cache (on|off), cache_ttl "
+             "(1h), cache_group (an empty value unsets a key; `off` turns a limit off)")],
 ) -> None:
     """Change an agent's policy and print the result (JSON); running workers pick it up
     within POLICY_REFRESH seconds. Nothing changes if one assignment is refused."""

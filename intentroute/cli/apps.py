@@ -169,8 +169,9 @@ def require_db(*, check: bool = True) -> str:
     `check`: the caller checks what it connects to itself)."""
     _, db_url = urls()
     if not db_url:
-        typer.echo("DATABASE_URL is not set and no `intentroute up` is running", err=True)
-        raise typer.Exit(2)
+        from intentroute.cli.stack_home import no_stack
+
+        no_stack()
     if check:
         check_db(db_url, OPTIONS.timeout)
     return db_url

@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from intentroute.cli.apps import OPTIONS, app, settings, urls
 from intentroute.cli.failure_lines import CliError, UsageError
 from intentroute.cli.reach import connect_nats
+from intentroute.cli.stack_home import no_stack
 from shared.auth.natsconn import RECONNECT
 
 
@@ -40,12 +41,14 @@ def ask(
     """Publish a question on NATS as an agent and print the answer as it streams
     (adds a turn to the session's history and a row to the request log). Exit 1 if it
     ends in an error."""
+    if not query.strip():
+        raise UsageError('ask needs a question: QUERY is empty (e.g. intentroute ask "How do '
+                         'I loop from 1 to 10 in AVAP?")')
     editor_context = editor.read_text(encoding="utf-8") if editor else ""  # before NATS
     # NATS_URL, else the server(s) the credential names, else the running `up`'s.
     nats_url = settings().nats_url or credential_url(creds) or urls()[0]
     if not nats_url:
-        typer.echo("no NATS_URL and no running `intentroute up`", err=True)
-        raise typer.Exit(2)
+        no_stack()
     kwargs, creds_agent = caller_kwargs(creds)
 
     async def run() -> int:
@@ -157,6 +160,10 @@ async def ask_and_print(
             if chunk.avap_code or chunk.validation_status:
                 info += f" validation={chunk.validation_status or 'VALID'}"
             typer.secho(f"[{info}]", dim=True, err=True)
+            if dec and dec.declared_ignored:
+                typer.secho(f"[--query-type {query_type} ignored: only a trusted agent's "
+                            "declared type is taken (`intentroute agent add NAME --trusted`)]",
+                            fg="yellow", err=True)
     return code
 
 

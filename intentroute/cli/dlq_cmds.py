@@ -12,6 +12,7 @@ import typer
 from intentroute.cli.apps import OPTIONS, app, emit, operator_kwargs, settings, urls
 from intentroute.cli.failure_lines import CliError
 from intentroute.cli.reach import connect_nats
+from intentroute.cli.stack_home import no_stack
 
 # JetStream's error code for "no message found" (a missing stream is 10059).
 NO_MESSAGE = 10037
@@ -23,8 +24,7 @@ app.add_typer(dlq_app, name="dlq")
 async def _connect() -> Any:
     nats_url, _ = urls()
     if not nats_url:
-        typer.echo("no NATS_URL and no running `intentroute up`", err=True)
-        raise typer.Exit(2)
+        no_stack()
     return await connect_nats(nats_url, operator_kwargs(), timeout=OPTIONS.timeout)
 
 

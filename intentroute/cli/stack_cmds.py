@@ -16,9 +16,12 @@ from typing import Annotated, Any, NamedTuple
 
 import typer
 
-from intentroute.cli.apps import app, settings, urls
+from intentroute.cli.apps import app, urls
+from intentroute.cli.cache_cmds import reconcile_cache
 from intentroute.cli.data_cmds import ingest_into
 from intentroute.cli.demo import ask_samples
+from intentroute.cli.ready import announce_when_ready, login_links_dir
+from intentroute.cli.stack_home import writable_home
 from intentroute.drain import (
     DEFAULT_DRAIN_TIMEOUT,
     StopSignals,
@@ -139,11 +142,12 @@ def up(
     run as one cluster on loopback (same users, routes authenticated) and every stream
     has 3 replicas: losing one node loses nothing. A server that dies is started again
     on the same port; the next `up` in the same state dir takes the same ports."""
-    cli = settings()
+    cli = CliSettings.from_env(starting=True)  # the state folder absolute, here or the variable's
     counts = parse_replicas(replicas or [], learning=learns(os.environ.get("LEARN_INTERVAL", "")))
     configure_logging(level=cli.common.log_level, fmt=cli.common.log_format, worker="up")
     _check_fleet(cli)
     state_dir = cli.state_dir
+    writable_home(cli)
     embedded_nats = not cli.nats_url
     _check_cluster_size(nats_cluster, embedded_nats)
     lock = _own_state_dir(state_dir)  # before anything reads or writes the state dir
@@ -169,7 +173,7 @@ def up(
         admin, nats_pids, sync = _nats_access(cli, db_url, env, embedded_nats=embedded_nats)
         asyncio.run(_declare_streams(nats_url, admin, cli.common.response_ttl,
                                      stream_replicas, cli.common.streams))
-        _ingest_knowledge_base(ingest_path, cli.index_dir)
+        _ingest_knowledge_base(ingest_path, cli.index_dir, db_url)
         supervisor = _start_processes(cli, env, counts, llm=llm, embedded_nats=embedded_nats,
                                       secrets=StageSecrets(db, http.token),
                                       stack_ports=ports.ports)
@@ -191,6 +195,7 @@ def up(
                            keeper=stack_keeper(servers, state_dir, info, sync),
                            demo=partial(ask_samples, cli, nats_url, admin) if demo else None,
                            exit_after_demo=exit_after_demo,
+                           ready=partial(announce_when_ready, info, state_dir, nats_url, admin),
                            wait_idle=nats_wait_idle(nats_servers(nats_url), admin),
                            drain_timeout=(cli.up_drain_timeout if drain_timeout is None
                                           else drain_timeout))
@@ -327,7 +332,7 @@ def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port:
     worker's own (StageSecrets). The dashboard is on, behind a token generated in the
     state dir, unless GATEWAY_DASHBOARD_TOKEN (or its _FILE) brings one."""
     env = dict(os.environ, NATS_URL=nats_url, INDEX_DIR=str(cli.index_dir),
-               NATS_STREAM_REPLICAS=str(stream_replicas))
+               NATS_STREAM_REPLICAS=str(stream_replicas), INTENTROUTE_HOME=str(cli.state_dir))
     # Six workers' progress bars would interleave into one log, even on a terminal.
     env.setdefault("TQDM_DISABLE", "1")
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -346,6 +351,9 @@ def _stack_env(cli: CliSettings, nats_url: str, stream_replicas: int, http_port:
         token = path.read_text(encoding="utf-8").strip()
         token_file = str(path)
     dashboard_url = f"{http_url}/dashboard" if http_url else ""
+    if token and http_url:  # one-time login links (the ready screen's)
+        env.setdefault("GATEWAY_DASHBOARD_LOGIN_LINKS", str(login_links_dir(cli.state_dir)))
+        login_links_dir(cli.state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     return env, _HttpDoor(http_url, dashboard_url, token_file, token if http_url else "")
 
 
@@ -368,18 +376,24 @@ def _nats_access(cli: CliSettings, db_url: str, env: dict[str, str], *, embedded
     return admin, nats_pids, sync
 
 
-def _ingest_knowledge_base(ingest_path: Path | None, index_dir: Path) -> None:
+def _ingest_knowledge_base(ingest_path: Path | None, index_dir: Path, db_url: str) -> None:
     """`--ingest`'s knowledge base; without it the demo one, if the index has none yet.
-    What it did is one line of `up`'s log (`intentroute ingest` prints the JSON)."""
+    What it did is one line of `up`'s log (`intentroute ingest` prints the JSON). Either
+    way the answer cache forgets what the index changed meanwhile (an ingest run while
+    no database was reachable)."""
     kb = ingest_path or (DEMO_KB if not (index_dir / "CURRENT").exists() else None)
     if kb is None:
+        reconcile_cache(index_dir, db_url)
         return
-    done = ingest_into(kb, index_dir, echo=False)
+    done = ingest_into(kb, index_dir, echo=False, db_url=db_url)
     logging.getLogger("intentroute.up").info(
         "ingested %s: %d documents, %d chunks (added %d, updated %d, unchanged %d, "
         "removed %d) in %.1f s", kb, done.get("docs", 0), done.get("chunks", 0),
         done.get("added", 0), done.get("updated", 0), done.get("unchanged", 0),
         done.get("removed", 0), done.get("seconds", 0.0))
+    if done.get("skipped"):
+        logging.getLogger("intentroute.up").warning("skipped %s", "; ".join(
+            f"{s['file']}: {s['reason']}" for s in done["skipped"]))
 
 
 def _start_processes(cli: CliSettings, env: dict[str, str], counts: dict[str, int], *,
@@ -428,6 +442,7 @@ def _banner(info: StackInfo, stream_replicas: int, counts: dict[str, int]) -> st
 
 def _run_until_stopped(supervisor: Supervisor, sync: AuthSync | None, state_dir: Path, *,
                        demo: Callable[[], None] | None, exit_after_demo: bool,
+                       ready: Callable[[], object] | None = None,
                        keeper: ServerKeeper | None = None,
                        wait_idle: WaitIdle | None = None,
                        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> None:
@@ -442,6 +457,8 @@ def _run_until_stopped(supervisor: Supervisor, sync: AuthSync | None, state_dir:
             demo()
             if exit_after_demo:
                 signals.count = max(signals.count, 1)
+        if ready is not None and not signals.requested:
+            ready()  # the ready screen, once every worker answers (intentroute.cli.ready)
         # A worker that dies is restarted (with backoff), and so is a server (the keeper:
         # same port, data and configuration); only a stop ends them all.
         while not signals.requested:

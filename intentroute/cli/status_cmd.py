@@ -11,6 +11,8 @@ import typer
 
 from intentroute.cli.apps import OPTIONS, app, settings, urls
 from intentroute.cli.reach import connect_nats
+from intentroute.cli.stack_home import no_stack
+from intentroute.cli.status_layout import WIDE, console_for_status, render_for
 from intentroute.status import StageRow, read_sample, report, stage_rows
 
 
@@ -27,38 +29,9 @@ def status_kwargs() -> dict[str, Any]:
     return dict(connect_kwargs(cli.common))
 
 
-def _cell(value: object, suffix: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.1f}{suffix}"
-    return f"{value}{suffix}"
-
-
-def render(rows: list[StageRow], interval: float) -> Any:
-    from rich.table import Table
-
-    caption = (f"rate and p95 over the last {interval:g} s; p95 (all): since each replica "
-               "started; lag: pending = not yet delivered, ack pending = delivered, not yet "
-               "acknowledged")
-    table = Table(title="intentroute status")
-    table.add_column("stage", no_wrap=True)
-    for header in ("replicas", "pending", "ack pending", "redelivered", "dead letters",
-                   "rate/s", "p95 ms", "p95 ms (all)", "handled", "errors", "in flight"):
-        table.add_column(header, justify="right")
-    for row in rows:
-        idle_backlog = row.replicas == 0 and (row.pending or 0) > 0
-        table.add_row(
-            row.stage, f"[red]{row.replicas}[/red]" if idle_backlog else str(row.replicas),
-            _cell(row.pending), _cell(row.ack_pending), _cell(row.redelivered),
-            _cell(row.dead_letters), _cell(row.rate_per_s), _cell(row.p95_ms),
-            _cell(row.p95_ms_all), _cell(row.handled), _cell(row.errors), _cell(row.inflight))
-    breakers = {f"{row.stage}/{name}": state for row in rows
-                for name, state in row.breakers.items()}
-    if breakers:
-        caption += "\nbreakers: " + ", ".join(f"{k} {v}" for k, v in breakers.items())
-    table.caption = caption + "".join(state_lines(rows))
-    return table
+def render(rows: list[StageRow], interval: float, width: int = WIDE) -> Any:
+    """The status as it fits `width` columns (intentroute.cli.status_layout)."""
+    return render_for(rows, interval, width)
 
 
 def state_lines(rows: list[StageRow]) -> list[str]:
@@ -76,11 +49,8 @@ def state_lines(rows: list[StageRow]) -> list[str]:
 
 
 def console() -> Any:
-    """A terminal's width, or a wide table when the output is not a terminal."""
-    from rich.console import Console
-
-    out = Console()
-    return out if out.is_terminal else Console(width=160)
+    """The terminal's width, or COLUMNS without one, else a wide table."""
+    return console_for_status()
 
 
 @app.command()
@@ -101,8 +71,7 @@ def status(
     only; exit 1 if NATS cannot be reached within `intentroute --timeout`."""
     nats_url, _ = urls()
     if not nats_url:
-        typer.echo("no NATS_URL and no running `intentroute up`", err=True)
-        raise typer.Exit(2)
+        no_stack()
     kwargs = status_kwargs()
 
     async def run() -> None:
@@ -124,7 +93,8 @@ def status(
         if json_out:
             typer.echo(json.dumps(report(rows, interval)))
         else:
-            console().print(render(rows, interval))
+            out = console()
+            out.print(render(rows, interval, out.width))
 
     async def _watch(nc: Any, current: Any, previous: Any) -> None:
         step = interval if interval > 0 else 2.0
@@ -135,12 +105,14 @@ def status(
                 previous, current = current, await read_sample(nc, timeout=timeout)
         from rich.live import Live
 
-        with Live(render(stage_rows(current, previous), step), auto_refresh=False,
-                  console=console()) as live:
+        out = console()
+        with Live(render(stage_rows(current, previous), step, out.width), auto_refresh=False,
+                  console=out) as live:
             while True:
                 await asyncio.sleep(step)
                 previous, current = current, await read_sample(nc, timeout=timeout)
-                live.update(render(stage_rows(current, previous), step), refresh=True)
+                live.update(render(stage_rows(current, previous), step, out.width),
+                            refresh=True)
 
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends --watch
         asyncio.run(run())

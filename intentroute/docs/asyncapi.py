@@ -26,7 +26,7 @@ from intentroute.docs.catalogue import (
 from shared.contracts.codec import encode
 from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackOutcome
 from shared.contracts.request import MAX_TIMEOUT_MS, AgentRequest
-from shared.contracts.response import ChunkKind, ResponseChunk
+from shared.contracts.response import CachedFrom, ChunkKind, ResponseChunk
 from shared.contracts.routing import Alternative, Layer, ModelSlot, QueryType, RoutingDecision
 from shared.runtime.streams import stream_configs
 
@@ -162,6 +162,13 @@ def examples() -> dict[str, list[dict[str, Any]]]:
                 request_id="r-42", seq=1, text="... endLoop().", kind=ChunkKind.FINAL,
                 is_final=True, query_type="RETRIEVAL", decision=decision,
                 answered_by="extractive"))},
+            # An answer the agent's answer cache gave: one final chunk, the request whose
+            # answer it is and that answer's age (docs/explanation/answer-cache.md).
+            {"name": "cached", "payload": _payload(ResponseChunk(
+                request_id="r-43", seq=0, text="Use startLoop(i, 1, 10) ... endLoop().",
+                kind=ChunkKind.FINAL, is_final=True, query_type="RETRIEVAL",
+                decision=decision, answered_by="cache",
+                cached_from=CachedFrom(request_id="r-42", age_s=2.5)))},
         ],
         "Feedback": [{"name": "verdict", "payload": _payload(Feedback(
             request_id="r-42", outcome=FeedbackOutcome.SUCCESS))}],

@@ -105,8 +105,10 @@ MESSAGES: tuple[Message, ...] = (
     Message("ResponseChunk", "Response chunk",
             "One piece of a streamed answer, in `seq` order; the last one has `is_final` "
             "and carries `query_type`, `decision`, `validation_status`, `answered_by`, or "
-            "`error` (every request ends in exactly one final chunk). A `reset` chunk means "
-            "a stage restarted the answer: drop the text received so far.",
+            "`error` (every request ends in exactly one final chunk); an answer the agent's "
+            "answer cache gave (`answered_by` `cache`) also carries `cached_from`. A "
+            "`reset` chunk means a stage restarted the answer: drop the text received so "
+            "far.",
             payload=ResponseChunk, headers=(FINAL_MSG_ID, TRACEPARENT)),
     Message("Feedback", "Feedback",
             "The agent's verdict on one of its answers (ADR-0006); a repeat for the same "

@@ -51,7 +51,16 @@ from shared.auth.permissions import (
     WORKER_GRANTS,
     service_user,
 )
-from shared.contracts import deadletter, feedback, pipeline, replay, request, response, turn_rows
+from shared.contracts import (
+    circuits,
+    deadletter,
+    feedback,
+    pipeline,
+    replay,
+    request,
+    response,
+    turn_rows,
+)
 from shared.contracts.routing import ModelSlot
 from shared.runtime.consumer import agent_consumer_name
 
@@ -195,7 +204,7 @@ def _agent_rows() -> list[Probe]:
 
 
 def _internal_rows() -> list[Probe]:
-    section = "Pipeline, claims, turn rows, dead letters"
+    section = "Pipeline, claims, turn rows, dead letters, circuits"
     stages = [pipeline.CLASSIFY_SUBJECT, pipeline.RETRIEVE_SUBJECT,
               *(pipeline.generate_subject(slot) for slot in ModelSlot),
               pipeline.VALIDATE_SUBJECT, response.INTERNAL_INVALID_SUBJECT]
@@ -205,7 +214,9 @@ def _internal_rows() -> list[Probe]:
         response.admission_subject(agent, REQUEST_ID))]
     rows = [turn_rows.rows_subject(agent, SESSION_ID) for agent in (SELF, OTHER)]
     dead = [deadletter.dead_letter_subject(durable) for durable in _durables()]
-    return [Probe(section, s) for s in (*stages, *claims, *rows, *dead)]
+    # The model backends' circuits: a key written (compare-and-set) by name.
+    keys = [circuits.SUBJECTS]
+    return [Probe(section, s) for s in (*stages, *claims, *rows, *dead, *keys)]
 
 
 def _account_rows() -> list[Probe]:

@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
+
+
+class ReadyInfo(msgspec.Struct, kw_only=True):
+    """What `up`'s ready screen shows (intentroute.cli.ready), once every worker
+    answers: the commands to ask, add an agent and stop, the OpenAI-compatible door's
+    base URL with the demo agent's key, the gRPC address, and a one-time dashboard login
+    link (good once, until `dashboard_login_expires`, epoch seconds)."""
+
+    ask: str
+    add_agent: str
+    stop: str
+    openai_base_url: str = ""
+    openai_api_key: str = ""
+    grpc_address: str = ""
+    dashboard_login_url: str = ""
+    dashboard_login_expires: float = 0.0
 
 
 class StackInfo(msgspec.Struct):
@@ -37,19 +54,25 @@ class StackInfo(msgspec.Struct):
     # the `file_sd_configs` file `metrics_targets` (0 / "": metrics off).
     metrics_port: int = 0
     metrics_targets: str = ""
+    # The ready screen's contents, once `up` is ready (None until then).
+    ready: ReadyInfo | None = None
 
 
 STATE_FILE = "stack.json"
 
 
 def write_state(state_dir: Path, info: StackInfo) -> None:
-    """stack.json carries the database password: readable by its owner only."""
+    """stack.json carries the database password: readable by its owner only. Written
+    whole and renamed into place, so a reader never sees half of it (`up` rewrites it
+    when a server restarts and when it is ready)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / STATE_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(msgspec.json.encode(info))
-    path.chmod(0o600)
+    tmp.chmod(0o600)
+    os.replace(tmp, path)
 
 
 def read_state(state_dir: Path) -> StackInfo | None:

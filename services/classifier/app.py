@@ -1,4 +1,5 @@
-"""Classifier worker: settings -> stage -> deps (encoder + head, LLM)."""
+"""Classifier worker: settings -> stage -> deps (encoder + head, LLM, the answer cache:
+bootstrap.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ def create_app(
     settings = settings or ClassifierSettings.from_env()
 
     async def make_deps(wiring: Wiring) -> ClassifierDeps:
-        from services.classifier.adapters import build_layer2, build_llm
+        from services.classifier.adapters import build_llm
+        from services.classifier.bootstrap import build_remembering_layer2, open_answer_cache
 
-        layer2 = build_layer2(settings)
-        if layer2 is not None:
-            wiring.base.exits.push_async_callback(layer2.close)
+        exits = wiring.base.exits
+        layer2 = build_remembering_layer2(settings, exits)
         cascade = Cascade(
             CascadeConfig(threshold=settings.threshold),
             layer2=layer2,
@@ -32,8 +33,11 @@ def create_app(
         )
         policies = await open_policy_cache(wiring.store.pool,
                                            refresh=settings.common.policy_refresh,
-                                           exits=wiring.base.exits)
-        return ClassifierDeps(**wiring.base.parts(), cascade=cascade, policies=policies)
+                                           exits=exits)
+        answer_cache = await open_answer_cache(settings, wiring.store.pool, policies, layer2,
+                                               exits)
+        return ClassifierDeps(**wiring.base.parts(), cascade=cascade, policies=policies,
+                              answer_cache=answer_cache)
 
     return build_app(service="classifier", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

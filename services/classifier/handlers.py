@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -43,11 +44,16 @@ from shared.runtime.stage import (
     stage_spec,
 )
 
+if TYPE_CHECKING:
+    from services.classifier.answer_cache import ClassifierCache
+
 
 @dataclass(kw_only=True)
 class ClassifierDeps(StageDeps):
     cascade: Cascade
     policies: Policies
+    # The agents' stored answers (services.classifier.answer_cache); None: Layer 2 off.
+    answer_cache: ClassifierCache | None = None
 
 
 # What the `ask` clarity policy asks back about: a decision below the agent's clarity
@@ -105,6 +111,9 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
         if ask and decision.clarity in ASKED:
             call.mark(routed)
             await ask_back(deps, routed)
+            return None
+        # Issue 33: an answer the agent got before may answer it, skipping the rest.
+        if deps.answer_cache is not None and await deps.answer_cache.serve(routed, call, deps):
             return None
         # RC-04: only RETRIEVAL and CODE_GENERATION go through the retriever.
         # This turn's classify_history row travels in the envelope's decision and is

@@ -94,4 +94,5 @@ async def add_dashboard(settings: DoorsSettings, wiring: ClientWiring, door: Doo
     pool = await open_pool(settings, exits, min_size=0, max_size=2)
     add_dashboard_routes(app, pool, token=board.token, default_days=board.default_days,
                          max_days=board.max_days, session_ttl=board.session_ttl,
-                         throttle=door.throttle, refresh=board.refresh, nc=wiring.nc)
+                         throttle=door.throttle, refresh=board.refresh, nc=wiring.nc,
+                         login_links=board.login_links)

@@ -1,4 +1,5 @@
-"""Generator worker for one model slot: settings -> stage -> deps (the fleet's walker)."""
+"""Generator worker for one model slot: settings -> stage -> deps (the fleet's walker,
+the answer cache's writer: bootstrap.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from faststream import FastStream
 from opentelemetry.trace import TracerProvider
 
 from services.generator.backends import open_walker, refresh_circuits, report_probes
+from services.generator.bootstrap import open_answer_cache
 from services.generator.handlers import GeneratorDeps, build_stage
 from services.generator.health import FleetHealth
 from services.generator.settings import GeneratorSettings
@@ -36,8 +38,9 @@ def create_app(
         policies = await open_policy_cache(wiring.store.pool,
                                            refresh=settings.common.policy_refresh,
                                            exits=exits)
+        answer_cache = open_answer_cache(settings, wiring.store.pool, policies, exits)
         return GeneratorDeps(**wiring.base.parts(), walker=walker, model=model,
-                             policies=policies, health=health)
+                             policies=policies, health=health, answer_cache=answer_cache)
 
     return build_app(service=f"generator-{settings.slot.value}", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

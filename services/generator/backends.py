@@ -19,6 +19,7 @@ from services.generator.health import FleetHealth
 from services.generator.settings import GeneratorSettings
 from shared.common.tasks import cancel_and_wait
 from shared.llm.fleet import BackendKind, BackendSpec, Fleet, ModelSpec, Slots
+from shared.llm.ollama import OllamaBackend
 from shared.llm.openai import OpenAIBackend
 from shared.llm.ports import ChatMessage, Ended, Started, StreamEvent
 from shared.llm.select import open_fleet, timing_of
@@ -122,12 +123,13 @@ def refresh_circuits(walker: Walker, health: FleetHealth, every: float = 2.0) ->
 
 def report_probes(walker: Walker, health: FleetHealth, *, tries: int = 30,
                   pause: float = 1.0) -> Background:
-    """Each OpenAI-compatible backend asked once at start (`GET {base}/models`: a wrong
-    URL or key shows without a token spent): a failure is one warning line naming the
+    """Each OpenAI-compatible backend (`GET {base}/models`: a wrong URL or key shows
+    without a token spent) and each Ollama one (`GET {host}/api/version`) asked once at
+    start: a failure is one warning line naming the
     URL and what answers instead, and its models' state. A server not listening yet
     (`up --llm` starts it beside the workers) is asked again meanwhile."""
 
-    async def probe(name: str, client: OpenAIBackend) -> None:
+    async def probe(name: str, client: OpenAIBackend | OllamaBackend) -> None:
         problem = await client.probe()
         warned = False
         for _ in range(tries - 1):
@@ -150,6 +152,6 @@ def report_probes(walker: Walker, health: FleetHealth, *, tries: int = 30,
 
     async def run() -> None:
         await asyncio.gather(*(probe(name, client) for name, client in walker.clients.items()
-                               if isinstance(client, OpenAIBackend)))
+                               if isinstance(client, OpenAIBackend | OllamaBackend)))
 
     return Background(run, "backend-probes")

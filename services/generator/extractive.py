@@ -16,7 +16,16 @@ from services.generator.social import social_reply
 from shared.contracts.pipeline import Passage, Routed
 from shared.contracts.routing import RETRIEVING_TYPES, QueryType
 
-LABEL = "[extractive answer: no language model answered; built from "
+LABEL_START = "[extractive answer: "
+LABEL = LABEL_START + "no language model answered; built from "
+
+
+def with_why(answer: str, why: str) -> str:
+    """The answer's label saying why no model answered, in one phrase (`why`)."""
+    if not why or not answer.startswith(LABEL):
+        return answer
+    head = LABEL_START + "no language model answered"
+    return f"{head} ({why}){answer[len(head):]}"
 _WORD = re.compile(r"[\wáéíóúñü]+", re.IGNORECASE)
 _FENCE = re.compile(r"```[a-zA-Z]*\n(.*?)```", re.DOTALL)
 _SHORTER = re.compile(
@@ -194,7 +203,7 @@ def extractive_answer(env: Routed, *, previous_answer: str = "") -> str:
         if not previous_answer:
             return (LABEL + "the conversation]\nThere is no previous answer in this session "
                     "to rephrase.")
-        body = previous_answer.split("]\n", 1)[-1] if previous_answer.startswith(LABEL) else (
+        body = previous_answer.split("]\n", 1)[-1] if previous_answer.startswith(LABEL_START) else (
             previous_answer
         )
         limit = 2 if _SHORTER.search(req.query) else 5

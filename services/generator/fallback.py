@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import Tracer
 
-from services.generator.extractive import extractive_answer
+from services.generator.extractive import extractive_answer, with_why
 from services.generator.health import FleetHealth
 from services.generator.prompts import render_prompt
 from shared.common.settings import CommonSettings
@@ -98,7 +98,8 @@ async def produce(
         walked = await walker.stream_answer(
             steps, render_prompt(env, previous_answer=previous_answer), sink=sink,
             on_restart=on_restart, accepted_at=env.accepted_at, timing=timing,
-            extractive=lambda: extractive_answer(env, previous_answer=previous_answer))
+            extractive=lambda why: with_why(
+                extractive_answer(env, previous_answer=previous_answer), why))
     if health is not None:
         health.record(walked)
     return Answered(walked.answered_by, usage_of(walked), walked.error, walked.error_code)

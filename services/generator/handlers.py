@@ -9,14 +9,14 @@ from services.generator.fallback import Answered, Sink, merged, steps_for, timin
 from services.generator.fallback import produce as produce_answer
 from services.generator.health import FleetHealth
 from services.generator.settings import GeneratorSettings
+from shared.cache.offer import CacheWriter
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_routed
 from shared.contracts.pipeline import VALIDATE_SUBJECT, PartDone, Routed, generate_subject
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import QueryType
 from shared.llm.walk import Walker
-from shared.policy.agent import AgentPolicy
-from shared.policy.chain import EXTRACTIVE, Step
+from shared.policy.chain import EXTRACTIVE, Step, chosen_model
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.endings import answer_usage
@@ -46,12 +46,8 @@ class GeneratorDeps(StageDeps):
     policies: Policies
     # The models' last outcomes, reported on the services API (`intentroute status`).
     health: FleetHealth | None = None
-
-
-def chosen_model(asked: str, policy: AgentPolicy, slot_model: str) -> str:
-    """The chain's first model: the one the caller asked for when the agent's policy
-    lists it (`models=`), else the slot's (a model server must be there at all)."""
-    return asked if asked and slot_model and asked in policy.models else slot_model
+    # Stores the answers the cache may keep (shared.cache.offer; main slot only).
+    answer_cache: CacheWriter | None = None
 
 
 def build_stage(settings: GeneratorSettings) -> Stage[Routed, GeneratorDeps]:
@@ -135,4 +131,6 @@ async def generate(
                       first_chunk_at=out.first_text_at)
     await out.final(decision=decision, answered_by=answered.answered_by,
                     retried=env.retrieval_retried, usage=answer_usage(env))
+    if deps.answer_cache is not None:
+        deps.answer_cache.offer(env, answer=out.answer, answered_by=answered.answered_by)
     return None

@@ -9,6 +9,7 @@ from services.validator.breaker import CircuitBreaker
 from services.validator.handlers import ValidatorDeps, build_stage
 from services.validator.parser_client import GrpcParserClient, GuardedParser
 from services.validator.settings import ValidatorSettings
+from shared.cache.offer import CacheWriter
 from shared.runtime.worker import Wiring, build_app
 
 
@@ -34,7 +35,9 @@ def create_app(
         wiring.base.exits.push_async_callback(guarded.close)
         if guarded.enabled:  # exported as intentroute_breaker_state{breaker="parser"}
             wiring.signals.watch_breaker("parser", lambda: guarded.breaker.state.value)
-        return ValidatorDeps(**wiring.base.parts(), checker=guarded)
+        answer_cache = CacheWriter(wiring.store.pool, settings.common)
+        wiring.base.exits.push_async_callback(answer_cache.close)
+        return ValidatorDeps(**wiring.base.parts(), checker=guarded, answer_cache=answer_cache)
 
     return build_app(service="validator", common=settings.common,
                      stages=[build_stage(settings)], make_deps=make_deps,

@@ -10,6 +10,7 @@ from opentelemetry.trace import SpanKind
 from services.validator.extract import extract_avap_code
 from services.validator.ports import CheckResult, CheckStatus, CodeChecker
 from services.validator.settings import ValidatorSettings
+from shared.cache.offer import CacheWriter
 from shared.common.otel import request_attributes
 from shared.contracts import pipeline
 from shared.contracts.codec import decode_routed
@@ -39,6 +40,8 @@ DELIVERED = {
 @dataclass(kw_only=True)
 class ValidatorDeps(StageDeps):
     checker: CodeChecker
+    # Stores the VALID answers the cache may keep (shared.cache.offer).
+    answer_cache: CacheWriter | None = None
 
 
 async def checked(code: str, env: Routed, deps: ValidatorDeps) -> CheckResult:
@@ -93,6 +96,9 @@ def build_stage(settings: ValidatorSettings) -> Stage[Routed, ValidatorDeps]:
         await out.final(decision=env.decision, validation_status=status, avap_code=code,
                         answered_by=env.answered_by, retried=retried,
                         usage=answer_usage(env))
+        if deps.answer_cache is not None:
+            deps.answer_cache.offer(env, answer=env.answer, answered_by=env.answered_by,
+                                    validation_status=status, avap_code=code)
         return None
 
     return Stage(

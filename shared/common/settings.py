@@ -131,6 +131,9 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     log_level: Annotated[str, env("LOG_LEVEL")] = "INFO"
     log_format: Annotated[LogFormat, env("LOG_FORMAT")] = LogFormat.TEXT
     # Where the embedded stack keeps its state: servers' data, credentials, index, heads.
+    # Unset: `up` keeps it in ./.intentroute; every other command finds the nearest
+    # .intentroute of a running `up` in the current folder or its parents (as git finds
+    # .git). Relative paths are taken from the current folder.
     state_dir: Annotated[Path, env("INTENTROUTE_HOME")] = Path(".intentroute")
     # Sentence encoder: precision of per-query encoders ("fp32", "int8", "int8-block"),
     # of ingestion, and where exported ONNX graphs are cached.
@@ -221,6 +224,13 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Conversations one agent keeps (sessions rows and their messages): past it, each new
     # session expires the agent's least recently used one. 0: no cap.
     max_sessions_per_agent: Annotated[int, env("MAX_SESSIONS_PER_AGENT")] = 10_000
+    # The per-agent answer cache (shared/cache): answers kept per agent (its least
+    # recently used go first; 0: none kept), and how long an answer serves when the
+    # agent's policy sets no `cache_ttl`; both written to `owner_settings` by `migrate`
+    # and `up`, where the database's functions read them. Off for every agent until it
+    # opts in: `agent set NAME cache=on`.
+    answer_cache_max_per_agent: Annotated[int, env("ANSWER_CACHE_MAX_PER_AGENT")] = 1000
+    answer_cache_ttl: Annotated[float, env("ANSWER_CACHE_TTL", unit="seconds")] = 86400.0
     # Agent confidence (shared/policy/confidence.py): prior strength, daily decay, divergence
     # bound; the gateway's score refresh and the learning job read the same.
     confidence: Annotated[ConfidenceParams, env_group(

@@ -148,6 +148,14 @@ class TokenUsage(msgspec.Struct, frozen=True, omit_defaults=True):
     tokens_out: int = 0
 
 
+class CachedFrom(msgspec.Struct, frozen=True, omit_defaults=True):
+    """On the final chunk of an answer the cache gave (`answered_by` "cache"): the
+    request whose answer it is, and how old that answer is."""
+
+    request_id: str
+    age_s: float = 0.0
+
+
 class PartInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     """A part marker's part: its place (from 0) among `count`, its text, its decision."""
 
@@ -180,12 +188,16 @@ class ResponseChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     error: ErrorInfo | None = None
     decision: RoutingDecision | None = None
     avap_code: str = ""
-    # "extractive" | "ollama:<model>" | "echo": which backend wrote the answer.
+    # Who wrote the answer: a fleet model `backend/model`, "extractive" (":budget" when a
+    # budget degraded the request), or "cache" (the agent's answer cache gave an earlier
+    # answer; `cached_from` says which).
     answered_by: str = ""
     retried: bool = False
     # On an answer's final chunk with ACCOUNTING on: what generating it took (the
     # OpenAI door's `usage`).
     usage: TokenUsage | None = None
+    # On the final chunk of an answer served from the agent's answer cache.
+    cached_from: CachedFrom | None = None
     # A part marker's part (kind PART); on the final chunk of a split message, every
     # part's decision, validation status and code, in order.
     part: PartInfo | None = None

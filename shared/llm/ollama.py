@@ -10,6 +10,7 @@ from typing import Any
 from shared.common.deadline import time_left
 from shared.llm.choice import Choice
 from shared.llm.faults import Fault, ModelError, classify_status
+from shared.llm.openai import ProbeFailure
 from shared.llm.ports import ChatMessage, Ended, Started, StreamEvent, TokenCounts
 
 
@@ -23,6 +24,23 @@ class OllamaBackend:
             self.name = name
         self.host = host
         self._client = ollama.AsyncClient(host=host, timeout=timeout)
+
+    async def probe(self, timeout: float = 5.0) -> ProbeFailure | None:
+        """Why calls would fail (`GET {host}/api/version`: a wrong host or port shows at
+        start), or None when the server answers."""
+        import httpx
+
+        url = f"{self.host.rstrip('/')}/api/version"
+        try:
+            async with httpx.AsyncClient(timeout=timeout) as http:
+                response = await http.get(url)
+        except httpx.HTTPError as exc:
+            return ProbeFailure(None, f"GET {url} failed: {exc!r}")
+        if response.status_code == 200:
+            return None
+        detail = response.text[:200].replace("\n", " ")
+        return ProbeFailure(response.status_code,
+                            f"GET {url} -> HTTP {response.status_code}: {detail}")
 
     def _fault(self, exc: Exception, *, answered: bool) -> ModelError:
         """What an exception of the client or of httpx beneath it is."""

@@ -114,6 +114,19 @@ class Walked:
         return f"{failed[0].fault} {failed[0].ref}{extra}"
 
 
+def fallback_why(walked: Walked, *, first: bool) -> str:
+    """Why the extractive answerer answers, in one phrase: no model server configured
+    (it is the slot's first step), or the first model step's failure."""
+    if first:
+        return "no model server is configured: OLLAMA_HOST, OPENAI_BASE_URL or `up --llm`"
+    failed = walked.failures
+    if not failed:
+        return "no model step was tried (the chain's conditions skipped them)"
+    attempt = failed[0]
+    more = f", and {len(failed) - 1} more" if len(failed) > 1 else ""
+    return f"{attempt.ref}: {attempt.detail or attempt.fault}{more}"[:160]
+
+
 class _Stream:
     """One call's events with the walker's clocks on them."""
 
@@ -271,16 +284,19 @@ class Walker:
 
     async def stream_answer(
         self, steps: list[Step], messages: list[ChatMessage], *, sink: Sink,
-        on_restart: Callable[[], Awaitable[None]], extractive: Callable[[], str],
+        on_restart: Callable[[], Awaitable[None]], extractive: Callable[[str], str],
         accepted_at: float, timing: Timing | None = None,
     ) -> Walked:
+        """The first step that answers streams into `sink`; `extractive(why)` is the
+        extractive answerer's text, `why` no model answered in one phrase
+        (`fallback_why`)."""
         run = _Run(Walked(), sink, on_restart)
         timing = timing or self.timing
         for n, step in enumerate(steps):
             if step.ref == EXTRACTIVE:
                 await run.first_token()
                 started = time.perf_counter()
-                await sink(extractive())
+                await sink(extractive(fallback_why(run.walked, first=n == 0)))
                 run.walked.answered_by = EXTRACTIVE
                 run.walked.parts = [Part(EXTRACTIVE, ms=(time.perf_counter() - started) * 1000)]
                 run.walked.fell_back = n > 0

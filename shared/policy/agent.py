@@ -30,6 +30,8 @@ Keys (an empty value unsets one):
                                    cost units (from the prices) per UTC day / month
     on_budget=refuse|degrade       past a budget: BUDGET_EXCEEDED, or the extractive answer
     weight=1                       the agent's share in the gateway's fair scheduling
+    cache=on cache_ttl=1h cache_group=NAME
+                                   the answer cache (shared.policy.cache)
 Limits left unset take the gateway's global defaults (LIMIT_*); `off` turns one off
 for the agent whatever the default.
 """
@@ -44,6 +46,8 @@ from typing import Any
 
 import msgspec
 
+from shared.policy.cache import KEYS as CACHE_KEYS
+from shared.policy.cache import CacheKeyError, cache_fields
 from shared.policy.chain import ChainError, check_chain, split_ref
 
 
@@ -127,6 +131,11 @@ class AgentPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_
     stall_ms: float | None = None
     # Fleet models (`backend/model`) it may choose at the OpenAI door.
     models: list[str] = []
+    # The answer cache (shared.policy.cache): on for this agent (None: off), how long an
+    # answer serves (seconds; None: ANSWER_CACHE_TTL), the sharing group it joined.
+    cache: bool | None = None
+    cache_ttl: float | None = None
+    cache_group: str | None = None
 
 
 SLOTS = ("main", "conversational")
@@ -209,6 +218,14 @@ def _reporting(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
     return msgspec.structs.replace(policy, currency=code or None)
 
 
+def _cache(policy: AgentPolicy, key: str, value: str) -> AgentPolicy:
+    """One of the answer cache's keys applied (shared.policy.cache)."""
+    try:
+        return msgspec.structs.replace(policy, **cache_fields(key, value))
+    except CacheKeyError as exc:
+        raise PolicyError(str(exc)) from None
+
+
 def fallback_chain(key: str, value: str) -> list[str]:
     steps = [step.strip() for step in value.split(",")]
     try:
@@ -267,6 +284,8 @@ def apply_assignment(policy: AgentPolicy, assignment: str) -> AgentPolicy:
         return _reporting(policy, key, value)
     if key in ("ttft_ms", "stall_ms", "models"):
         return _model_calls(policy, key, value)
+    if key in CACHE_KEYS:
+        return _cache(policy, key, value)
     head, _, name = key.partition(".")
     if head == "fallback" and name:
         if name not in SLOTS:
@@ -288,7 +307,14 @@ def apply_assignment(policy: AgentPolicy, assignment: str) -> AgentPolicy:
         else:
             prices.pop(name, None)
         return replace(policy, prices=prices)
-    raise PolicyError(f"unknown policy key {key!r}")
+    raise PolicyError(f"unknown policy key {key!r}; the keys: {', '.join(POLICY_KEYS)}")
+
+
+# Every key `apply_assignment` takes (`fallback.SLOT` and `price.MODEL` name a slot, a
+# model), as `intentroute agent set` lists them.
+POLICY_KEYS: tuple[str, ...] = (
+    "clarity_threshold", "clarity_policy", "fallback.SLOT", "slo_p95_ms", "currency",
+    "ttft_ms", "stall_ms", "models", "price.MODEL", *_LIMITS, "on_budget", "weight")
 
 
 def decode_policy(raw: str | bytes | dict[str, Any]) -> AgentPolicy:

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import enum
 import re
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:  # shared.policy.agent imports this module
+    from shared.policy.agent import AgentPolicy
 
 EXTRACTIVE = "extractive"
 ERROR = "error"
@@ -113,6 +117,14 @@ def check_chain(steps: list[str]) -> None:
         raise ChainError("'extractive' / 'error' may only be the last step")
     for step in steps[:-1]:
         parse_step(step, default_backend="slot")
+
+
+def chosen_model(asked: str, policy: AgentPolicy, slot_model: str) -> str:
+    """The chain's first model: the one the caller asked for (`AgentRequest.model`) when
+    the agent's policy lists it (`models=`), else the slot's ("" without a model server:
+    the extractive answerer answers alone). The generator walks from it; the answer
+    cache keys an answer by it (shared.cache.answerer)."""
+    return asked if asked and slot_model and asked in policy.models else slot_model
 
 
 def build_chain(slot_model: str, written: list[str] | None) -> list[Step]:

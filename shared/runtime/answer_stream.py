@@ -24,6 +24,7 @@ from shared.common.deadline import time_left
 from shared.contracts import response
 from shared.contracts.codec import decode_chunk, encode
 from shared.contracts.response import (
+    CachedFrom,
     ChunkKind,
     ErrorInfo,
     PartInfo,
@@ -214,6 +215,7 @@ class AnswerStream:
         retried: bool = False,
         error: ErrorInfo | None = None,
         usage: TokenUsage | None = None,
+        cached_from: CachedFrom | None = None,
         parts: list[PartResult] | None = None,
         query_type: str | None = None,
     ) -> None:
@@ -236,6 +238,7 @@ class AnswerStream:
             answered_by=answered_by,
             retried=retried,
             usage=usage,
+            cached_from=cached_from,
             parts=parts or [],
         )
         payload = encode(chunk)

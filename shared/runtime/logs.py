@@ -5,9 +5,10 @@ worker's name and, while a message is handled, its request and agent; libraries 
   the handler on the root logger, at `LOG_LEVEL`, formatted as `LOG_FORMAT` says;
 * `log_context` (set by the stage template, `shared.runtime.stage.run_stage`, around each
   message) puts `request_id` and `agent_id` on every record logged inside it;
-* `quiet_libraries` silences what third-party code prints on a start: onnxruntime's
-  quantization INFO lines (logged on the root logger), platformdirs' runtime-directory
-  warning, and progress bars (tqdm, Hugging Face) when stderr is not a terminal.
+* `quiet_libraries` silences what third-party code prints on a start: every library's
+  INFO lines (onnxruntime's quantization and graph fusions among them), the warnings
+  that ask for nothing (onnxruntime's quantizer's advice, platformdirs' runtime-directory
+  warning), and progress bars (tqdm, Hugging Face) when stderr is not a terminal.
 """
 
 from __future__ import annotations
@@ -66,13 +67,32 @@ class ContextFilter(logging.Filter):
         return True
 
 
+# The project's own loggers (`intentroute.*`, and those named after a module): kept at
+# every level wherever the code is installed.
+_OWN = ("intentroute", "services", "shared", "bench", "offline", "testkit")
+# Warnings a library prints that ask nothing of the person running the stack.
+_NO_ACTION = (
+    # onnxruntime's quantizer, on every int8 graph built (the graph is built from the
+    # project's own calibrated export: there is nothing to pre-process).
+    "Please consider to run pre-processing before quantization",
+)
+
+
 class LibraryNoiseFilter(logging.Filter):
-    """Drops INFO and DEBUG records a library logged on the root logger (onnxruntime's
-    quantizer logs a line per tensor there)."""
+    """Drops INFO and DEBUG records of third-party code (on the root logger, as
+    onnxruntime's quantizer logs a line per tensor, or on a logger of its own, as
+    onnxruntime.transformers' `fusion_base`, `onnx_model` ... log the graph fusions
+    under their bare module names), and the library warnings that ask for nothing
+    (`_NO_ACTION`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.name == "root" and record.levelno < logging.WARNING
-                    and "site-packages" in record.pathname)
+        own = record.name.split(".", 1)[0] in _OWN
+        third_party = not own and ("site-packages" in record.pathname
+                                   or "dist-packages" in record.pathname)
+        if third_party and record.levelno < logging.WARNING:
+            return False
+        return not (third_party and record.levelno == logging.WARNING
+                    and isinstance(record.msg, str) and record.msg.startswith(_NO_ACTION))
 
 
 class PoolRetryLines(logging.Filter):

@@ -97,9 +97,14 @@ class FakeOllama:
         await resp.write_eof()
         return resp
 
+    async def _version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": "fake"})
+
     async def start(self) -> FakeOllama:
         app = web.Application()
         app.router.add_post("/api/chat", self._chat)
+        # What the generator's start-up probe asks (a real Ollama answers it too).
+        app.router.add_get("/api/version", self._version)
         self._runner, self.port = await serve_on_loopback(app)
         return self
 

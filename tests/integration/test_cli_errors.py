@@ -78,6 +78,12 @@ CASES = [
     Case("ask-editor-missing", ("ask", "q", "--editor", "{missing}"), 2, MISSING,
          REFUSED_NATS),
     Case("parse-missing", ("parse", "{missing}"), 2, MISSING),
+    # An empty question is a usage error, not a request answered MISSING_FIELD (issue 31).
+    Case("ask-empty", ("ask", ""), 2,
+         r'ask needs a question: QUERY is empty \(e\.g\. intentroute ask "How do I loop '
+         r'from 1 to 10 in AVAP\?"\)', REFUSED_NATS),
+    Case("ask-blank", ("ask", "  "), 2, r"ask needs a question: QUERY is empty .*",
+         REFUSED_NATS),
     Case("ingest-missing", ("ingest", "{missing}"), 2, r"no such file or folder: {missing}"),
     Case("eval-routing-missing", ("eval", "routing", "{missing}"), 2,
          r"{missing}: No such file or directory"),

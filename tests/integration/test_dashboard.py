@@ -338,6 +338,33 @@ async def test_only_the_dashboard_token_opens_it(store: Store) -> None:
             assert response.status == 401
 
 
+async def test_a_one_time_login_link_opens_one_session(store: Store, tmp_path: Path) -> None:
+    """Issue 31: the ready screen's link logs in once (the session cookie, a 303 to the
+    page) and is refused after, as any link the folder does not hold."""
+    from shared.auth.login_links import LoginLinks
+
+    links = LoginLinks(tmp_path / "links")
+    token, _ = links.mint()
+    async with (serve(store, token=TOKEN, login_links=str(tmp_path / "links")) as url,
+                aiohttp.ClientSession() as http):
+        async with http.get(f"{url}/login/{token}", allow_redirects=False) as response:
+            assert response.status == 303
+            assert response.headers["Location"] == "/dashboard"
+            morsel = response.cookies[COOKIE]
+        async with http.get(url + "/api/data",
+                            headers={"Cookie": f"{COOKIE}={morsel.value}"}) as response:
+            assert response.status == 200
+        for again in (token, "x" * 43):
+            async with http.get(f"{url}/login/{again}", allow_redirects=False) as response:
+                assert response.status == 401
+                assert "used already or has expired" in await response.text()
+                assert COOKIE not in response.cookies
+    async with serve(store, token=TOKEN) as url, aiohttp.ClientSession() as http:
+        fresh, _ = links.mint()
+        async with http.get(f"{url}/login/{fresh}", allow_redirects=False) as response:
+            assert response.status == 404  # no folder of links: no such route
+
+
 async def test_an_unreachable_database_is_a_503_not_a_crash(database_url: str) -> None:
     pool = await asyncpg.create_pool(asyncpg_dsn(database_url), min_size=1, max_size=1)
     await pool.close()

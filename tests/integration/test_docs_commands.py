@@ -36,10 +36,10 @@ SHELL_BLOCK = re.compile(r"```(?:sh|bash|shell|console)\n(.*?)```", re.S)
 NOT_RUN = {
     "make run": "the whole demo (install, stack, ingest, one question per type): `make run`",
     "make test": "the whole suite",
-    # Answers need `up`'s workers and models (about a minute to load on this machine);
-    # `make run` asks one question per type; tests/integration/test_pipeline.py asks
-    # through the same caller code (shared.client.caller).
-    "intentroute ask": "needs the running workers (`intentroute up`)",
+    # Answers need `up`'s workers and models: tests/integration/test_first_hour.py runs
+    # the quick start's `ask` lines as written against a real `up`, from its folder, a
+    # sub-folder and another folder with INTENTROUTE_HOME.
+    "intentroute ask": "needs the running workers (`intentroute up`): test_first_hour.py",
     # tests/integration/test_feedback_up.py runs a real `up` (with --grpc and metrics);
     # test_nats_cluster.py the cluster.
     "intentroute up": "starts the whole stack and keeps running until Ctrl-C",

@@ -49,8 +49,10 @@ pytestmark = pytest.mark.integration
 STAGES = tuple(w for w in WORKER_ROLES if w != "doors")
 EVERY_ROLE = (*STAGES, "doors", "learner")
 # Tables no worker role touches: the owner's alone (owner_settings: the limits of its
-# SECURITY DEFINER functions, migration 0014).
-OWNER_ONLY = {"alembic_version", "owner_settings"}
+# SECURITY DEFINER functions, migration 0014; the answer cache's sources, served requests
+# and totals, written only through its functions, migration 0019).
+OWNER_ONLY = {"alembic_version", "owner_settings", "answer_cache_sources",
+              "answer_cache_served", "answer_cache_totals"}
 
 
 class Deployment(NamedTuple):

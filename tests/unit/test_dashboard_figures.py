@@ -285,3 +285,19 @@ async def test_stage_readings_are_shared_and_rated_over_the_time_between_them() 
     now["t"] = 300.0
     with pytest.raises(StagesUnavailableError, match="no replies"):
         await reader.view()
+
+
+def test_the_charts_start_at_the_agents_first_day_with_data() -> None:
+    """Issue 31: a 30-day window with one day of data drew every chart as an empty grid
+    with one bar at its edge; the page draws from `first_day` to the window's end."""
+    today = dt.date(2026, 3, 30)
+    window = Window.ending(today, 30)
+    figures = Figures(
+        rollups=[day("new", today, 4), day("old", dt.date(2026, 3, 10), 1)],
+        feedback=[FeedbackGroup(agent_id="fb", day=dt.date(2026, 3, 20), outcome="success",
+                                n=1)],
+        policies={})
+    agents = {a.agent_id: a for a in build_dashboard(window, figures).agents}
+    assert agents["new"].first_day == "2026-03-30"
+    assert agents["old"].first_day == "2026-03-10"
+    assert agents["fb"].first_day == "2026-03-20"  # feedback alone counts

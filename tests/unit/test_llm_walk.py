@@ -108,7 +108,7 @@ async def walk(walker: Walker, chain: str, *, timing: Timing = FAST,
     steps = [parse_step(s) for s in chain.split(",")]
     return await walker.stream_answer(
         steps, MESSAGES, sink=caller.sink, on_restart=caller.restart,
-        extractive=lambda: "extractive answer", timing=timing,
+        extractive=lambda why: "extractive answer", timing=timing,
         accepted_at=time.time() if accepted_at is None else accepted_at)
 
 

@@ -119,6 +119,32 @@ def test_onnxruntime_quantization_lines_on_the_root_logger_are_dropped(
     assert [r["message"] for r in lines(captured)] == ["kept"]
 
 
+def test_a_normal_start_shows_nothing_below_warning_from_libraries_and_no_idle_advice(
+        captured: io.StringIO) -> None:
+    """Issue 31: `up` printed ~20 onnxruntime.transformers lines (`fusion_base Fused
+    Gelu: 6`, logged under bare module names) and the quantizer's pre-processing advice
+    (a WARNING that asks for nothing). A library's real warning, and the project's own
+    INFO lines wherever it is installed, still show."""
+    root = logging.getLogger()
+    site = "/v/lib/python3.11/site-packages/"
+
+    def emit(name: str, level: int, path: str, message: str) -> None:
+        root.handle(logging.getLogger(name).makeRecord(name, level, path, 1, message, (),
+                                                       None))
+
+    emit("fusion_base", logging.INFO, site + "onnxruntime/transformers/fusion_base.py",
+         "Fused Gelu: 6")
+    emit("onnx_model", logging.INFO, site + "onnxruntime/transformers/onnx_model.py",
+         "Removed 126 nodes")
+    emit("root", logging.WARNING, site + "onnxruntime/quantization/quantize.py",
+         "Please consider to run pre-processing before quantization. Refer to example: ...")
+    emit("nats", logging.WARNING, site + "nats/aio/client.py", "a real warning")
+    emit("intentroute.up", logging.INFO, site + "intentroute/cli/stack_cmds.py", "ours")
+    emit("services.retriever.bm25", logging.INFO, site + "services/retriever/bm25.py",
+         "ours too")
+    assert [r["message"] for r in lines(captured)] == ["a real warning", "ours", "ours too"]
+
+
 def test_log_level_holds_for_a_library_with_a_level_of_its_own(
         captured: io.StringIO) -> None:
     """bm25s sets DEBUG on its logger at import; Alembic's INFO lines are quieted."""

@@ -67,3 +67,16 @@ def test_the_prices_currency_is_a_three_letter_code() -> None:
     for bad in ("currency=euro", "currency=E1R", "currency=€"):
         with pytest.raises(PolicyError, match="currency"):
             apply(bad)
+
+
+def test_an_unknown_key_is_refused_with_the_keys_listed() -> None:
+    """Issue 31: `agent set NAME colour=blue` named the key only."""
+    from shared.policy.agent import POLICY_KEYS, PolicyError, apply_assignment
+
+    with pytest.raises(PolicyError) as refused:
+        apply_assignment(AgentPolicy(), "colour=blue")
+    assert str(refused.value) == ("unknown policy key 'colour'; the keys: "
+                                  + ", ".join(POLICY_KEYS))
+    for key in POLICY_KEYS:  # each key listed is one (an empty value unsets it)
+        named = key.replace("SLOT", "main").replace("MODEL", "m")
+        apply_assignment(AgentPolicy(), f"{named}=")

@@ -140,6 +140,10 @@ def test_unset_keeps_the_default(cls: type[msgspec.Struct]) -> None:
             assert getattr(read, field.name) == ""  # the conversational slot's: none
         elif cls is CommonSettings and field.name == "onnx_cache_dir":
             assert read.onnx_cache_dir == Path.home() / ".cache" / "intentroute" / "onnx"
+        elif cls is CliSettings and field.name == "index_dir":
+            # The state folder found from here, absolute (intentroute.stack.home).
+            assert read.index_dir == read.state_dir / "index"
+            assert read.state_dir.is_absolute()
         else:
             assert same(getattr(read, field.name), field.default), f"{cls.__name__}.{field.name}"
 

@@ -280,3 +280,24 @@ def bench_codegen(
     with stack_errors():
         report = run(requests=requests, model=model, threads=threads, answers_out=answers)
     emit(report, json_out)
+
+
+@bench_app.command("cache")
+def bench_cache(
+    json_out: JsonFlag = False,
+    agents: Annotated[int, typer.Option(help="Agents asking (each its own entries)")] = 3,
+    rounds: Annotated[int, typer.Option(help="Times each question and its paraphrases "
+                                             "are asked per agent")] = 2,
+    batch_wait_ms: Annotated[float | None, typer.Option(
+        help="The classifier's CLASSIFIER_MICRO_BATCH_WAIT_MS (default: as shipped, 2)")] = None,
+) -> None:
+    """A replay on a real stack (embedded NATS and Postgres, every stage worker, extractive
+    answers): documentation and code questions with their paraphrases and hard
+    negatives, asked by several agents, a document changed and ingested mid-run.
+    hit_rate (paraphrases), false_hit_rate (hard negatives), cross_agent_hits,
+    stale_hits_after_ingest, hit_p50_ms, miss_overhead_ms, tokens_saved."""
+    from bench.cache import run
+
+    with stack_errors():
+        report = run(agents=agents, rounds=rounds, batch_wait_ms=batch_wait_ms)
+    emit(report, json_out)

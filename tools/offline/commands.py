@@ -1,7 +1,7 @@
 """`intentroute eval ...` (quality: the cascade, the rules, Layer 2 on intent sets,
-retrieval on BEIR sets) and `intentroute train-classifier`, added to the CLI by the
-`intentroute.commands` entry point `offline` (tools/pyproject.toml; the CLI never imports
-this module).
+retrieval on BEIR sets, the answer cache's matching on question pairs) and `intentroute
+train-classifier`, added to the CLI by the `intentroute.commands` entry point `offline`
+(tools/pyproject.toml; the CLI never imports this module).
 
 Each evaluation prints one JSON object with --json, a readable listing without. Each
 command imports its tool when run, so loading the commands costs nothing."""
@@ -179,6 +179,37 @@ def eval_retrieval(
                                         onnx_cache_dir=common.onnx_cache_dir)
     emit(evaluate(corpus, queries, qrels, methods, index_dir=index_dir,
                   ingest_encoder=ingest_encoder, fusion=fusion), json_out)
+
+
+@eval_app.command("cache")
+def eval_cache(
+    pairs: Annotated[Path, typer.Argument(help="JSONL of {id, a, b, same, kind, type, lang}")],
+    json_out: JsonFlag = False,
+    predictions: Annotated[Path | None, typer.Option(
+        help="Write one line per pair: id, hit, similarity, reason")] = None,
+) -> None:
+    """The answer cache's live matching decision on question pairs: hit_rate on the
+    `same` pairs, false_hit_rate on the others, by kind, language and type, with the
+    classifier's own vectors (CLASSIFIER_HEADS_DIR's current head)."""
+    from offline.classifier.cache_eval import evaluate, load_pairs, write_predictions
+    from services.classifier.adapters import build_classifier
+    from services.classifier.settings import ClassifierSettings
+
+    try:
+        rows = load_pairs(pairs)
+    except (OSError, ValueError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    classifier = build_classifier(ClassifierSettings.from_env())
+    if classifier is None:
+        typer.echo("CLASSIFIER_HEADS_DIR is empty (Layer 2 off): the cache has no vectors",
+                   err=True)
+        raise typer.Exit(2)
+    encoder = classifier.first_encoder
+    report, lines = evaluate(rows, encoder, layers=getattr(encoder, "layers", None))
+    if predictions is not None:
+        write_predictions(predictions, lines)
+    emit(report, json_out)
 
 
 def train_classifier(

@@ -77,6 +77,13 @@ class Layer2Classifier:
     def encoder(self) -> Encoder:
         return self._state[1]
 
+    @property
+    def first_encoder(self) -> Encoder:
+        """The encoder that reads every text first (the early exit's, else the full
+        one): the one whose vector each prediction carries (`Prediction.vector`)."""
+        _, encoder, early, _ = self._state
+        return early if early is not None else encoder
+
     def maybe_reload(self) -> bool:
         """Swap in a newly promoted head (cheap when nothing changed)."""
         if self.registry is None or not self.registry.maybe_reload():

@@ -115,6 +115,17 @@ class AgentFigures(msgspec.Struct, kw_only=True):
     errors_by_code: dict[str, int] = {}
     scores: list[ScoreFigure] = []
     diverged: int = 0
+    # The window's first day with any of the agent's traffic, feedback or refusals (the
+    # charts start there: a month's window with a day of data is not an empty grid with
+    # one bar at its edge); None without any.
+    first_day: str | None = None
+
+
+def first_active_day(figures: AgentFigures) -> int | None:
+    """The index of the first day of the window with any figure of the agent's."""
+    daily = figures.daily
+    series = [daily.requests, *daily.feedback.values(), *daily.refused.values()]
+    return next((i for i in range(len(daily.requests)) if any(s[i] for s in series)), None)
 
 
 class Dashboard(msgspec.Struct, kw_only=True):
@@ -320,7 +331,10 @@ def build_dashboard(window: Window, figures: Figures) -> Dashboard:
     result = []
     for agent_id in sorted(agents):
         policy = figures.policies.get(agent_id) or AgentPolicy()
-        result.append(agents[agent_id].freeze(policy.slo_p95_ms, policy.currency or ""))
+        frozen = agents[agent_id].freeze(policy.slo_p95_ms, policy.currency or "")
+        first = first_active_day(frozen)
+        frozen.first_day = days[first].isoformat() if first is not None else None
+        result.append(frozen)
     return Dashboard(since=window.since.isoformat(), until=window.until.isoformat(),
                      days=[d.isoformat() for d in days], agents=result,
                      as_of=figures.as_of.isoformat() if figures.as_of else None,

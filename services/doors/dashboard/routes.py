@@ -3,6 +3,7 @@
     GET  {prefix}                 the page (the login form, 401, without a session)
     POST {prefix}/login           form field `token` -> session cookie, 303 to the page
     POST {prefix}/logout          clears the cookie
+    GET  {prefix}/login/{token}   a one-time login link (link_login), with a folder of links
     GET  {prefix}/api/data        the figures as JSON (?days=N&until=YYYY-MM-DD); the page
                                   renders from it; cookie or `Authorization: Bearer`
     GET  {prefix}/api/stages      each stage's lag, errors, rate and p95 now (as
@@ -30,12 +31,14 @@ from nats.aio.client import Client
 
 from services.doors.dashboard.auth import COOKIE, session_cookie, session_valid, token_matches
 from services.doors.dashboard.figures import build_dashboard
+from services.doors.dashboard.link_login import add_link_login
 from services.doors.dashboard.queries import FiguresUnavailableError, read_figures
 from services.doors.dashboard.rows import Window
 from services.doors.dashboard.stages import StageReader, StagesUnavailableError
 from services.doors.log_budget import LogBudget
 from services.doors.throttle import DEFAULT_AUTH_FAILURES, AuthThrottle, ThrottledError
 from shared.auth.identity import bearer_value
+from shared.auth.login_links import LoginLinks
 
 log = logging.getLogger("intentroute.doors.dashboard")
 
@@ -135,6 +138,10 @@ class _Dashboard:
             self.refusals.warning(request.remote or "", "dashboard: refused a login from %s",
                                   request.remote)
             return self._login_form("Wrong token.", 401)
+        return self.logged_in(request)
+
+    def logged_in(self, request: web.Request) -> web.Response:
+        """The session cookie, and a 303 to the page (a login, or a one-time link)."""
         response = web.Response(status=303, headers={**_NO_STORE, "Location": self.prefix})
         response.set_cookie(
             COOKIE, session_cookie(self.token, now=self.clock(), ttl=self.session_ttl),
@@ -215,11 +222,13 @@ def add_dashboard_routes(
     throttle: AuthThrottle | None = None,
     refresh: float = 20.0,
     nc: Client | None = None,
+    login_links: str = "",
 ) -> bool:
     """Add the dashboard under `prefix`; with an empty `token` add nothing (the dashboard
     is off and its URLs answer 404), nor with one shorter than MIN_TOKEN. True when
     added. `refresh`: seconds between the page's readings (0: none); `nc`: the bus
-    connection the stage figures are read on (None: no stage figures)."""
+    connection the stage figures are read on (None: no stage figures); `login_links`:
+    the folder of one-time login links (link_login; "": none)."""
     if not token:
         log.info("dashboard off: GATEWAY_DASHBOARD_TOKEN is not set")
         return False
@@ -238,4 +247,8 @@ def add_dashboard_routes(
     app.router.add_get(prefix + "/api/data", _guarded(dash.data))
     app.router.add_get(prefix + "/api/stages", _guarded(dash.stage_figures))
     app.router.add_get(prefix + "/static/{name}", dash.static_file)
+    if login_links:
+        add_link_login(app, prefix, LoginLinks(Path(login_links)), dash.throttle,
+                       logged_in=dash.logged_in, login_form=dash._login_form,
+                       guarded=_guarded)
     return True

@@ -23,6 +23,10 @@ class DashboardSettings(msgspec.Struct, frozen=True, kw_only=True):
     # reading of a month for 50 agents costs ~0.2 s of Postgres (bench dashboard's
     # dashboard_api_ms), so 20 s keeps an open page under 1% of one core.
     refresh: Annotated[float, env("GATEWAY_DASHBOARD_REFRESH")] = 20.0
+    # A folder of one-time login links (shared.auth.login_links): `intentroute up` sets
+    # it to <state>/creds/dashboard-links, where its ready screen's link (and
+    # `intentroute dashboard-link`'s) is minted; "": no login links.
+    login_links: Annotated[str, env("GATEWAY_DASHBOARD_LOGIN_LINKS")] = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> DashboardSettings:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import msgspec
 
-from services.retriever.indexing.documents import Document, load_documents
+from services.retriever.indexing.documents import Document, Skipped, load_documents
 
 TOKENS_PER_WORD = 1.3
 TITLE_SEPARATOR = " > "
@@ -252,13 +252,14 @@ def iter_chunks(path: Path, max_tokens: int = 128, overlap_tokens: int = 16) -> 
         yield from chunk_document(doc, max_tokens, overlap_tokens)
 
 
-def collect_chunks(path: Path, max_tokens: int = 128,
-                   overlap_tokens: int = 16) -> tuple[int, list[Chunk]]:
+def collect_chunks(path: Path, max_tokens: int = 128, overlap_tokens: int = 16,
+                   skipped: list[Skipped] | None = None) -> tuple[int, list[Chunk]]:
     """(documents read, their chunks) under `path`; a repeated chunk id (e.g. a BEIR
-    file with a repeated _id) keeps its first chunk."""
+    file with a repeated _id) keeps its first chunk. `skipped`: where files that cannot
+    be read are named (documents.load_documents)."""
     docs = 0
     chunks: dict[str, Chunk] = {}
-    for doc in load_documents(Path(path)):
+    for doc in load_documents(Path(path), skipped):
         docs += 1
         for c in chunk_document(doc, max_tokens, overlap_tokens):
             chunks.setdefault(c.chunk_id, c)

@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from services.retriever.index import (
     read_current,
 )
 from services.retriever.indexing.chunking import Chunk, collect_chunks
-from services.retriever.indexing.documents import source_file
+from services.retriever.indexing.documents import Skipped, source_file
 from services.retriever.indexing.report import IngestReport
 from shared.encoders.embeddings import Encoder
 
@@ -92,6 +92,7 @@ def ingest(
     batch_size: int = 64,
     max_tokens: int = 128,
     overlap_tokens: int = 16,
+    confirm: Callable[[int, float | None], bool] | None = None,
 ) -> IngestReport:
     """Load, chunk, embed what changed, and publish a new index version atomically.
 
@@ -100,16 +101,22 @@ def ingest(
     the live version keeps its stored vector. When nothing changed no version is
     written (replicas are not made to reload for nothing). Counts are of the chunks
     read; `removed` (chunks of the previous version gone) is 0 unless `replace`,
-    `dropped` counts the chunks a re-read file no longer has.
+    `dropped` counts the chunks a re-read file no longer has. Files that cannot be read
+    as text are skipped and named in the report (`skipped`). `confirm(chunks to embed,
+    the last full embed's chunks/s or None)` is asked before embedding: False ends the
+    ingest (IngestDeclinedError) with nothing changed.
     """
     t0 = time.perf_counter()
     index_dir = Path(index_dir)
     index_dir.mkdir(parents=True, exist_ok=True)
     bm25 = Bm25Config()
 
-    docs, read = collect_chunks(Path(path), max_tokens, overlap_tokens)
+    skipped: list[Skipped] = []
+    docs, read = collect_chunks(Path(path), max_tokens, overlap_tokens, skipped)
     if not read:
-        raise ValueError(f"no documents to index under {path} (.md, .txt, BEIR .jsonl)")
+        why = "; ".join(f"{s.file}: {s.reason}" for s in skipped[:5])
+        raise ValueError(f"no documents to index under {path} (.md, .txt, BEIR .jsonl)"
+                         + (f"; skipped {why}" if why else ""))
 
     with _ingest_lock(index_dir):
         prev: Snapshot | None = None
@@ -126,7 +133,10 @@ def ingest(
                 docs=docs, chunks=len(read), added=0, updated=0, unchanged=plan.unchanged,
                 removed=0, seconds=secs, chunks_per_s=len(read) / secs,
                 docs_per_s=docs / secs, version=prev.version, changed=False,
+                skipped=skipped,
             )
+        if confirm is not None and not confirm(len(plan.to_embed), _last_rate(prev)):
+            raise IngestDeclinedError("ingest not started: nothing changed")
 
         t_embed = time.perf_counter()
         _embed(chunks, plan, encoder, batch_size=batch_size, progress=progress)
@@ -143,7 +153,7 @@ def ingest(
             docs_per_s=docs / secs if secs else 0.0, embedded=embedded,
             embed_seconds=embed_secs,
             embed_chunks_per_s=embedded / embed_secs if embedded and embed_secs else 0.0,
-            version=version, changed=True,
+            version=version, changed=True, skipped=skipped,
         )
         full_embed = msgspec.to_builtins(report) if embedded == len(read) == len(chunks) else (
             prev.manifest.get("full_embed") if prev else None
@@ -165,6 +175,17 @@ def ingest(
         }
         _publish(index_dir, tmp, manifest, _version_name(version))
         return report
+
+
+class IngestDeclinedError(Exception):
+    """The person asked before a long ingest said no."""
+
+
+def _last_rate(prev: Snapshot | None) -> float | None:
+    """Chunks embedded per second by the last ingest that embedded every chunk."""
+    full = prev.manifest.get("full_embed") if prev is not None else None
+    rate = full.get("embed_chunks_per_s") if isinstance(full, dict) else None
+    return float(rate) if rate else None
 
 
 @dataclass

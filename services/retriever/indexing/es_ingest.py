@@ -13,7 +13,7 @@ from typing import Any
 
 from services.retriever.es_bodies import DEFAULT_INDEX, build_mapping, call, chunk_source
 from services.retriever.indexing.chunking import collect_chunks
-from services.retriever.indexing.documents import source_file
+from services.retriever.indexing.documents import Skipped, source_file
 from services.retriever.indexing.report import IngestReport
 from shared.encoders.embeddings import Encoder
 
@@ -60,7 +60,8 @@ async def ingest_es(
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
-    docs, chunk_list = collect_chunks(Path(path), max_tokens, overlap_tokens)
+    skipped: list[Skipped] = []
+    docs, chunk_list = collect_chunks(Path(path), max_tokens, overlap_tokens, skipped)
     chunks = {c.chunk_id: c for c in chunk_list}
     await _ensure_index(client, index, encoder.dim)
     existing = await _existing(client, index)
@@ -104,5 +105,5 @@ async def ingest_es(
         docs_per_s=docs / secs if secs else 0.0, embedded=len(todo),
         embed_seconds=embed_secs,
         embed_chunks_per_s=len(todo) / embed_secs if embed_secs else 0.0,
-        changed=bool(todo or gone),
+        changed=bool(todo or gone), skipped=skipped,
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from services.retriever.indexing.documents import Skipped
+
 
 class IngestReport(msgspec.Struct):
     docs: int
@@ -21,3 +23,5 @@ class IngestReport(msgspec.Struct):
     version: int = 0  # embedded index only
     changed: bool = True  # False: nothing differed, no new version was written
     dropped: int = 0  # without --replace: chunk ids gone from re-ingested documents
+    # Files left out: not text, or of a kind not read (each with its reason).
+    skipped: list[Skipped] = msgspec.field(default_factory=list)

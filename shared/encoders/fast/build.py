@@ -120,6 +120,7 @@ def smooth_onnx(src: Path, out: Path, batches: list[list[int]], *,
         probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT,
                                                                 None))
     so = ort.SessionOptions()
+    so.log_severity_level = 3  # errors only: its C++ warnings ask for nothing here
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(probe.SerializeToString(), so,
                                    providers=["CPUExecutionProvider"])

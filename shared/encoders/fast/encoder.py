@@ -50,6 +50,9 @@ from shared.encoders.fast.model_dir import (
 log = logging.getLogger("intentroute.fast_encoder")
 
 PRECISIONS = ("fp32", "int8", "int8-block")
+# onnxruntime's own (C++) log: errors only. Its warnings on these graphs ("Removing
+# initializer ...") ask nothing of the person running the stack.
+ORT_ERRORS_ONLY = 3
 
 
 def onnxruntime_available() -> bool:
@@ -142,6 +145,8 @@ class FastEncoder:
     def _init_onnx(self, cache_dir: Path | None) -> None:
         import onnxruntime as ort
 
+        ort.set_default_logger_severity(ORT_ERRORS_ONLY)
+
         files = GraphFiles.for_model(self.model_dir, self.layers, cache_dir)
         path = files.ready(self.precision)
         if path is None:
@@ -149,6 +154,7 @@ class FastEncoder:
 
             path = build_graph(self.model_dir, files, self.precision, self.layers, self._tok)
         so = ort.SessionOptions()
+        so.log_severity_level = ORT_ERRORS_ONLY
         so.intra_op_num_threads = self._threads
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

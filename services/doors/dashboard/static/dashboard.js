@@ -117,6 +117,7 @@
     config.options = Object.assign({
       animation: false, responsive: true, maintainAspectRatio: false,
       interaction: { mode: "index", intersect: false },
+      datasets: { bar: { maxBarThickness: 48 } },
       plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } },
     }, config.options || {});
     const existing = state.charts.get(id);
@@ -159,6 +160,13 @@
     $("#no-scores").hidden = a.scores.length > 0;
   }
 
+  // The daily series from day `from` on (arrays of per-day values, and maps of them).
+  function spanned(daily, from) {
+    const cut = (v) => (Array.isArray(v) ? v.slice(from)
+      : Object.fromEntries(Object.entries(v).map(([k, xs]) => [k, xs.slice(from)])));
+    return Object.fromEntries(Object.entries(daily).map(([k, v]) => [k, cut(v)]));
+  }
+
   function renderAgent() {
     const a = state.data.agents.find((x) => x.agent_id === state.agent);
     $("#agent").hidden = !a;
@@ -191,8 +199,12 @@
     tile("feedback", feedbackText(a.feedback));
     tile("diverged", `${a.diverged} of ${a.scores.length}`);
 
-    const d = a.daily;
-    const labels = state.data.days.map((day) => day.slice(5));
+    // The charts span the agent's data: from its first day with any figure to the
+    // window's end (a month's window with one day of data is one day wide).
+    const from = Math.max(0, a.first_day ? state.data.days.indexOf(a.first_day) : 0);
+    const d = spanned(a.daily, from);
+    const days = state.data.days.slice(from);
+    const labels = days.map((day) => day.slice(5));
     const legend = (field, text) => {
       $(`#agent [data-field="${field}"].legend`).textContent = text;
     };
@@ -215,7 +227,7 @@
     }
     chart("chart-latency", { type: "line", data: { labels, datasets: latency },
                              options: { scales: { y: { beginAtZero: true } } } });
-    const breached = state.data.days.filter((_, i) => d.breach[i]);
+    const breached = days.filter((_, i) => d.breach[i]);
     legend("breach_days", a.slo_p95_ms === null ? "No SLO set"
       : breached.length ? `Breached on ${breached.join(", ")}` : "No breach");
 
