@@ -26,7 +26,7 @@ def create_app(settings: DoorsSettings | None = None, *,
         signals = wiring.signals
         readiness = Readiness(wiring.nc, pool, lambda: signals.consuming)
         await bootstrap.serve_grpc(settings, door, readiness, wiring.exits)
-        await bootstrap.serve_http(settings, wiring, door, readiness, wiring.exits)
+        await bootstrap.serve_http(settings, wiring, door, readiness, pool, wiring.exits)
 
     return build_client_app(service="doors", common=settings.common, serve=serve,
                             endpoints=[Endpoint(bootstrap.ENDPOINT, SUBJECTS)],

@@ -22,6 +22,7 @@ from shared.auth.identity import CachedAgents
 from shared.runtime.worker import ClientWiring
 from shared.store import asyncpg_dsn
 from shared.store.agent_changes import AgentChanges
+from shared.store.policy_cache import PolicyCache, open_policy_cache
 from shared.store.stores import AgentSecrets
 
 # The services-API endpoint the doors' calls are counted under (`intentroute status`).
@@ -70,14 +71,25 @@ async def serve_grpc(settings: DoorsSettings, door: Door, readiness: Readiness,
     exits.push_async_callback(server.stop, 2.0)
 
 
+async def agent_policies(settings: DoorsSettings, pool: asyncpg.Pool,
+                         exits: AsyncExitStack) -> PolicyCache:
+    """The agents' policies (which fleet models each may name at the OpenAI door), read
+    at start and every POLICY_REFRESH s; the agents' own, not the learning job's A/B
+    candidates (which never touch `models=`, and which the doors' role cannot read)."""
+    return await open_policy_cache(pool, refresh=settings.common.policy_refresh,
+                                   exits=exits, with_candidates=False)
+
+
 async def serve_http(settings: DoorsSettings, wiring: ClientWiring, door: Door,
-                     readiness: Readiness, exits: AsyncExitStack) -> None:
+                     readiness: Readiness, pool: asyncpg.Pool, exits: AsyncExitStack
+                     ) -> None:
     """Feedback, the OpenAI-compatible door, /healthz and /readyz, and the dashboard
     when it has a token (off without GATEWAY_HTTP_LISTEN)."""
     if not settings.http_listen:
         return
     app = build_http_app(door)
-    add_openai_routes(app, door, BodyBudget(settings.door_body_rate))
+    add_openai_routes(app, door, BodyBudget(settings.door_body_rate),
+                      await agent_policies(settings, pool, exits))
     add_health_routes(app, readiness)
     await add_dashboard(settings, wiring, door, app, exits)
     runner, _ = await start_http(app, settings.http_listen)

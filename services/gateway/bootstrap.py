@@ -18,7 +18,7 @@ from shared.runtime.worker import Wiring
 from shared.store import asyncpg_dsn
 from shared.store.agent_changes import AgentChanges
 from shared.store.feedback_table import FeedbackTable
-from shared.store.policy_cache import open_policy_cache
+from shared.store.policy_cache import PolicyCache, open_policy_cache
 
 
 def agent_records(settings: GatewaySettings, wiring: Wiring) -> CachedAgents:
@@ -50,18 +50,23 @@ async def replays(settings: GatewaySettings, wiring: Wiring) -> None:
     wiring.base.exits.push_async_callback(service.stop)
 
 
-async def limits(settings: GatewaySettings, wiring: Wiring, weights: AgentWeights
+async def policies(settings: GatewaySettings, wiring: Wiring, weights: AgentWeights
+                   ) -> PolicyCache:
+    """One policy cache for the gateway's readers: fair share's weights, the limits gate
+    (which asks without a request id, so A/B candidates never change a limit) and the
+    admission's check of a model a request names."""
+    cache = await open_policy_cache(
+        wiring.store.pool, refresh=settings.common.policy_refresh, exits=wiring.base.exits)
+    weights.policies = cache
+    return cache
+
+
+async def limits(settings: GatewaySettings, wiring: Wiring, policies: PolicyCache
                  ) -> LimitGate:
-    """One policy cache for both readers: fair share's weights and the limits gate
-    (which asks without a request id, so A/B candidates never change a limit); the
-    limits' state shared by the replicas in Postgres."""
-    exits = wiring.base.exits
-    policies = await open_policy_cache(
-        wiring.store.pool, refresh=settings.common.policy_refresh, exits=exits)
-    weights.policies = policies
+    """The limits gate, its state shared by the replicas in Postgres."""
     gate = LimitGate(PgLimits(wiring.store.pool), policies, settings.limits)
     # Before the pool closes: what was admitted on allowances is recorded in flight.
-    exits.push_async_callback(gate.close)
+    wiring.base.exits.push_async_callback(gate.close)
     return gate
 
 
@@ -70,5 +75,7 @@ async def gateway_deps(settings: GatewaySettings, wiring: Wiring, weights: Agent
     agents = agent_records(settings, wiring)
     feedback = feedback_recorder(settings, wiring)
     await replays(settings, wiring)
-    gate = await limits(settings, wiring, weights)
-    return GatewayDeps(**wiring.base.parts(), agents=agents, feedback=feedback, limits=gate)
+    cache = await policies(settings, wiring, weights)
+    gate = await limits(settings, wiring, cache)
+    return GatewayDeps(**wiring.base.parts(), agents=agents, feedback=feedback, limits=gate,
+                       policies=cache)

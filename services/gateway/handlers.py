@@ -2,8 +2,11 @@
 
 The agent is the last token of `agent.request.<agent_id>`, a subject only that agent's
 credential may publish on. The body may name no agent or the same one; naming another
-is refused (AGENT_MISMATCH). The gateway stamps the agent's trust on the envelope, which
-only service users can publish, so the classifier never consults the payload for it.
+is refused (AGENT_MISMATCH). A request naming a model (`model`) its agent's policy does
+not let it choose (`models=`) is refused UNKNOWN_MODEL before any work, whichever door
+it came through (the generator refuses one the fleet does not serve). The gateway stamps
+the agent's trust on the envelope, which only service users can publish, so the
+classifier never consults the payload for it.
 
 A request id is admitted once: the first message naming it (a request, or malformed
 input carrying the id) claims it (`admission_subject`, kept as long as answers are);
@@ -41,6 +44,9 @@ from shared.contracts.response import (
     admission_subject,
     response_subject,
 )
+from shared.policy.agent import AgentPolicy
+from shared.policy.chain import check_asked
+from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.endings import write_after_answer
 from shared.runtime.ports import Delivery
@@ -48,6 +54,8 @@ from shared.runtime.stage import Call, Decode, Handoff, Stage, StageDeps, stage_
 from shared.store.rows import RequestLogRow
 
 log = logging.getLogger("intentroute.gateway")
+
+NO_POLICY = AgentPolicy()
 
 
 @dataclass(kw_only=True)
@@ -57,6 +65,8 @@ class GatewayDeps(StageDeps):
     feedback: VerdictRecorder
     # Per-agent limits checked at admission (limits/); None: none checked.
     limits: LimitGate | None = None
+    # Agents' policies (the models each may name); None: no agent may name one.
+    policies: Policies | None = None
 
 
 def admitter(budget: float) -> Decode[Admitted]:
@@ -157,6 +167,9 @@ async def on_request(env: Admitted, call: Call, deps: GatewayDeps) -> Handoff | 
         raise PermanentError(f"agent '{env.request.agent_id}' is unknown or revoked",
                              code=ErrorCode.UNKNOWN_AGENT)
     env.trusted = agent.trusted
+    if req.model:
+        check_asked(req.model, deps.policies.policy_for(req.agent_id, req.request_id)
+                    if deps.policies is not None else NO_POLICY)
     if deps.limits is not None:
         admission, limits = await deps.limits.check(env)
         refused = refusal(admission, limits)

@@ -16,7 +16,7 @@ from shared.contracts.pipeline import VALIDATE_SUBJECT, PartDone, Routed, genera
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import QueryType
 from shared.llm.walk import Walker
-from shared.policy.chain import EXTRACTIVE, Step, chosen_model
+from shared.policy.chain import EXTRACTIVE, Step, check_asked, chosen_model
 from shared.policy.ports import Policies
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.endings import answer_usage
@@ -74,6 +74,10 @@ async def generate(
     settings: GeneratorSettings, deps: GeneratorDeps, call: Call, env: Routed
 ) -> Handoff | None:
     req, decision = env.request, env.decision
+    policy = deps.policies.policy_for(req.agent_id, req.request_id)
+    if not env.degraded:
+        # A model the request names: one its agent may choose, and one of the fleet.
+        check_asked(req.model, policy, served=deps.walker.fleet.has)
     # A split message's part opens here when generation is its first stage.
     await open_part(deps.bus, env, redelivered=call.delivery.deliveries > 1)
     previous = ""
@@ -81,7 +85,6 @@ async def generate(
         # A part refers to the part before it; a message to the session's last answer.
         previous = previous_part_answer(env) or (
             await deps.store.previous_answer(req.agent_id, req.session_id) or "")
-    policy = deps.policies.policy_for(req.agent_id, req.request_id)
     steps = ([Step(EXTRACTIVE)] if env.degraded else
              steps_for(policy, settings.slot.value, chosen_model(req.model, policy,
                                                                  deps.model)))

@@ -12,9 +12,10 @@ a retryable error (nack, redelivery) and answers a permanent one at once
 (shared.runtime.stage); a door answers either with the protocol status of its code.
 
 `DOOR_STATUS` is the one mapping of a code to each door's protocol: the HTTP status (the
-feedback route and the OpenAI-compatible door alike), the OpenAI error `type`, and the
-gRPC status (by name: `grpc.StatusCode[...]`; this module imports no gRPC). Every
-`ErrorCode` has a row (tests/unit/test_error_model.py).
+feedback route and the OpenAI-compatible door alike), the OpenAI error `type` (and, where
+OpenAI has a code of its own for the failure, that `code` and `param`: a caller's SDK
+tells them apart by it), and the gRPC status (by name: `grpc.StatusCode[...]`; this
+module imports no gRPC). Every `ErrorCode` has a row (tests/unit/test_error_model.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "PermanentError",
     "RetryableError",
     "UnauthenticatedError",
+    "UnknownModelError",
     "door_status",
 ]
 
@@ -99,12 +101,26 @@ class UnauthenticatedError(PermanentError):
     code = ErrorCode.UNAUTHENTICATED
 
 
+class UnknownModelError(InvalidInputError):
+    """A model the request names (`AgentRequest.model`, the OpenAI door's `model`) that
+    its agent may not choose (its policy's `models=`) or the fleet does not serve."""
+
+    code = ErrorCode.UNKNOWN_MODEL
+
+    def __init__(self, message: str, request_id: str = "") -> None:
+        super().__init__(ErrorCode.UNKNOWN_MODEL, message, request_id, param="model")
+
+
 class DoorStatus(NamedTuple):
-    """What a code is at each door: HTTP status, OpenAI error type, gRPC status name."""
+    """What a code is at each door: HTTP status, OpenAI error type, gRPC status name;
+    OpenAI's own `code` and `param` for it when OpenAI has one (else the code itself,
+    and the field the error names, if any)."""
 
     http: int
     openai: str
     grpc: str
+    openai_code: str = ""
+    openai_param: str | None = None
 
 
 _INPUT = DoorStatus(400, "invalid_request_error", "INVALID_ARGUMENT")
@@ -139,7 +155,12 @@ DOOR_STATUS: Mapping[ErrorCode, DoorStatus] = {
     ErrorCode.BUS_UNAVAILABLE: _UNAVAILABLE,
     ErrorCode.THROTTLED: _REFUSED,
     ErrorCode.UNAUTHENTICATED: DoorStatus(401, "authentication_error", "UNAUTHENTICATED"),
-    ErrorCode.UNKNOWN_MODEL: DoorStatus(404, "invalid_request_error", "NOT_FOUND"),
+    # OpenAI's own answer to a model it does not serve: 404 `model_not_found`.
+    ErrorCode.UNKNOWN_MODEL: DoorStatus(404, "invalid_request_error", "NOT_FOUND",
+                                        openai_code="model_not_found", openai_param="model"),
+    # The OpenAI door's stream after a restart of text it sent (the protocol has no way
+    # to take it back): never a final chunk's code. Ask again.
+    ErrorCode.ANSWER_RESTARTED: DoorStatus(502, "server_error", "ABORTED"),
 }
 
 

@@ -129,8 +129,15 @@ class ErrorCode(enum.StrEnum):
     THROTTLED = "THROTTLED"
     # No credential, or not a valid one.
     UNAUTHENTICATED = "UNAUTHENTICATED"
-    # A model name the OpenAI-compatible door does not serve (`GET /v1/models/{model}`).
+    # A model the request names (`model`: a fleet model, `backend/model`) that its agent
+    # may not choose (its policy's `models=`) or the fleet does not serve; the OpenAI
+    # door's model names alike (`GET /v1/models/{model}`). Refused before any work.
     UNKNOWN_MODEL = "UNKNOWN_MODEL"
+    # The OpenAI door only: a streamed answer restarted (a model failed mid-answer, the
+    # next one started again) after part of it was sent; that protocol cannot take sent
+    # text back, so the stream ends with this error instead of a second answer after
+    # the first. Ask again (or collected: `stream: false` returns only the new answer).
+    ANSWER_RESTARTED = "ANSWER_RESTARTED"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
+
+from shared.contracts.errors import UnknownModelError
 
 if TYPE_CHECKING:  # shared.policy.agent imports this module
     from shared.policy.agent import AgentPolicy
@@ -125,6 +128,23 @@ def chosen_model(asked: str, policy: AgentPolicy, slot_model: str) -> str:
     the extractive answerer answers alone). The generator walks from it; the answer
     cache keys an answer by it (shared.cache.answerer)."""
     return asked if asked and slot_model and asked in policy.models else slot_model
+
+
+def check_asked(asked: str, policy: AgentPolicy, *,
+                served: Callable[[str], bool] | None = None) -> None:
+    """The model a request names (`AgentRequest.model`, "" for none) is one its agent
+    may choose (the policy's `models=`) and, given `served` (the fleet's `has`), one the
+    fleet declares; else UnknownModelError, the one outcome at every door: the gateway
+    and the OpenAI door check the policy before any work, the generator (which holds
+    the fleet) both."""
+    if not asked:
+        return
+    if asked not in policy.models:
+        allowed = ", ".join(policy.models) or "none"
+        raise UnknownModelError(f"model {asked!r} is not one this agent may choose "
+                                f"(its policy's models=: {allowed})")
+    if served is not None and not served(asked):
+        raise UnknownModelError(f"model {asked!r} is not served by the model fleet")
 
 
 def build_chain(slot_model: str, written: list[str] | None) -> list[Step]:

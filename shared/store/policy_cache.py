@@ -94,9 +94,11 @@ class PolicyCache:
 
 
 async def open_policy_cache(
-    pool: asyncpg.Pool, *, refresh: float, exits: AsyncExitStack
+    pool: asyncpg.Pool, *, refresh: float, exits: AsyncExitStack, with_candidates: bool = True
 ) -> PolicyCache:
-    """A started cache over `agent_policies`, closed with the worker's exit stack."""
+    """A started cache over `agent_policies`, closed with the worker's exit stack;
+    `with_candidates`: with the learning job's A/B candidates (`learning_proposals`);
+    without, every agent's own policy only (the doors, whose role reads no proposal)."""
 
     async def load() -> dict[str, AgentPolicy]:
         return await load_policies(pool)
@@ -104,7 +106,8 @@ async def open_policy_cache(
     async def candidates() -> dict[str, tuple[AgentPolicy, float]]:
         return await load_candidates(pool)
 
-    cache = PolicyCache(load, refresh=refresh, candidates=candidates)
+    cache = PolicyCache(load, refresh=refresh,
+                        candidates=candidates if with_candidates else None)
     await cache.start()
     exits.push_async_callback(cache.close)
     return cache

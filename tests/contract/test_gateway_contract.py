@@ -180,3 +180,26 @@ async def test_malformed_input_naming_an_admitted_id_goes_to_invalid() -> None:
                       stream_seq=3)
     (error,) = bus.on("agent.response.a.r-4")
     assert decode_chunk(error).is_final
+
+
+async def test_a_model_the_agents_policy_does_not_list_is_refused_before_any_work() -> None:
+    from shared.policy.agent import AgentPolicy
+    from shared.store.rows import RequestLogRow
+    from testkit.fakes import FakePolicies
+
+    stage = build_stage(GatewaySettings(common=COMMON))
+    bus, store, deps = setup(AgentInfo("a"), AgentInfo("b"))
+    deps.policies = FakePolicies({"a": AgentPolicy(models=["cloud/big-1"])})
+    for agent, request_id in (("a", "ok"), ("b", "not-b"), ("a", "other")):
+        model = "cloud/small" if request_id == "other" else "cloud/big-1"
+        req = AgentRequest(request_id=request_id, session_id="s", query="hi", model=model)
+        await run_on_wire(stage, encode(req), deps, subject=from_agent(agent))
+    (handoff,) = bus.on("intentroute.stage.classify")
+    assert decode_admitted(handoff).request.model == "cloud/big-1"
+    for agent, request_id in (("b", "not-b"), ("a", "other")):
+        (chunk,) = bus.chunks(request_id, agent_id=agent)
+        assert chunk.error is not None
+        assert chunk.error.code == "UNKNOWN_MODEL"
+        assert "may choose" in chunk.error.message
+    assert sorted(r.outcome for r in store.rows if isinstance(r, RequestLogRow)) == [
+        "error:UNKNOWN_MODEL", "error:UNKNOWN_MODEL"]

@@ -135,3 +135,24 @@ async def test_a_redelivered_answer_resets_after_what_was_already_stored() -> No
     assert [c.seq for c in chunks] == list(range(3, 3 + len(chunks)))
     assert chunks[-1].is_final
     assert chunks[-1].answered_by == "extractive"
+
+
+async def test_a_named_model_must_be_the_agents_to_choose_and_the_fleets() -> None:
+    """The generator holds the fleet: a model the request names that the agent's policy
+    lists but the fleet does not serve (or that the policy stopped listing since the
+    gateway admitted it) is a typed UNKNOWN_MODEL before any model is asked."""
+    stage = build_stage(GeneratorSettings(common=COMMON, slot=ModelSlot.CONVERSATIONAL))
+    policies = {"a": AgentPolicy(models=["fake/m", "fake/gone"])}
+    outcomes = {}
+    for rid, model, agent_policies in (("named", "fake/m", policies),
+                                       ("unserved", "fake/gone", policies),
+                                       ("unlisted", "fake/m", {})):
+        bus, store, backend = RecordingBus(), FakeStore(previous="x"), Scripted("Hi.")
+        env = Routed(request=request(rid, "en menos palabras", model=model), accepted_at=0.0,
+                     decision=routed_decision(QueryType.CONVERSATIONAL))
+        await run_on_wire(stage, env, deps_for(bus, store, backend, agent_policies))
+        final = bus.chunks(rid)[-1]
+        outcomes[rid] = (final.error.code if final.error else final.answered_by,
+                         len(backend.calls))
+    assert outcomes == {"named": ("fake/m", 1), "unserved": ("UNKNOWN_MODEL", 0),
+                        "unlisted": ("UNKNOWN_MODEL", 0)}

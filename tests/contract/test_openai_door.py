@@ -26,11 +26,9 @@ from services.doors.http import start_http
 from services.doors.openai_door import wire
 from services.doors.openai_door.routes import add_openai_routes
 from services.doors.throttle import AuthThrottle, BodyBudget
-from shared.auth.ports import AgentInfo
 from shared.client.answers import RequestInFlightError
 from shared.client.caller import AnswerTimeoutError
 from shared.contracts.codec import encode
-from shared.contracts.errors import UnauthenticatedError
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import (
     ChunkKind,
@@ -40,43 +38,8 @@ from shared.contracts.response import (
     TokenUsage,
     response_subject,
 )
-from shared.contracts.routing import Layer, ModelSlot, QueryType, RoutingDecision
-
-DECISION = RoutingDecision(QueryType.RETRIEVAL, Layer.RULES, 0.97, ModelSlot.MAIN)
-Script = list[ResponseChunk | Exception]
-
-
-def text(seq: int, piece: str, kind: ChunkKind = ChunkKind.TEXT) -> ResponseChunk:
-    return ResponseChunk(request_id="r", seq=seq, text=piece, kind=kind)
-
-
-def final(seq: int, piece: str = "", **fields: Any) -> ResponseChunk:
-    fields.setdefault("decision", DECISION)
-    fields.setdefault("query_type", "RETRIEVAL")
-    return ResponseChunk(request_id="r", seq=seq, text=piece, kind=ChunkKind.FINAL,
-                         is_final=True, **fields)
-
-
-class ScriptedDoor(Door):
-    """The token `good` is agent `a`; each request is answered with `script`."""
-
-    def __init__(self) -> None:
-        super().__init__(None, None, AuthThrottle(""), answer_timeout=5)  # type: ignore[arg-type]
-        self.script: Script = []
-        self.asked: list[AgentRequest] = []
-
-    async def caller(self, token: str, address: str) -> AgentInfo:
-        if token != "good":
-            raise UnauthenticatedError("a valid agent bearer token is required")
-        return AgentInfo("a")
-
-    async def answer(self, req: AgentRequest, **tracing: Any  # type: ignore[override]
-                     ) -> AsyncGenerator[ResponseChunk, None]:
-        self.asked.append(req)
-        for item in self.script:
-            if isinstance(item, Exception):
-                raise item
-            yield item
+from shared.contracts.routing import QueryType
+from tests.helpers.scripted_door import ScriptedDoor, client, final, text
 
 
 class FakePool:
@@ -105,10 +68,6 @@ async def served() -> AsyncIterator[tuple[ScriptedDoor, str, dict[str, Any]]]:
     await server.start_server()
     yield door, str(server.make_url("")), probes
     await server.close()
-
-
-def client(base: str, key: str = "good") -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
 
 
 async def test_a_streamed_answer_reads_as_openai_chunks_with_usage_last_and_route_info(
@@ -227,6 +186,8 @@ async def test_an_error_after_text_is_an_error_event_the_sdk_raises(
     served: tuple[ScriptedDoor, str, dict[str, Any]]
 ) -> None:
     door, base, _ = served
+    # The text that went out is reset before the error (the generator's way): the
+    # answer's own error is what the caller gets, the reset itself never reaches it.
     door.script = [text(0, "partial"), text(1, "", ChunkKind.RESET),
                    final(2, error=ErrorInfo(ErrorCode.STAGE_FAILED, "the generator failed"))]
     stream = await client(base).chat.completions.create(
@@ -240,9 +201,8 @@ async def test_an_error_after_text_is_an_error_event_the_sdk_raises(
     with pytest.raises(openai.APIError) as raised:
         await read_all()
     assert raised.value.code == ErrorCode.STAGE_FAILED
-    # The reset told the client to drop "partial".
-    assert any(c.model_extra and c.model_extra.get("intentroute") == {"reset": True}
-               for c in seen)
+    assert "".join(c.choices[0].delta.content or "" for c in seen) == "partial"
+    assert all(not c.model_extra or "intentroute" not in c.model_extra for c in seen)
 
 
 async def test_a_refusal_before_any_text_is_its_http_status_streamed_or_not(
@@ -453,8 +413,7 @@ async def test_bad_keys_bodies_and_models_are_openai_errors_before_the_pipeline(
     door, base, _ = served
     with pytest.raises(openai.AuthenticationError):
         await client(base, "wrong").models.list()
-    bad = [({"model": "gpt-4o", "messages": [{"role": "user", "content": "q"}]}, "model"),
-           ({"model": "intentroute", "messages": [{"role": "user", "content": "q"},
+    bad = [({"model": "intentroute", "messages": [{"role": "user", "content": "q"},
                                                   {"role": "assistant", "content": "a"}]},
             "messages"),
            ({"model": "intentroute", "messages": []}, "messages"),
@@ -464,6 +423,12 @@ async def test_bad_keys_bodies_and_models_are_openai_errors_before_the_pipeline(
         with pytest.raises(openai.BadRequestError) as raised:
             await client(base).chat.completions.create(**body)  # type: ignore[call-overload]
         assert raised.value.param == param, body
+    # A model this door does not serve the agent: OpenAI's 404 model_not_found.
+    for model in ("gpt-4o", "intentroute/NOPE", "cloud/big-1"):
+        with pytest.raises(openai.NotFoundError) as missing:
+            await client(base).chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "q"}])
+        assert (missing.value.code, missing.value.param) == ("model_not_found", "model")
     async with aiohttp.ClientSession() as http, http.post(
             f"{base}/v1/chat/completions", data=b"{not json",
             headers={"Authorization": "Bearer good"}) as resp:

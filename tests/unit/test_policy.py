@@ -80,3 +80,17 @@ def test_an_unknown_key_is_refused_with_the_keys_listed() -> None:
     for key in POLICY_KEYS:  # each key listed is one (an empty value unsets it)
         named = key.replace("SLOT", "main").replace("MODEL", "m")
         apply_assignment(AgentPolicy(), f"{named}=")
+
+
+def test_a_named_model_is_one_the_policy_lists_and_the_fleet_serves() -> None:
+    from shared.contracts.errors import UnknownModelError
+    from shared.policy.chain import check_asked
+
+    policy = AgentPolicy(models=["cloud/big-1", "cloud/gone"])
+    check_asked("", AgentPolicy())  # no model named: the slot's
+    check_asked("cloud/big-1", policy, served={"cloud/big-1"}.__contains__)
+    for asked, served in (("cloud/small", None), ("cloud/gone", {"cloud/big-1"})):
+        with pytest.raises(UnknownModelError) as refused:
+            check_asked(asked, policy, served=served.__contains__ if served else None)
+        assert (refused.value.code, refused.value.param) == ("UNKNOWN_MODEL", "model")
+        assert asked in refused.value.message

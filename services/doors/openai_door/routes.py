@@ -5,13 +5,15 @@ A chat request goes one way through (`chat_completions`): admit the caller (its 
 the throttle of wrong ones, its budget of bytes read), decode the body (wire.decode),
 check the request as every door does, ask the pipeline (pipeline.Door: published on the
 agent's `agent.request.<agent_id>`, so the fair share and the per-agent limits apply),
-render the answer. Whatever refuses it on the way is an IntentrouteError, rendered in
-one place (`_refused`) with its code's status and OpenAI error type (the one table,
-shared.contracts.errors), `Retry-After` and `retry-after-ms` when it says when to ask
-again. A stream's HTTP status is chosen on the answer's first chunk: a request refused
-at admission, or answered with an error before any text, gets its error status and body;
-an error after text went out is an `data: {"error": ...}` event (the SDK raises
-APIError), with no `[DONE]` after it.
+render the answer (collected here, streamed by stream.py). The agent's policy, read per
+request through the doors' policy cache, says which fleet models it may name as `model`
+and `GET /v1/models` lists (models.py). Whatever refuses it on the way is an
+IntentrouteError, rendered in one place (`_refused`) with its code's status and OpenAI
+error type (the one table, shared.contracts.errors), `Retry-After` and `retry-after-ms`
+when it says when to ask again. A stream's HTTP status is chosen on the answer's first
+chunk: a request refused at admission, or answered with an error before any text, gets
+its error status and body; an error after text went out is an `data: {"error": ...}`
+event (the SDK raises APIError), with no `[DONE]` after it.
 
 Every answer says what the door itself took, in W3C `Server-Timing` (which browsers'
 developer tools and most HTTP tooling show): `door` = from the handler's start to the
@@ -21,7 +23,6 @@ request handed to the bus, plus (collected answers) from the final chunk to the 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -30,18 +31,19 @@ from contextlib import aclosing
 
 import msgspec
 from aiohttp import web
-from msgspec import UNSET, UnsetType
 
 from services.doors.door import Door, retry_after_seconds
-from services.doors.openai_door import wire
-from services.doors.openai_door.wire import Delta, Usage
+from services.doors.openai_door import models, wire
+from services.doors.openai_door.stream import stream
 from services.doors.throttle import BodyBudget
 from shared.auth.identity import bearer_value
 from shared.auth.ports import AgentInfo
-from shared.client.caller import assemble, is_text
+from shared.client.caller import assemble
 from shared.contracts.errors import IntentrouteError, InvalidInputError, RetryableError
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import ChunkKind, ErrorCode, ErrorInfo, ResponseChunk
+from shared.contracts.response import ErrorCode, ErrorInfo, ResponseChunk
+from shared.policy.agent import AgentPolicy
+from shared.policy.ports import Policies
 
 log = logging.getLogger("intentroute.doors.openai")
 
@@ -54,18 +56,30 @@ MAX_CHAT_BODY = 2 * 1024 * 1024
 
 DOOR_KEY = web.AppKey("openai_door", Door)
 BODY_BUDGET_KEY = web.AppKey("openai_body_budget", BodyBudget)
+POLICIES_KEY = web.AppKey("openai_policies", Policies)
 CREATED_KEY = web.AppKey("openai_created", int)
 
 _encode = msgspec.json.Encoder().encode
-_DONE = b"data: [DONE]\n\n"
+NO_POLICY = AgentPolicy()
 # Set on a request whose body was refused on its declared length, unread.
 _REFUSED_UNREAD = "intentroute.refused_unread"
 
 
+class NoPolicies:
+    """Every agent with the global defaults: no fleet model to choose."""
+
+    def policy_for(self, agent_id: str, request_id: str = "") -> AgentPolicy:
+        return NO_POLICY
+
+
 def add_openai_routes(app: web.Application, door: Door,
-                      body_budget: BodyBudget | None = None) -> None:
+                      body_budget: BodyBudget | None = None,
+                      policies: Policies | None = None) -> None:
+    """The door's routes on `app`; `policies`: the agents' (the doors' policy cache),
+    None: no agent may name a fleet model."""
     app[DOOR_KEY] = door
     app[BODY_BUDGET_KEY] = body_budget or BodyBudget()
+    app[POLICIES_KEY] = policies or NoPolicies()
     app[CREATED_KEY] = int(time.time())
     app.router.add_post(CHAT_PATH, chat_completions)
     app.router.add_get(MODELS_PATH, list_models)
@@ -80,7 +94,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         agent = await _caller(request)
         raw = await _body(request, agent.agent_id)
         chat, asked = wire.decode(raw, session_header=request.headers.get(SESSION_HEADER, ""),
-                                  request_id=uuid.uuid4().hex)
+                                  request_id=uuid.uuid4().hex,
+                                  policy=_policy(request, agent))
         req = door.check(asked, agent.agent_id)
         ids = wire.headers_of(None, req.request_id, req.session_id)
         # The door's span continues the caller's `traceparent` header (pipeline.Door).
@@ -93,31 +108,30 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             if first.is_final and first.error is not None:
                 return _answer_error(first.error, ids)
             if chat.stream:
-                return await _stream(request, req, chat, first, answer, clock)
+                return await stream(request, req, chat, first, answer,
+                                    {**ids, **clock.header()})
             return await _collect(req, chat, first, answer, clock)
     except IntentrouteError as exc:
         return _refused(exc, ids, unread=request.get(_REFUSED_UNREAD, False))
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """The names this agent may send as `model` (models.py)."""
     try:
-        await _caller(request)
+        policy = _policy(request, await _caller(request))
     except IntentrouteError as exc:
         return _refused(exc)
-    return web.Response(body=_encode(wire.model_list(request.app[CREATED_KEY])),
+    return web.Response(body=_encode(models.model_list(request.app[CREATED_KEY], policy)),
                         content_type="application/json")
 
 
 async def get_model(request: web.Request) -> web.Response:
-    name = request.match_info["model"]
     try:
-        await _caller(request)
-        for card in wire.model_list(request.app[CREATED_KEY]).data:
-            if card.id == name:
-                return web.Response(body=_encode(card), content_type="application/json")
-        raise InvalidInputError(ErrorCode.UNKNOWN_MODEL, f"no model {name!r}", param="model")
+        policy = _policy(request, await _caller(request))
+        card = models.find(request.match_info["model"], request.app[CREATED_KEY], policy)
     except IntentrouteError as exc:
         return _refused(exc)
+    return web.Response(body=_encode(card), content_type="application/json")
 
 
 # -- admit ------------------------------------------------------------------------------
@@ -126,6 +140,11 @@ async def _caller(request: web.Request) -> AgentInfo:
     """The API key's agent (UnauthenticatedError, ThrottledError)."""
     return await request.app[DOOR_KEY].caller(
         bearer_value(request.headers.get("Authorization", "")), request.remote or "")
+
+
+def _policy(request: web.Request, agent: AgentInfo) -> AgentPolicy:
+    """The agent's policy as the doors' cache holds it now (a lookup, no I/O)."""
+    return request.app[POLICIES_KEY].policy_for(agent.agent_id)
 
 
 async def _body(request: web.Request, agent_id: str) -> bytes:
@@ -229,84 +248,8 @@ async def _collect(req: AgentRequest, chat: wire.ChatRequest, first: ResponseChu
     headers = wire.headers_of(final, req.request_id, req.session_id)
     if final.error is not None:
         return _answer_error(final.error, headers)
-    body = _encode(wire.completion(final, assemble(chunks), req=req, model=chat.model,
+    # `assemble` honours the reset markers: a restarted answer is the new one alone.
+    body = _encode(wire.completion(final, assemble(chunks), req=req, asked=chat.model,
                                    created=int(time.time())))
     return web.Response(body=body, content_type="application/json",
                         headers={**headers, **clock.header(answered)})
-
-
-class _Events:
-    """One answer as server-sent events, as OpenAI streams them."""
-
-    def __init__(self, resp: web.StreamResponse, req: AgentRequest, chat: wire.ChatRequest
-                 ) -> None:
-        self.resp = resp
-        self.req = req
-        self.model = chat.model
-        self.created = int(time.time())
-        self.include_usage = chat.include_usage
-        # With include_usage OpenAI sends `"usage": null` on every chunk but the last.
-        self.no_usage: UnsetType | None = None if self.include_usage else UNSET
-
-    async def send(self, event: msgspec.Struct) -> None:
-        await self.resp.write(b"data: " + _encode(event) + b"\n\n")
-
-    async def error(self, code: str, message: str) -> None:
-        await self.send(wire.error_envelope(code, message)[1])
-
-    async def delta(self, delta: Delta, finish: str | None = None, *,
-                    usage: Usage | UnsetType | None = UNSET,
-                    info: wire.RouteInfo | wire.Reset | UnsetType = UNSET) -> None:
-        await self.send(wire.chunk(self.req.request_id, self.model, self.created, delta,
-                                   finish, usage=self.no_usage if usage is UNSET else usage,
-                                   info=info))
-
-    async def relay(self, piece: ResponseChunk) -> None:
-        if piece.kind == ChunkKind.RESET:
-            await self.delta(Delta(), info=wire.Reset())
-        elif is_text(piece) and piece.text:
-            await self.delta(Delta(content=piece.text))
-        if not piece.is_final:
-            return
-        if piece.error is not None:
-            await self.error(piece.error.code, piece.error.message)
-            return
-        usage = wire.usage_of(piece)
-        await self.delta(Delta(), "stop", usage=None if self.include_usage else usage,
-                         info=wire.route_info(piece, self.req))
-        if self.include_usage:
-            await self.send(wire.usage_chunk(self.req.request_id, self.model, self.created,
-                                             usage))
-        await self.resp.write(_DONE)
-
-
-async def _stream(request: web.Request, req: AgentRequest, chat: wire.ChatRequest,
-                  first: ResponseChunk, answer: AsyncIterator[ResponseChunk], clock: _Clock
-                  ) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={
-        **wire.headers_of(None, req.request_id, req.session_id), **clock.header(),
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no"})  # nginx and the like: pass each event on at once
-    await resp.prepare(request)
-    events = _Events(resp, req, chat)
-    piece = first
-    # A client gone (ConnectionResetError on a write) ends the stream quietly, the
-    # error event's write included: a client that left while the pipeline stalled
-    # made the door's 504 event a traceback in the log.
-    try:
-        try:
-            await events.delta(Delta(role="assistant", content=""))
-            await events.relay(piece)
-            while not piece.is_final:
-                piece = await anext(answer)
-                await events.relay(piece)
-        except IntentrouteError as exc:  # after text went out: an error event
-            await events.error(exc.code, exc.message)
-    except ConnectionResetError:
-        log.debug("[%s] the client left mid-stream", req.request_id)
-    except asyncio.CancelledError:  # the server saw the connection close (start_http)
-        log.debug("[%s] the client left mid-stream", req.request_id)
-        raise
-    return resp
-
-

@@ -12,12 +12,17 @@ Mapping (README "OpenAI-compatible API"):
   derived from the `user` field and the conversation's first user message, which
   every later turn of the same conversation repeats (so its turns share one session,
   whose history the pipeline keeps: earlier turns are not sent on again);
-* the model: `intentroute` (the classifier decides) or `intentroute/<QUERY_TYPE>` (a
-  declared type, honoured for trusted agents as on the other doors);
+* the model: `intentroute` (the classifier decides), `intentroute/<QUERY_TYPE>` (a
+  declared type, honoured for trusted agents as on the other doors), or a fleet model
+  the agent's policy lets it choose (`AgentRequest.model`; models.py); any other name
+  is UNKNOWN_MODEL (404 `model_not_found`);
 * `intentroute` (request, `extra_body` in the SDK): `session_id`, `request_id`,
   `query_type`, `user_info`, `editor_context`, `timeout_ms`, as in AgentRequest;
 * responses carry the routing decision, validation status and `answered_by` in an
-  `intentroute` object (the completion; a stream's finishing chunk);
+  `intentroute` object (the completion; a stream's finishing chunk); their `model` is
+  the model that wrote the delivered answer (`answering_model`: `answered_by`, e.g.
+  `ollama/qwen3:1.7b`, `extractive`, `cache`), in a stream on the finishing chunk and
+  the usage chunk (the chunks before it cannot know it: they carry the name asked);
 * `usage`: the tokens the request log counts (0 when no model wrote the answer or
   ACCOUNTING is off), once per answer: the completion's; in a stream the finishing
   chunk's, or, with `stream_options.include_usage`, the extra chunk before `[DONE]`
@@ -32,14 +37,15 @@ from collections.abc import Mapping
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from services.doors.openai_door import models
 from shared.contracts.checks import validation_code
 from shared.contracts.errors import InvalidInputError, door_status
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ErrorCode, ResponseChunk
-from shared.contracts.routing import QueryType, RoutingDecision
+from shared.contracts.routing import RoutingDecision
+from shared.policy.agent import AgentPolicy
 
-MODEL = "intentroute"
-ROUTE_MODELS = {f"{MODEL}/{t.value}": t.value for t in QueryType}
+NO_POLICY = AgentPolicy()
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -89,12 +95,14 @@ class ChatRequest(msgspec.Struct, frozen=True):
 _decoder = msgspec.json.Decoder(ChatRequest)
 
 
-def decode(body: bytes, *, session_header: str, request_id: str
-           ) -> tuple[ChatRequest, AgentRequest]:
-    """The chat request in `body` and the pipeline's request for it (its bounds are
-    checked after, as any door's: shared.contracts.checks); InvalidInputError."""
+def decode(body: bytes, *, session_header: str, request_id: str,
+           policy: AgentPolicy = NO_POLICY) -> tuple[ChatRequest, AgentRequest]:
+    """The chat request in `body` and the pipeline's request for it, for an agent with
+    `policy` (the models it may name; its bounds are checked after, as any door's:
+    shared.contracts.checks); InvalidInputError (UnknownModelError for its model)."""
     chat = decode_chat(body)
-    return chat, to_agent_request(chat, session_header=session_header, request_id=request_id)
+    return chat, to_agent_request(chat, session_header=session_header,
+                                  request_id=request_id, policy=policy)
 
 
 def decode_chat(body: bytes) -> ChatRequest:
@@ -152,21 +160,20 @@ def _invalid(message: str, param: str, code: ErrorCode = ErrorCode.INVALID_FIELD
     return InvalidInputError(code, message, param=param)
 
 
-def _query_type(chat: ChatRequest, ext: Extension) -> str | None:
-    if chat.model != MODEL and chat.model not in ROUTE_MODELS:
-        raise _invalid(f"model {chat.model!r} is not one of: "
-                       f"{', '.join([MODEL, *ROUTE_MODELS])}", "model")
-    declared = ROUTE_MODELS.get(chat.model)
+def _route(chat: ChatRequest, ext: Extension, policy: AgentPolicy) -> tuple[str | None, str]:
+    """(the query type declared, None for none; the fleet model asked, "" for none)."""
+    declared, model = models.resolve(chat.model, policy)
     if declared and ext.query_type and ext.query_type != declared:
         raise _invalid(f"model {chat.model!r} declares {declared}, intentroute.query_type "
                        f"{ext.query_type}", "model")
-    return declared or ext.query_type or None
+    return declared or ext.query_type or None, model
 
 
-def to_agent_request(chat: ChatRequest, *, session_header: str,
-                     request_id: str) -> AgentRequest:
-    """The pipeline's request for `chat` (its bounds are checked after, as any door's:
-    shared.contracts.checks); InvalidInputError for what does not map."""
+def to_agent_request(chat: ChatRequest, *, session_header: str, request_id: str,
+                     policy: AgentPolicy = NO_POLICY) -> AgentRequest:
+    """The pipeline's request for `chat` from an agent with `policy` (its bounds are
+    checked after, as any door's: shared.contracts.checks); InvalidInputError for what
+    does not map."""
     if chat.n not in (None, 1):
         raise _invalid("only n=1 is supported", "n")
     if not chat.messages:
@@ -176,7 +183,7 @@ def to_agent_request(chat: ChatRequest, *, session_header: str,
         raise _invalid(f"the last message must be the user's question, not {last.role!r}",
                        "messages")
     ext = chat.intentroute or Extension()
-    query_type = _query_type(chat, ext)
+    query_type, model = _route(chat, ext, policy)
     texts: dict[str, list[str]] = {"system": [], "user": []}
     for message in chat.messages:
         role = "system" if message.role in ("system", "developer") else message.role
@@ -188,7 +195,7 @@ def to_agent_request(chat: ChatRequest, *, session_header: str,
         request_id=ext.request_id or request_id, session_id=session, query=texts["user"][-1],
         query_type=query_type, extra_context=_joined(texts["system"], chat.metadata),
         user_info=ext.user_info or chat.user or "", editor_context=ext.editor_context or "",
-        timeout_ms=ext.timeout_ms or 0)
+        timeout_ms=ext.timeout_ms or 0, model=model)
 
 
 # -- responses --------------------------------------------------------------------------
@@ -213,13 +220,6 @@ class RouteInfo(msgspec.Struct, frozen=True):
     kind: str
 
 
-class Reset(msgspec.Struct, frozen=True):
-    """A streamed chunk's `intentroute` object when a redelivered stage restarted the
-    answer: the text streamed so far is to be discarded."""
-
-    reset: bool = True
-
-
 class Delta(msgspec.Struct, frozen=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
@@ -239,7 +239,7 @@ class Chunk(msgspec.Struct, frozen=True):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | UnsetType | None = UNSET
-    intentroute: RouteInfo | Reset | UnsetType = UNSET
+    intentroute: RouteInfo | UnsetType = UNSET
 
 
 class AnswerMessage(msgspec.Struct, frozen=True):
@@ -290,11 +290,22 @@ def route_info(final: ResponseChunk, req: AgentRequest) -> RouteInfo:
                      retried=final.retried, kind=final.kind.value)
 
 
-def completion(final: ResponseChunk, text: str, *, req: AgentRequest, model: str,
+def answering_model(final: ResponseChunk, asked: str) -> str:
+    """The response's `model`: what wrote the delivered answer (`answered_by`: a fleet
+    model, `extractive`, `cache`; a split message's parts', joined by `+` as the request
+    log joins them), or the name asked when the final chunk names none."""
+    if final.parts:
+        return "+".join(dict.fromkeys(p.answered_by for p in final.parts if p.answered_by)
+                        ) or final.answered_by or asked
+    return final.answered_by or asked
+
+
+def completion(final: ResponseChunk, text: str, *, req: AgentRequest, asked: str,
                created: int) -> Completion:
     return Completion(
         id=completion_id(req.request_id), object="chat.completion", created=created,
-        model=model, choices=[Choice(0, AnswerMessage("assistant", text), None, "stop")],
+        model=answering_model(final, asked),
+        choices=[Choice(0, AnswerMessage("assistant", text), None, "stop")],
         usage=usage_of(final), intentroute=route_info(final, req))
 
 
@@ -304,7 +315,7 @@ def completion_id(request_id: str) -> str:
 
 def chunk(request_id: str, model: str, created: int, delta: Delta,
           finish_reason: str | None = None, *, usage: Usage | UnsetType | None = UNSET,
-          info: RouteInfo | Reset | UnsetType = UNSET) -> Chunk:
+          info: RouteInfo | UnsetType = UNSET) -> Chunk:
     return Chunk(completion_id(request_id), "chat.completion.chunk", created, model,
                  [ChunkChoice(0, delta, None, finish_reason)], usage=usage, intentroute=info)
 
@@ -331,25 +342,9 @@ def headers_of(final: ResponseChunk | None, request_id: str, session_id: str
 def error_envelope(code: str, message: str, param: str | None = None
                    ) -> tuple[int, ErrorEnvelope]:
     """An error as OpenAI answers it: its code's HTTP status and error type (the one
-    table), the code itself in the body, as on the other doors."""
+    table), the code itself in the body, as on the other doors, unless OpenAI has its
+    own for it (UNKNOWN_MODEL: `model_not_found`, `param` `model`)."""
     status = door_status(code)
-    return status.http, ErrorEnvelope(ErrorBody(message=message, type=status.openai,
-                                                code=code, param=param))
-
-
-class ModelCard(msgspec.Struct, frozen=True):
-    id: str
-    object: str
-    created: int
-    owned_by: str
-
-
-class ModelList(msgspec.Struct, frozen=True):
-    object: str
-    data: list[ModelCard]
-
-
-def model_list(created: int) -> ModelList:
-    """`intentroute` (the classifier decides the route) and one model per route."""
-    return ModelList("list", [ModelCard(model, "model", created, "intentroute")
-                              for model in (MODEL, *ROUTE_MODELS)])
+    return status.http, ErrorEnvelope(ErrorBody(
+        message=message, type=status.openai, code=status.openai_code or code,
+        param=param or status.openai_param))
