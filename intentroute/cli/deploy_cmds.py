@@ -1,6 +1,7 @@
 """`intentroute deploy ...`: what a deployment beyond `intentroute up` runs once: its
 secrets (`init`), its streams (`streams`), its agents' NATS users (`nats-auth`), and the
-Kubernetes manifests (`k8s`). README, Compose and Kubernetes."""
+Kubernetes manifests (`k8s`). docs/guides/deploy/compose.md
+and kubernetes.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """A command's failure as a person reads it: one line on stderr that says what to do, and
-an exit code (README, CLI: exit codes). A traceback only with `intentroute --debug`.
+an exit code (docs/guides/cli.md, Errors and exit codes). A traceback only with
+`intentroute --debug`.
 
 Exit codes: 0 done; 1 refused or failed (a server away or refusing, an unknown id, a
 check that failed); 2 usage (a bad flag, a missing or unreadable file, a bad setting

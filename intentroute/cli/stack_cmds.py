@@ -232,9 +232,9 @@ def _await_leftovers(state_dir: Path) -> None:
 def _plan_ports(cli: CliSettings, nats_nodes: int, nats_port: int | None,
                 postgres_port: int | None, llm: bool, grpc: bool = False, *,
                 metrics: tuple[int, int | None] = (0, None)) -> PortPlan:
-    """This `up`'s ports, chosen before anything starts (README, Stable ports): a flag
-    wins over its variable, which wins over the last `up`'s port; a taken port that
-    clients hold ends `up` in one line."""
+    """This `up`'s ports, chosen before anything starts (docs/guides/operations/
+    reliability.md, stable addresses): a flag wins over its variable, which wins over
+    the last `up`'s port; a taken port that clients hold ends `up` in one line."""
     listen = os.environ.get("GATEWAY_HTTP_LISTEN", DEFAULT_GATEWAY_HTTP_LISTEN).strip()
     grpc_listen = os.environ.get("GATEWAY_GRPC_LISTEN", "").strip()
     wanted = Wanted(
@@ -317,7 +317,7 @@ def _database_roles(cli: CliSettings, server_url: str) -> DatabaseUrls:
     """The owner's and each worker's Postgres URL. On the embedded Postgres the
     superuser creates (or brings up to date) the roles and hands the database to the
     owner, and is not used again; a DATABASE_URL of the environment is every process's,
-    as given (`intentroute db-init` makes the roles there: README, Security)."""
+    as given (`intentroute db-init` makes the roles there: docs/guides/security.md)."""
     if cli.database_url:
         return DatabaseUrls(server_url, {})
     passwords = role_passwords(cli.state_dir / "postgres")

@@ -119,7 +119,7 @@ def secret_docs(secrets_dir: Path) -> list[Doc]:
     dashboard = found.gateway_env.read_text(encoding="utf-8").strip().split("=", 1)[1]
     return [
         _secret(NATS_SECRET, nats),
-        # For the NATS servers: include it in their config (README, Kubernetes).
+        # For the NATS servers: include it in their config (docs/guides/deploy/kubernetes.md).
         _secret(NATS_AUTH_SECRET, {"auth.conf": files.auth.read_text(encoding="utf-8")}),
         _secret(ADMISSION_SECRET,
                 {"key": files.admission_key.read_text(encoding="utf-8").strip()}),

@@ -119,10 +119,11 @@ def write_private(path: Path, text: str) -> bool:
 # CONNECT, and after a restart every worker reconnects at once: at cost 10 each check
 # took ~60 ms of CPU, and on a loaded 2-core machine the server's read loops took
 # 2-4 s per connection, longer than nats-py's 2 s connect timeout, so clients gave up
-# and tried again (answers resumed 1.4-14 s after the server listened; README,
-# Reliability, for the figures after). The hashes stay bcrypt: nats-server has no
-# other password check than bcrypt or plain text, and plain text would put the secrets
-# in its config. Agents' hashes (shared.auth.identity) are not changed here.
+# and tried again (answers resumed 1.4-14 s after the server listened; docs/guides/
+# security.md and operations/reliability.md for the figures after). The hashes stay
+# bcrypt: nats-server has no other password check than bcrypt or plain text, and plain
+# text would put the secrets in its config. Agents' hashes (shared.auth.identity) are
+# not changed here.
 SERVICE_BCRYPT_COST = 4
 
 

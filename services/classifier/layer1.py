@@ -58,7 +58,8 @@ FINAL: frozenset[Family] = frozenset(
 
 # A non-final family's decision as a calibrated confidence: its precision measured by
 # `intentroute eval rules` on tests/data/rule_paraphrases.jsonl and
-# rule_paraphrases_fresh.jsonl together (rounded down), see README "Routing":
+# rule_paraphrases_fresh.jsonl together (rounded down), see docs/explanation/routing.md,
+# "Rules decide only what they are certain of":
 #   code_request  55/56 = 0.982  (an account action read as code: "Create a new API key")
 #   reshape       69/70 = 0.986  ("list my invoices in a table" read as a reshape)
 #   deictic       58/63 = 0.921  (a named subject read as a pointer: "what does this

@@ -7,7 +7,7 @@ their own (`doors`) that ops scale apart from the gateway's admission stage.
 * the operator dashboard (dashboard/);
 * their throttle of wrong credentials and of the bytes one agent has parsed (throttle.py).
 
-Each is a NATS client of the pipeline (pipeline.Door, through shared.client): it checks
+Each is a NATS client of the pipeline (door.Door, through shared.client): it checks
 the caller's bearer token against the agents' records, publishes on the agent's own
 subjects on its behalf and follows the answer, as an agent's own NATS client would. The
 doors hold no stage, no admission key and no write grant in Postgres.

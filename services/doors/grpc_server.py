@@ -6,7 +6,7 @@ wrong ones from an address RESOURCE_EXHAUSTED, throttle.py), a body that names a
 agent PERMISSION_DENIED, and only then a body that does not decode INVALID_ARGUMENT
 (grpc_decode.py). A request is then checked like a NATS one (bad
 input -> INVALID_ARGUMENT; its `timeout_ms` shortens the pipeline's deadline as on NATS)
-and published on the agent's `agent.request.<agent_id>` (pipeline.Door), so it takes the
+and published on the agent's `agent.request.<agent_id>` (door.Door), so it takes the
 same durable path through the workers. Feedback is published on the agent's
 `agent.feedback.<agent_id>` and the gateway's ack awaited: bad input INVALID_ARGUMENT, a
 request id that is not one of the agent's (unknown or another agent's) NOT_FOUND, the

@@ -22,7 +22,7 @@ and what aiohttp logs about either is one line within a budget, no traceback (Se
 
 Feedback carries the agent's bearer token (`Authorization: Bearer <token>`, the
 `token` of its credential file), checked like gRPC's, and is published for the gateway
-to record (pipeline.Door.feedback); its body is the gateway's FeedbackAck:
+to record (door.Door.feedback); its body is the gateway's FeedbackAck:
 
 | answer | when |
 |---|---|

@@ -1,8 +1,8 @@
 """Several sentence encoders side by side: one vector per text, their unit vectors
 concatenated and scaled by 1/sqrt(k) so the row stays unit length.
 
-`eval intents` uses it for MiniLM + mpnet (see README "Encoders" for what it gains and
-costs); its name is the members' names joined by "+"."""
+`eval intents` uses it for MiniLM + mpnet (docs/explanation/encoders.md, "Encoders", says
+what it gains and costs); its name is the members' names joined by "+"."""
 
 from __future__ import annotations
 

@@ -136,7 +136,8 @@ _ERROR_PREFIX = "error:"
 def implicit_outcome(row: RequestLogRow) -> FeedbackOutcome | None:
     """The outcome the pipeline itself knows for a request-log row, or None when it
     knows none: a clarification (nothing was answered) or an error in the caller's own
-    input. A plain answer is a success (see README, "Feedback and agent confidence")."""
+    input. A plain answer is a success (docs/explanation/agent-confidence.md,
+    "Implicit outcomes")."""
     if row.outcome.startswith(_ERROR_PREFIX):
         code = row.outcome[len(_ERROR_PREFIX):]
         if code == ErrorCode.DEADLINE_EXCEEDED:

@@ -247,8 +247,8 @@ async def sigint_under_load(home: Path, index_dir: Path, *, requests: int = 300,
         state = await asyncio.to_thread(first.state)
         servers = nats_servers(state.nats_url)
         cred = read_credential(auth_files(home).credential(DEMO_AGENT))
-        # One caller through both `up`s: the next one keeps the ports (README, Stable
-        # ports), so this connection reconnects to it.
+        # One caller through both `up`s: the next one keeps the ports (docs/guides/
+        # operations/reliability.md, stable addresses), so this connection reconnects to it.
         nc = await nats.connect(servers, **cred.nats, reconnect_time_wait=0.2,
                                 max_reconnect_attempts=-1, error_cb=_quiet)
         await nc.subscribe(agent_responses(DEMO_AGENT), cb=finals.on_chunk)

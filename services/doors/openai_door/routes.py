@@ -3,7 +3,7 @@ OpenAI SDK (and whatever speaks its API) as a caller, the agent's token as its A
 
 A chat request goes one way through (`chat_completions`): admit the caller (its token,
 the throttle of wrong ones, its budget of bytes read), decode the body (wire.decode),
-check the request as every door does, ask the pipeline (pipeline.Door: published on the
+check the request as every door does, ask the pipeline (door.Door: published on the
 agent's `agent.request.<agent_id>`, so the fair share and the per-agent limits apply),
 render the answer (collected here, streamed by stream.py). The agent's policy, read per
 request through the doors' policy cache, says which fleet models it may name as `model`
@@ -98,7 +98,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                   policy=_policy(request, agent))
         req = door.check(asked, agent.agent_id)
         ids = wire.headers_of(None, req.request_id, req.session_id)
-        # The door's span continues the caller's `traceparent` header (pipeline.Door).
+        # The door's span continues the caller's `traceparent` header (door.Door).
         answer = door.answer(req, span_name=f"POST {CHAT_PATH}", carrier=request.headers,
                              attributes={"http.request.method": "POST",
                                          "http.route": CHAT_PATH})

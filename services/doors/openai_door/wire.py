@@ -4,7 +4,7 @@ answer's chunks into a `chat.completion` or `chat.completion.chunk` events, an e
 into OpenAI's `{"error": {...}}` body with its HTTP status (the one table of codes,
 shared.contracts.errors).
 
-Mapping (README "OpenAI-compatible API"):
+Mapping (docs/guides/doors/openai.md):
 
 * the last message, which must be the user's, is the query; `system` / `developer`
   messages and the request's `metadata` (`key: value` lines) are `extra_context`;

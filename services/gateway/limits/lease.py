@@ -13,11 +13,11 @@ cannot use until it is given back, so another replica may refuse early by at mos
 allowances held elsewhere (each at most 1/SHARE of the room when it was granted and
 at most what its replica admits in one LEASE_TTL), for at most LEASE_TTL.
 
-How big and how often, measured with `bench pipeline --limits` (see the README): the
-replica asks for what it admitted over the last lease period (at least MIN_WANT),
-tops up when half is used or half of LEASE_TTL has passed, and gives back what is left
-once its agent has asked nothing for IDLE_LEASES periods. A flood at 400 requests a second then
-costs a few calls a second instead of 400.
+How big and how often, measured with `bench pipeline --limits` (docs/explanation/
+limits.md, Cost (measured)): the replica asks for what it admitted over the last lease
+period (at least MIN_WANT), tops up when half is used or half of LEASE_TTL has passed,
+and gives back what is left once its agent has asked nothing for IDLE_LEASES periods.
+A flood at 400 requests a second then costs a few calls a second instead of 400.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ turns a limit off.
 
 Every limit is off by default. Checking one is now nearly free for the requests
 (`bench pipeline --limits`, every limit configured far above the load, against all off:
-throughput and latency within the runs' noise, see the README's per-agent limits): a
+throughput and latency within the runs' noise, see docs/explanation/limits.md, Cost (measured)): a
 gateway replica admits on an allowance leased from Postgres (lease.py), one statement
 per lease instead of one per request. What stays is background work per agent with a
 limit: about two statements a second per active agent and gateway replica, and one

@@ -55,8 +55,9 @@ from shared.encoders.embeddings import DEFAULT_MODEL, Encoder
 from shared.policy.clarity import DECIDE_THRESHOLD
 
 # The frozen encoders whose vectors the head reads, side by side. Train CV on CLINC150 /
-# HWU64: MiniLM 0.972 / 0.900, mpnet 0.977 / 0.904, both 0.978 / 0.914 (README
-# "Encoders"; on the test splits 95.2 / 96.6 / 96.9% in-scope argmax, 90.9 / 90.8 / 92.3%).
+# HWU64: MiniLM 0.972 / 0.900, mpnet 0.977 / 0.904, both 0.978 / 0.914 (docs/
+# explanation/encoders.md; on the test splits 95.2 / 96.6 / 96.9% in-scope argmax,
+# 90.9 / 90.8 / 92.3%).
 INTENT_ENCODERS: tuple[str, ...] = (DEFAULT_MODEL, "all-mpnet-base-v2")
 
 def _encode_cached(encoder: Encoder, texts: list[str], cache_dir: Path | None) -> np.ndarray:

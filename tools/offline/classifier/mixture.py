@@ -37,8 +37,8 @@ from shared.encoders.embeddings import DEFAULT_MODEL
 # head 0.914 / 0.978, TF-IDF 0.879 / 0.949, kNN 0.874 / 0.947; mixed (weights chosen by
 # that CV: 0.5/0.3/0.2 and 0.6/0.3/0.1) 0.926 / 0.981. On the test splits HWU64 went from
 # 92.6 to 93.1%; CLINC150 from in-scope 96.7% / OOS recall 59.6% (threshold 0.38) to
-# 96.2% / 71.7% (0.53), ahead of the head alone at equal thresholds from 0.5 up (README
-# "Encoders"). Nearest centroids (CV 0.863 on HWU64) added nothing the kNN did not; a
+# 96.2% / 71.7% (0.53), ahead of the head alone at equal thresholds from 0.5 up (docs/
+# explanation/encoders.md). Nearest centroids (CV 0.863 on HWU64) added nothing the kNN did not; a
 # linear head with label smoothing on the vectors was below the head (0.906).
 ENSEMBLE_MEMBERS: tuple[str, ...] = ("tfidf", "knn")
 TFIDF_C = 10.0
