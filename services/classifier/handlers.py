@@ -99,8 +99,9 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
         routed = Routed.from_admitted(env, decision)
         ask = (policy.clarity_policy or settings.clarity_policy) == ClarityPolicy.ASK
         multi = policy.multi_intent or settings.multi_intent
-        if multi is MultiIntent.ASK and decision.clarity == Clarity.MULTI_INTENT:
-            ask = True
+        if multi is MultiIntent.ASK:
+            # Today's behaviour (issue 34): never cut; asked when the gate sees several.
+            ask = ask or decision.clarity == Clarity.MULTI_INTENT
         elif may_split(req, decision, trusted=env.trusted):
             plans = await route_parts(deps.cascade, req, history, trusted=env.trusted,
                                       confirm=policy.clarity_threshold)

@@ -47,6 +47,12 @@ MESSAGE = ("explain addVar, then write an endpoint that returns a total; also, c
            "send me my last invoice?")
 
 
+# Messages the splitter cuts that the clarity gate (this cascade's) does not flag.
+UNFLAGGED = ("What does addParam do? Write me an endpoint that reads a user id with it.",
+             "Write an AVAP endpoint that returns the current date in ISO format. Also, how "
+             "many API calls have I made this month?")
+
+
 class Pipeline:
     """Every stage on one recording bus and store; `run` follows the hand-offs."""
 
@@ -164,9 +170,15 @@ async def test_the_agents_policy_may_answer_the_first_request_only_or_ask() -> N
     ask = Pipeline({"a": AgentPolicy(multi_intent=MultiIntent.ASK)})
     await ask.run(MESSAGE)
     (final,) = [c for c in ask.bus.chunks("m-1") if c.is_final]
-    # Asked when the clarity gate sees several requests; else answered as one.
+    # Asked when the clarity gate sees several requests; else answered as one: never cut.
     assert final.kind in (ChunkKind.CLARIFICATION, ChunkKind.FINAL)
     assert not final.parts
+    assert not [c for c in ask.bus.chunks("m-1") if c.kind == ChunkKind.PART]
+    for message in UNFLAGGED:
+        ask = Pipeline({"a": AgentPolicy(multi_intent=MultiIntent.ASK)})
+        await ask.run(message)
+        (final,) = [c for c in ask.bus.chunks("m-1") if c.is_final]
+        assert (final.kind, final.parts) == (ChunkKind.FINAL, []), message
 
 
 async def test_a_redelivered_part_opens_once_and_its_reset_keeps_the_earlier_parts() -> None:
