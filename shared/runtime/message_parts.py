@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.contracts.ids import part_id
 from shared.contracts.pipeline import PartDone, Routed, Usage, UsagePart, first_subject
 from shared.contracts.response import STREAM as RESPONSES
 from shared.contracts.response import ChunkKind, PartInfo, PartResult, response_subject
@@ -140,7 +141,7 @@ async def finish_parts(store: TurnStore, env: Routed, last: PartDone, *,
     for i, plan in enumerate(env.parts):
         row = history_row(msgspec.structs.replace(env, decision=plan.decision))
         history.append(msgspec.structs.replace(
-            row, request_id=f"{req.request_id}#{i + 1}"[:128],
+            row, request_id=part_id(req.request_id, i),
             topic=topic_snippet(plan.text)))
     first_chunk: dict[str, float] = {}
     if env.usage is not None:

@@ -25,6 +25,7 @@ from services.validator.handlers import build_stage as validator_stage
 from services.validator.settings import ValidatorSettings
 from shared.client.caller import assemble
 from shared.contracts.codec import decode_chunk, decode_routed
+from shared.contracts.ids import MAX_ID_CHARS, MAX_PART_ID_CHARS
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind, ResponseChunk
@@ -32,7 +33,7 @@ from shared.contracts.routing import ModelSlot, QueryType
 from shared.llm.fleet import Fleet
 from shared.llm.walk import Walker
 from shared.policy.agent import AgentPolicy, MultiIntent
-from shared.store.rows import HistoryRow, RequestLogRow, TurnRow
+from shared.store.rows import HistoryRow, RequestLogRow, TurnRow, storable
 from testkit.fakes import (
     FakePolicies,
     FakeStore,
@@ -79,9 +80,10 @@ class Pipeline:
         self.visited: list[tuple[str, int]] = []
 
     async def run(self, query: str, **fields: Any) -> None:
+        fields.setdefault("request_id", "m-1")
         env: Admitted | Routed = Admitted(
-            request=AgentRequest(request_id="m-1", session_id="s", agent_id="a", query=query,
-                                 **fields), accepted_at=0.0)
+            request=AgentRequest(session_id="s", agent_id="a", query=query, **fields),
+            accepted_at=0.0)
         subject, seq = "intentroute.stage.classify", 1
         for _ in range(20):
             stage, deps = self.stages[subject]
@@ -143,6 +145,19 @@ async def test_a_three_part_message_is_answered_part_by_part_in_one_stream() -> 
     history = [r for r in pipe.store.rows if isinstance(r, HistoryRow)]
     assert [h.type for h in history] == ["RETRIEVAL", "CODE_GENERATION", "PLATFORM"]
     assert [h.request_id for h in history] == ["m-1#1", "m-1#2", "m-1#3"]
+
+
+async def test_the_parts_of_a_message_with_the_longest_request_id_keep_their_own_ids() -> None:
+    """A part's id is its message's request id and its place: with a 128-character
+    request id it is longer than a request id may be (classify_history and feedback hold
+    it since migration 0020), never cut into another part's."""
+    longest = "r" * MAX_ID_CHARS
+    pipe = Pipeline()
+    await pipe.run(MESSAGE, extra_context="invoice 2026-10: 12.40 EUR", request_id=longest)
+    history = [r for r in pipe.store.rows if isinstance(r, HistoryRow)]
+    assert [h.request_id for h in history] == [f"{longest}#{k}" for k in (1, 2, 3)]
+    assert all(len(storable(h).request_id) <= MAX_PART_ID_CHARS for h in history)
+    assert [storable(h) for h in history] == history
 
 
 async def test_a_single_request_with_steps_is_not_split() -> None:
