@@ -10,6 +10,11 @@
             async for piece in client.stream("write an endpoint that returns the user id"):
                 print(piece, end="", flush=True)
             await client.feedback(answer.request_id, "success")
+            # A message asking several things is answered part by part: judge one.
+            answer = await client.ask("explain addVar; also, how much quota do I have left?")
+            for part in answer.parts:
+                print(part.index, part.query_type, part.text)
+            await client.feedback(answer.request_id, "user_rejected", part=1)
 
     asyncio.run(main())
 
@@ -50,10 +55,11 @@ from shared.client.caller import assemble, is_text, send_feedback
 from shared.client.connect import connect_agent
 from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackMetadata, FeedbackOutcome
 from shared.contracts.request import AgentRequest
-from shared.contracts.response import ChunkKind, ResponseChunk
+from shared.contracts.response import ChunkKind, PartResult, ResponseChunk
 from shared.contracts.routing import RoutingDecision
 
-__all__ = ["Answer", "AnswerError", "Client", "FeedbackAck", "ResponseChunk", "connect"]
+__all__ = ["Answer", "AnswerError", "Client", "FeedbackAck", "PartResult", "ResponseChunk",
+           "connect"]
 
 # Seconds an answer may take once asked, unless a call says otherwise.
 DEFAULT_TIMEOUT = 120.0
@@ -112,6 +118,13 @@ class Answer(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def avap_code(self) -> str:
         return self.final.avap_code
+
+    @property
+    def parts(self) -> list[PartResult]:
+        """A message carrying several requests, answered part by part: each part's
+        `index` (from 0), text, type, decision, validation status and code, in order;
+        [] for an answer of one request. `feedback(..., part=index)` judges one."""
+        return self.final.parts
 
 
 def _credential(creds: str | Path | Mapping[str, Any] | Credential) -> Credential:
@@ -186,11 +199,14 @@ class Client:
                 raise AnswerError(chunk)
 
     async def feedback(self, request_id: str, outcome: str | FeedbackOutcome, *,
-                       quality: float | None = None) -> FeedbackAck:
+                       quality: float | None = None, part: int | None = None
+                       ) -> FeedbackAck:
         """Say how an answer went: success, fallback, timeout, error or user_rejected
-        (and a 0-10 `quality`); a repeat replaces the earlier verdict."""
+        (and a 0-10 `quality`); a repeat replaces the earlier verdict. `part`: the verdict
+        is on that part of an answer given part by part (its `index` in `Answer.parts`)
+        and on it alone."""
         verdict = Feedback(request_id=request_id, outcome=FeedbackOutcome(outcome),
-                           metadata=FeedbackMetadata(completion_quality=quality))
+                           metadata=FeedbackMetadata(completion_quality=quality), part=part)
         return await send_feedback(self.nc, self.agent_id, verdict)
 
     async def close(self) -> None:

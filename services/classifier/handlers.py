@@ -25,7 +25,6 @@ from shared.contracts.response import ChunkKind
 from shared.contracts.routing import (
     Clarity,
     HistoryEntry,
-    Layer,
     QueryType,
     RoutingDecision,
 )
@@ -94,21 +93,31 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
 
         # The agent's policy (ADR-0006) overrides the global clarity threshold and policy.
         policy = deps.policies.policy_for(req.agent_id, req.request_id)
+        multi = policy.multi_intent or settings.multi_intent
+
+        async def split_up() -> Handoff | None:
+            plans = await route_parts(deps.cascade, req, history, trusted=env.trusted,
+                                      confirm=policy.clarity_threshold)
+            if not plans:
+                return None
+            routed = split_routed(env, plans, first_only=multi is MultiIntent.FIRST)
+            await open_part(deps.bus, routed, redelivered=call.delivery.deliveries > 1)
+            return Handoff(first_subject(routed.decision), routed, "classified")
+
+        # Split and answered part by part, a message is never decided whole: its parts
+        # are routed first (the first part starts one decision sooner). Under `ask` the
+        # whole message's decision comes first: its clarity gate may ask instead.
+        if multi is not MultiIntent.ASK and may_split(req, trusted=env.trusted):
+            handoff = await split_up()
+            if handoff is not None:
+                return handoff
         decision = await deps.cascade.decide(req, history, trusted=env.trusted,
                                              confirm=policy.clarity_threshold)
         routed = Routed.from_admitted(env, decision)
         ask = (policy.clarity_policy or settings.clarity_policy) == ClarityPolicy.ASK
-        multi = policy.multi_intent or settings.multi_intent
         if multi is MultiIntent.ASK:
             # Today's behaviour (issue 34): never cut; asked when the gate sees several.
             ask = ask or decision.clarity == Clarity.MULTI_INTENT
-        elif may_split(req, decision, trusted=env.trusted):
-            plans = await route_parts(deps.cascade, req, history, trusted=env.trusted,
-                                      confirm=policy.clarity_threshold)
-            if plans:
-                routed = split_routed(env, plans, first_only=multi is MultiIntent.FIRST)
-                await open_part(deps.bus, routed, redelivered=call.delivery.deliveries > 1)
-                return Handoff(first_subject(routed.decision), routed, "classified")
         if ask and decision.clarity in ASKED:
             call.mark(routed)
             await ask_back(deps, routed)
@@ -135,10 +144,10 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
     )
 
 
-def may_split(req: AgentRequest, decision: RoutingDecision, *, trusted: bool) -> bool:
-    """A declared type (a trusted caller's) and the RC-01 platform prefix decide the
-    whole message: it is never cut."""
-    if decision.layer == Layer.DECLARED:
+def may_split(req: AgentRequest, *, trusted: bool) -> bool:
+    """A declared type (a trusted caller's: the cascade's DECLARED layer) and the RC-01
+    platform prefix decide the whole message: it is never cut."""
+    if trusted and req.query_type:
         return False
     return not (trusted and has_platform_prefix(req.query))
 

@@ -8,12 +8,13 @@ agent PERMISSION_DENIED, and only then a body that does not decode INVALID_ARGUM
 input -> INVALID_ARGUMENT; its `timeout_ms` shortens the pipeline's deadline as on NATS)
 and published on the agent's `agent.request.<agent_id>` (door.Door), so it takes the
 same durable path through the workers. Feedback is published on the agent's
-`agent.feedback.<agent_id>` and the gateway's ack awaited: bad input INVALID_ARGUMENT, a
-request id that is not one of the agent's (unknown or another agent's) NOT_FOUND, the
-store unreachable UNAVAILABLE. Every refusal is an abort with the status of its code in
-the one table (shared.contracts.errors.door_status), its details `CODE: message`, and
-`retry-after` / `retry-after-ms` trailers when it says when to ask again. The same server
-answers `grpc.health.v1.Health` and server reflection, without a token (grpc_health.py).
+`agent.feedback.<agent_id>` and the gateway's ack awaited: bad input INVALID_ARGUMENT (a
+`part` the request does not have among it), a request id that is not one of the
+agent's (unknown or another agent's) NOT_FOUND, the store unreachable UNAVAILABLE.
+Every refusal is an abort with the status of its code in the one table
+(shared.contracts.errors.door_status), its details `CODE: message`, and `retry-after` /
+`retry-after-ms` trailers when it says when to ask again. The same server answers
+`grpc.health.v1.Health` and server reflection, without a token (grpc_health.py).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def to_feedback(msg: agent_pb2.FeedbackRequest) -> Feedback:
             latency_ms=meta.latency_ms if meta.HasField("latency_ms") else None,
             token_count=meta.token_count if meta.HasField("token_count") else None,
         ),
+        part=msg.part if msg.HasField("part") else None,
     )
 
 

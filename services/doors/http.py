@@ -27,7 +27,7 @@ to record (door.Door.feedback); its body is the gateway's FeedbackAck:
 | answer | when |
 |---|---|
 | 200 | stored (`repeat: true` when it replaced an earlier verdict) |
-| 400 | the body is not JSON, does not match the contract, or holds values out of bounds |
+| 400 | not JSON, not the contract, a value out of bounds, or a `part` the request lacks |
 | 401 | no token, or not a valid one |
 | 403 | a valid token of another agent than the path's |
 | 404 | the request id is not one of the agent's (unknown, or another agent's) |

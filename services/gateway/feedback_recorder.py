@@ -12,9 +12,15 @@ payload's; the decoded verdict goes to `FeedbackRecorder.record`, which answers 
   INVALID_FIELD);
 * a request id the agent never sent, its own unknown or another agent's, is refused with
   UNKNOWN_REQUEST (the two are not told apart);
-* otherwise the verdict is stored, replacing the request's implicit outcome or an
-  earlier explicit verdict (a repeat updates, never counts twice), and the agent's
-  scores are refreshed shortly after (scoring.py).
+* a verdict on a part (`part`, from 0) of one of its requests that has no such part
+  (answered whole, or with fewer parts) is refused with INVALID_FIELD;
+* otherwise the verdict is stored, replacing the request's (or the part's) implicit
+  outcome or an earlier explicit verdict (a repeat updates, never counts twice), and
+  the agent's scores are refreshed shortly after (scoring.py). A verdict on a part is
+  that part's alone; how it counts for its request is shared.store.scores'.
+
+Every ack of a verdict on a part names the part, so an agent that sends verdicts on
+several parts of one request at once tells their acks apart.
 
 Over NATS the ack goes to `agent.response.<agent_id>._feedback.<request_id>`, which the
 agent can read like its answers (`_feedback._invalid` when the body's request id cannot
@@ -28,6 +34,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import msgspec
 
 from services.gateway.handlers import GatewayDeps
 from services.gateway.ports import FeedbackStore
@@ -72,18 +80,34 @@ class FeedbackRecorder:
         be reached (each entry point answers that its own way)."""
         bad = check_feedback(fb)
         if bad is not None:
-            return bad
+            return of_part(bad, fb)
         for delay in (*self._retries, None):
             recorded = await self._store.record_explicit(agent_id, fb)
             if recorded.stored:
                 if self._on_recorded is not None:
                     self._on_recorded(agent_id)
                 return FeedbackAck(request_id=fb.request_id, accepted=True,
-                                   repeat=recorded.repeat)
+                                   repeat=recorded.repeat, part=fb.part)
+            if recorded.no_such_part:
+                # Its rows are written in one statement with the request's: no retry.
+                return of_part(refused(
+                    fb.request_id, ErrorCode.INVALID_FIELD,
+                    f"request '{fb.request_id}' has no part {fb.part} (parts are numbered "
+                    "from 0 as its answer's part markers are; a request answered whole "
+                    "has none)"), fb)
             if delay is not None:
                 await asyncio.sleep(delay)
-        return refused(fb.request_id, ErrorCode.UNKNOWN_REQUEST,
-                       f"request '{fb.request_id}' is not one of agent '{agent_id}'s requests")
+        return of_part(refused(
+            fb.request_id, ErrorCode.UNKNOWN_REQUEST,
+            f"request '{fb.request_id}' is not one of agent '{agent_id}'s requests"), fb)
+
+
+def of_part(ack: FeedbackAck, fb: Feedback | FeedbackAck) -> FeedbackAck:
+    """`ack` naming the part `fb` is a verdict on (unchanged for a whole request, or a
+    body that did not decode)."""
+    if isinstance(fb, FeedbackAck) or fb.part is None:
+        return ack
+    return msgspec.structs.replace(ack, part=fb.part)
 
 
 # ---- NATS: agent.feedback.<agent_id> -------------------------------------------------
@@ -129,7 +153,8 @@ async def on_feedback(msg: Delivery, deps: GatewayDeps, *, max_deliver: int) -> 
         # Addressed to the verdict's request id wherever the body names it (salvaging
         # reads only the first 4 KiB of a body that does not decode).
         rid = decoded.request_id if not id_problem("request_id", decoded.request_id) else ""
-        ack = refused(rid, ErrorCode.UNKNOWN_AGENT, f"agent '{agent}' is unknown or revoked")
+        ack = of_part(refused(rid, ErrorCode.UNKNOWN_AGENT,
+                              f"agent '{agent}' is unknown or revoked"), decoded)
     else:
         if isinstance(decoded, FeedbackAck):
             ack = decoded
@@ -142,7 +167,8 @@ async def on_feedback(msg: Delivery, deps: GatewayDeps, *, max_deliver: int) -> 
                                 msg.deliveries, exc)
                     await msg.nack(delay=min(0.2 * 2 ** (msg.deliveries - 1), 2.0))
                     return
-                ack = refused(decoded.request_id, ErrorCode.STORE_UNAVAILABLE, str(exc))
+                ack = of_part(refused(decoded.request_id, ErrorCode.STORE_UNAVAILABLE,
+                                      str(exc)), decoded)
                 await publish_ack(deps, agent, ack)
                 await msg.dead_letter(FEEDBACK_DURABLE, f"store unreachable: {exc}")
                 return

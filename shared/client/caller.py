@@ -302,17 +302,24 @@ async def send_feedback(
 ) -> FeedbackAck:
     """Publish a verdict on `agent.feedback.<agent_id>` (JetStream ack) and wait for the
     gateway's acknowledgement on `agent.response.<agent_id>._feedback.<request_id>`
-    (subscribed before publishing). A request id that cannot be part of a subject is
-    acknowledged on `..._feedback._invalid`, which this does not follow."""
+    (subscribed before publishing): the first one of the same part (or of the whole
+    request), since verdicts on several parts of one request are acked there too. A
+    request id that cannot be part of a subject is acknowledged on
+    `..._feedback._invalid`, which this does not follow."""
     sub = await nc.subscribe(feedback_contract.ack_subject(agent_id, feedback.request_id))
     try:
         await nc.jetstream().publish(feedback_contract.feedback_subject(agent_id),
                                      encode(feedback), stream=feedback_contract.STREAM)
-        try:
-            msg = await sub.next_msg(timeout=timeout)
-        except nats.errors.TimeoutError as exc:
-            raise AnswerTimeoutError(f"no feedback acknowledgement within {timeout}s") from exc
-        return msgspec.json.decode(msg.data, type=FeedbackAck)
+        until = time.monotonic() + timeout
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=max(until - time.monotonic(), 0.001))
+            except nats.errors.TimeoutError as exc:
+                raise AnswerTimeoutError(
+                    f"no feedback acknowledgement within {timeout}s") from exc
+            ack = msgspec.json.decode(msg.data, type=FeedbackAck)
+            if ack.part == feedback.part:
+                return ack
     finally:
         await sub.unsubscribe()
 

@@ -15,7 +15,7 @@ import msgspec
 from shared.contracts.errors import InvalidInputError
 from shared.contracts.feedback import MAX_QUALITY, Feedback, FeedbackAck
 from shared.contracts.ids import id_problem, is_valid_id
-from shared.contracts.request import AgentRequest, request_problem
+from shared.contracts.request import MAX_QUERY_CHARS, AgentRequest, request_problem
 from shared.contracts.response import ErrorCode
 
 # request_id addresses a response subject, so only safe characters (and only a valid id
@@ -121,4 +121,8 @@ def check_feedback(fb: Feedback) -> FeedbackAck | None:
     if meta.token_count is not None and not 0 <= meta.token_count <= _INT4_MAX:
         return refused(fb.request_id, ErrorCode.INVALID_FIELD,
                        f"metadata.token_count must be within 0..{_INT4_MAX}")
+    # A message has fewer parts than characters.
+    if fb.part is not None and not 0 <= fb.part < MAX_QUERY_CHARS:
+        return refused(fb.request_id, ErrorCode.INVALID_FIELD,
+                       f"part must be a part's index, from 0 (below {MAX_QUERY_CHARS})")
     return None

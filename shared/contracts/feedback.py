@@ -63,6 +63,10 @@ class Feedback(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     outcome: FeedbackOutcome
     metadata: FeedbackMetadata = FeedbackMetadata()
+    # A verdict on one part of a message answered part by part (issue 34): its index,
+    # from 0, as its part marker and the final chunk's `parts` number it. None: on the
+    # whole request.
+    part: int | None = None
 
 
 class FeedbackAck(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -75,3 +79,6 @@ class FeedbackAck(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     # Accepted, and it replaced an earlier explicit verdict on the same request (a
     # repeat updates, it is never counted twice).
     repeat: bool = False
+    # The part the verdict was on (None: the whole request, or a body that did not
+    # decode): verdicts on several parts of one request are acked on one subject.
+    part: int | None = None

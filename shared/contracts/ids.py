@@ -11,6 +11,18 @@ MAX_ID_CHARS = 128
 _ID = re.compile(r"[A-Za-z0-9_-]+")
 # Subject tokens with a meaning of their own (`agent.response.<agent>._invalid`).
 RESERVED_IDS = frozenset({"_invalid"})
+# A part of a message carrying several requests (issue 34) is stored under its message's
+# request id and its place, `<request_id>#<place from 1>`: its classify_history entry and
+# an agent's verdict on it. `#` is no id character, so no request id is ever a part's,
+# and a part's id is a little longer than a request id may be.
+PART_MARK = "#"
+MAX_PART_ID_CHARS = MAX_ID_CHARS + 12
+
+
+def part_id(request_id: str, index: int) -> str:
+    """The stored id of part `index` (from 0, as its marker and the final chunk number it)
+    of request `request_id`."""
+    return f"{request_id}{PART_MARK}{index + 1}"
 
 
 def id_problem(name: str, value: str) -> str:

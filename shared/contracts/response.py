@@ -30,6 +30,13 @@ def claim_subject(agent_id: str, request_id: str, run: str) -> str:
     return f"{CLAIM_SUBJECT_PREFIX}.{agent_id}.{request_id}.{run or '0'}"
 
 
+def part_handoff_subject(agent_id: str, request_id: str, run: str, part: int) -> str:
+    """Where the stage that ends part `part` of a split message stores the next part's
+    hand-off before it publishes it (shared.runtime.part_handoffs): a redelivery of that
+    part's stages finds it and hands it on again instead of answering the part twice."""
+    return f"{claim_subject(agent_id, request_id, run)}.p{part}"
+
+
 def sent_subject(agent_id: str, request_id: str, run: str) -> str:
     """Where the delivery that stored a run's claimed final chunk says so (the answer
     subject's last message may be another delivery's chunk by then)."""

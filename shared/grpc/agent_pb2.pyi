@@ -93,16 +93,18 @@ class FeedbackMetadata(_message.Message):
     def __init__(self, completion_quality: _Optional[float] = ..., latency_ms: _Optional[float] = ..., token_count: _Optional[int] = ...) -> None: ...
 
 class FeedbackRequest(_message.Message):
-    __slots__ = ("request_id", "outcome", "metadata", "agent_id")
+    __slots__ = ("request_id", "outcome", "metadata", "agent_id", "part")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     outcome: str
     metadata: FeedbackMetadata
     agent_id: str
-    def __init__(self, request_id: _Optional[str] = ..., outcome: _Optional[str] = ..., metadata: _Optional[_Union[FeedbackMetadata, _Mapping]] = ..., agent_id: _Optional[str] = ...) -> None: ...
+    part: int
+    def __init__(self, request_id: _Optional[str] = ..., outcome: _Optional[str] = ..., metadata: _Optional[_Union[FeedbackMetadata, _Mapping]] = ..., agent_id: _Optional[str] = ..., part: _Optional[int] = ...) -> None: ...
 
 class FeedbackReply(_message.Message):
     __slots__ = ("request_id", "accepted", "repeat")

@@ -10,6 +10,7 @@ import asyncpg
 
 from shared.learning.estimate import BINS, Half, Tally, pool
 from shared.policy.clarity import DECIDE_THRESHOLD
+from shared.store.feedback_table import VERDICTS_SQL
 
 # Decisions the clarity threshold governs: Layer 3 and Layer 2's unsure best guess
 # (rules, declared types and confident Layer-2 decisions are CLEAR whatever it is).
@@ -19,12 +20,16 @@ GATED_LAYERS = ("llm", "fallback")
 def value_sql(ask_value: str) -> str:
     """A request's value (see `estimate`): its feedback outcome when it has one, else
     what the pipeline knows. A clarifying question takes only explicit feedback (the
-    pipeline cannot know whether it helped). `r` is request_log, `f` its feedback row
-    (LEFT JOIN)."""
+    pipeline cannot know whether it helped). A message answered part by part is worth
+    nothing when the agent judged one of its parts anything but a success, unless it
+    gave a verdict on the whole message (`OUTCOME_SQL` ranks them alike). `r` is
+    request_log, `f` its feedback row and `p` its parts' verdicts (`VERDICTS_SQL`)."""
     return (
-        "CASE WHEN f.outcome IS NOT NULL"
-        " AND (f.source = 'explicit' OR r.outcome <> 'clarification')"
+        "CASE WHEN f.source = 'explicit' THEN (f.outcome = 'success')::int::float8"
+        " WHEN p.outcome <> 'success' THEN 0.0::float8"
+        " WHEN f.outcome IS NOT NULL AND r.outcome <> 'clarification'"
         " THEN (f.outcome = 'success')::int::float8"
+        " WHEN p.outcome IS NOT NULL THEN 1.0::float8"
         f" WHEN r.outcome = 'clarification' THEN {ask_value}::float8"
         " WHEN r.outcome = 'ok' AND NOT r.fallback"
         " AND r.validation_status <> 'INVALID_UNRESOLVED' THEN 1.0::float8"
@@ -38,8 +43,7 @@ def gated_sql() -> str:
             f" AND r.confidence < {DECIDE_THRESHOLD})")
 
 
-FROM_SQL = ("request_log r LEFT JOIN feedback f"
-            " ON f.agent_id = r.agent_id AND f.request_id = r.request_id")
+FROM_SQL = VERDICTS_SQL
 
 # Two grouping sets in one scan: the clarity gate's (bin, asked?) cells, and the
 # (slot, model) cells. `half` splits requests in two by a hash of their id.

@@ -14,16 +14,19 @@ Each part opens with a marker chunk (kind PART: its place, its text as a heading
 decision), sent by the part's first stage (`open_part`) — a redelivered one finds its
 marker stored and does not send it again — so a RESET of a redelivered stage drops
 only that part's text. Every hand-off of part k carries `p<k>.` in its msg id, so the
-parts' hand-offs never share one.
+parts' hand-offs never share one; the hand-off to the next part is claimed before it is
+published, so a redelivery of a part already handed on answers nothing
+(shared.runtime.part_handoffs).
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from shared.contracts.ids import part_id
 from shared.contracts.pipeline import PartDone, Routed, Usage, UsagePart, first_subject
 from shared.contracts.response import STREAM as RESPONSES
-from shared.contracts.response import ChunkKind, PartInfo, PartResult, response_subject
+from shared.contracts.response import PartInfo, PartResult, response_subject
 from shared.contracts.routing import topic_snippet
 from shared.runtime.answer_stream import AnswerStream
 from shared.runtime.endings import answer_usage, history_row, request_log_row
@@ -42,15 +45,16 @@ def heading(env: Routed) -> str:
 
 async def open_part(bus: Publisher, env: Routed, *, redelivered: bool) -> None:
     """The part's marker chunk, once: at the part's first stage (the classifier for the
-    first). A redelivery whose marker is stored already moves on after it."""
+    first). The marker is the first chunk that stage sends, at `env.seq`: a redelivery
+    that finds anything stored from there on (the marker, or the part's text after it:
+    a generator opens the part it answers) moves on after the marker."""
     if not env.parts or env.part_opened:
         return
     req = env.request
     if redelivered:
         last = await bus.last_chunk(response_subject(req.agent_id, req.request_id), RESPONSES)
-        if (last is not None and last.kind == ChunkKind.PART and last.part is not None
-                and last.part.index == env.part):
-            env.seq = max(env.seq, last.seq + 1)
+        if last is not None and last.seq >= env.seq:
+            env.seq += 1
             env.part_opened = True
             return
     plan = env.parts[env.part]
@@ -140,7 +144,7 @@ async def finish_parts(store: TurnStore, env: Routed, last: PartDone, *,
     for i, plan in enumerate(env.parts):
         row = history_row(msgspec.structs.replace(env, decision=plan.decision))
         history.append(msgspec.structs.replace(
-            row, request_id=f"{req.request_id}#{i + 1}"[:128],
+            row, request_id=part_id(req.request_id, i),
             topic=topic_snippet(plan.text)))
     first_chunk: dict[str, float] = {}
     if env.usage is not None:

@@ -6,8 +6,10 @@ function. `run_stage` does the rest, the same way for every stage:
 * an envelope that does not decode is reported (the stage's `on_undecodable`) and
   acknowledged, never retried; one whose ids cannot make a subject, or that lacks the
   gateway's admission, is reported and acknowledged too (there is nobody to answer);
-* a redelivered envelope whose answer already went out is dropped; one past its
-  deadline is answered DEADLINE_EXCEEDED;
+* a redelivered envelope whose answer already went out is dropped, and so is one of
+  a split message's part that was handed on to the next part already (its hand-off
+  published again: shared.runtime.part_handoffs); one past its deadline is answered
+  DEADLINE_EXCEEDED;
 * `<stage>.at` records when the stage started (ms after the gateway accepted it);
 * the logic returns a `Handoff` (the next subject and envelope) or None when it answered
   the caller itself; a hand-off records the stage's time and is published durably with a
@@ -44,6 +46,7 @@ from shared.contracts.pipeline import Admitted, Routed, envelope_problem
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ErrorCode
 from shared.contracts.routing import RoutingDecision
+from shared.runtime import part_handoffs
 from shared.runtime.answer_stream import ANSWER_LEASE, ANSWER_RUN, AnswerStream, Lease
 from shared.runtime.bus import publish_stage
 from shared.runtime.consumer import Handler, StageSpec
@@ -251,6 +254,12 @@ async def _run_checked(stage: Stage[E, D], msg: Delivery, deps: D, env: E) -> Ou
         log.warning("[%s] %s: answer claimed by an earlier delivery; not answered again",
                     stage.name, req.request_id)
         return Outcome.DUPLICATE
+    if msg.deliveries > 1 and await part_handoffs.hand_on_again(deps.bus, env):
+        # A split message's part this message belongs to was answered and handed on
+        # (shared.runtime.part_handoffs): the next part is streaming; nothing to redo.
+        log.warning("[%s] %s: part handed on already; redelivery dropped", stage.name,
+                    req.request_id)
+        return Outcome.DUPLICATE
     if env.deadline and time.time() >= env.deadline:
         await answer_error(deps.bus, deps.store, env, ErrorCode.DEADLINE_EXCEEDED,
                            f"the request's deadline passed before {stage.name}")
@@ -273,10 +282,16 @@ async def _run_checked(stage: Stage[E, D], msg: Delivery, deps: D, env: E) -> Ou
             # A split message's parts each take the same steps: the part in the key.
             part = getattr(handoff.envelope, "part", 0)
             step = f"p{part}.{handoff.step}" if part else handoff.step
-            await publish_stage(
-                deps.bus, handoff.subject, encode(handoff.envelope),
-                msg_id=f"{req.agent_id}:{req.request_id}:{env.run}:{step}",
-            )
+            handed = part_handoffs.PartHandoff(
+                handoff.subject, f"{req.agent_id}:{req.request_id}:{env.run}:{step}",
+                encode(handoff.envelope))
+            if part_handoffs.ends_part(env, handoff.envelope):
+                # Claimed before it is published: a redelivery of this part hands on
+                # the same next part, never answers this one again.
+                assert isinstance(env, Routed)
+                handed = await part_handoffs.claim(deps.bus, env, handed)
+            await publish_stage(deps.bus, handed.subject, handed.envelope,
+                                msg_id=handed.msg_id)
     except Exception as exc:
         if isinstance(exc, IntentrouteError) and not exc.retryable:
             # Answered now: the same request would fail the same way again (the store

@@ -66,7 +66,9 @@ classify_history = sa.Table(
     sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
     sa.Column("agent_id", sa.String(128), nullable=False),
     sa.Column("session_id", sa.String(128), nullable=False),
-    sa.Column("request_id", sa.String(128), nullable=False),
+    # The request's id, or a part's of a message answered part by part
+    # (`<request_id>#<place from 1>`, shared.contracts.ids.part_id; migration 0020).
+    sa.Column("request_id", sa.String(140), nullable=False),
     sa.Column("type", sa.String(32), nullable=False),
     sa.Column("topic", sa.String(60), nullable=False),
     sa.Column("layer", sa.String(16), nullable=False),
@@ -131,12 +133,14 @@ agent_policies = sa.Table(
 )
 
 # One verdict per (agent, request): explicit from the agent (a repeat updates it) or
-# implicit from what the pipeline itself knows (fallback, timeout, error, ...).
+# implicit from what the pipeline itself knows (fallback, timeout, error, ...); and the
+# agent's explicit verdicts on the parts of a message answered part by part, under the
+# parts' ids (`<request_id>#<place from 1>`, as in classify_history; migration 0020).
 feedback = sa.Table(
     "feedback",
     metadata,
     sa.Column("agent_id", sa.String(128), primary_key=True),
-    sa.Column("request_id", sa.String(128), primary_key=True),
+    sa.Column("request_id", sa.String(140), primary_key=True),
     sa.Column("outcome", sa.String(32), nullable=False),
     sa.Column("source", sa.String(16), nullable=False),  # explicit | implicit
     sa.Column("completion_quality", sa.Float, nullable=True),
@@ -145,6 +149,9 @@ feedback = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
     sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
     sa.Index("ix_feedback_agent_updated", "agent_id", "updated_at"),
+    # The part verdicts only (shared.store.feedback_table.PART_VERDICTS_SQL).
+    sa.Index("ix_feedback_parts", "agent_id", "request_id",
+             postgresql_where=sa.text("strpos(request_id, '#') > 0")),
 )
 
 # Success estimate per (agent, model, query type); agent_id "*" holds the global one.

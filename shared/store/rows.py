@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from shared.contracts.ids import MAX_ID_CHARS, MAX_PART_ID_CHARS
+
 
 class HistoryRow(msgspec.Struct, frozen=True):
     agent_id: str
@@ -61,7 +63,9 @@ class RequestLogRow(msgspec.Struct, frozen=True, kw_only=True):
 Row = HistoryRow | TurnRow | RequestLogRow
 
 
-_ID_COLUMN = 128  # varchar(128) of every id column
+_ID_COLUMN = MAX_ID_CHARS  # varchar(128) of every id column
+# classify_history's request_id holds a part's id too (`<request_id>#<k>`, migration 0020).
+_HISTORY_ID_COLUMN = MAX_PART_ID_CHARS
 
 
 def _clean(text: str, limit: int | None = None) -> str:
@@ -80,7 +84,7 @@ def storable(row: Row) -> Row:
             session_id=_clean(row.session_id, _ID_COLUMN))
     if isinstance(row, HistoryRow):
         return msgspec.structs.replace(
-            row, request_id=_clean(row.request_id, _ID_COLUMN),
+            row, request_id=_clean(row.request_id, _HISTORY_ID_COLUMN),
             agent_id=_clean(row.agent_id, _ID_COLUMN),
             session_id=_clean(row.session_id, _ID_COLUMN), topic=_clean(row.topic, 60))
     return row

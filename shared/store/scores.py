@@ -5,9 +5,10 @@ every agent; the gateway calls it for the agents that just sent feedback (`agent
 Each refresh
 
 1. counts, per (agent, model, query type), the outcomes of the agents' requests still in
-   the request log (`OUTCOME_SQL`: the agent's explicit verdict, else the implicit one
-   the pipeline recorded, else success for a plain answer; one outcome per request, so
-   nothing is counted twice), the successes among them and when the latest was observed;
+   the request log (`OUTCOME_SQL`: the agent's explicit verdict, else a part it judged
+   a failure, else the implicit one the pipeline recorded, else success for a plain
+   answer; one outcome per request, its parts' verdicts included, so nothing is counted
+   twice), the successes among them and when the latest was observed;
 2. sums every agent's counts per (model, query type) into the global rows (agent "*");
 3. scores every agent row at `now` (decayed and shrunk toward the global rate), with its
    divergence from it; a row newly beyond the bound is logged for review.
@@ -27,21 +28,28 @@ from typing import NamedTuple
 
 import asyncpg
 
-from shared.contracts.feedback import FeedbackOutcome
+from shared.contracts.feedback import FeedbackOutcome, FeedbackSource
 from shared.policy.confidence import GLOBAL_AGENT, ConfidenceParams, estimate, global_rate
+from shared.store.feedback_table import VERDICTS_SQL
 
 log = logging.getLogger("intentroute.scores")
 
 # pg_advisory_xact_lock key of score refreshes ("intentroute scores").
 _LOCK_KEY = 0x1A7E_5C0E
 
-# A request's outcome, over `request_log r LEFT JOIN feedback f` on (agent_id, request_id):
-# the verdict stored for it (explicit, or implicit for an answer that went wrong), else
-# success for a plain answer (shared.store.writer.implicit_outcome: the implicit outcome
-# of an answered request that is not a fallback nor invalid code), else NULL: nothing
-# known (a clarification, the caller's own bad input). The dashboard reads it too.
-OUTCOME_SQL = """CASE
+# A request's outcome, over `VERDICTS_SQL` (the request log, the request's own feedback
+# row `f`, its parts' verdicts folded into `p`): the agent's verdict on the whole
+# request; else a part it judged anything but a success (the message is worth what its
+# worst part is); else the implicit verdict the pipeline stored for an answer that went
+# wrong; else parts all judged a success, or a plain answer
+# (shared.store.writer.implicit_outcome: the implicit outcome of an answered request
+# that is not a fallback nor invalid code), a success; else NULL: nothing known (a
+# clarification, the caller's own bad input). The dashboard reads it too.
+OUTCOME_SQL = f"""CASE
+    WHEN f.source = '{FeedbackSource.EXPLICIT.value}' THEN f.outcome
+    WHEN p.outcome <> '{FeedbackOutcome.SUCCESS.value}' THEN p.outcome
     WHEN f.outcome IS NOT NULL THEN f.outcome
+    WHEN p.outcome IS NOT NULL THEN p.outcome
     WHEN r.outcome = 'ok' AND NOT r.fallback
          AND r.validation_status <> 'INVALID_UNRESOLVED' THEN 'success'
 END"""
@@ -49,9 +57,8 @@ END"""
 _SQL_COUNTS = """
 WITH outcomes AS (
     SELECT r.agent_id, r.model, r.query_type, {outcome} AS outcome,
-           coalesce(f.updated_at, r.created_at) AS seen
-    FROM request_log r
-    LEFT JOIN feedback f ON f.agent_id = r.agent_id AND f.request_id = r.request_id
+           coalesce(f.updated_at, p.updated_at, r.created_at) AS seen
+    FROM {verdicts}
     {where}
 )
 SELECT agent_id, model, query_type,
@@ -64,8 +71,8 @@ GROUP BY agent_id, model, query_type
 """
 # Two statements rather than `$2 IS NULL OR ...`, so that a refresh of some agents reads
 # their rows by the primary keys' agent_id prefix instead of the whole request log.
-_SQL_COUNTS_ALL = _SQL_COUNTS.format(outcome=OUTCOME_SQL, where="")
-_SQL_COUNTS_SOME = _SQL_COUNTS.format(outcome=OUTCOME_SQL,
+_SQL_COUNTS_ALL = _SQL_COUNTS.format(outcome=OUTCOME_SQL, verdicts=VERDICTS_SQL, where="")
+_SQL_COUNTS_SOME = _SQL_COUNTS.format(outcome=OUTCOME_SQL, verdicts=VERDICTS_SQL,
                                       where="WHERE r.agent_id = ANY($2::text[])")
 
 _SQL_DELETE_ALL = "DELETE FROM agent_scores WHERE agent_id <> $1"

@@ -143,6 +143,89 @@ async def test_an_unknown_id_is_looked_up_again_before_it_is_refused() -> None:
     assert table.calls == 3
 
 
+# ---- a verdict on one part of a message answered part by part (issue 34) ----------
+
+
+async def test_a_verdict_on_one_part_is_stored_on_that_part_alone_and_its_ack_names_it(
+) -> None:
+    table = FakeFeedbackTable(parts={("a", "r-1"): 3})
+    bus, deps = setup(table)
+    await deliver(deps, "agent.feedback.a",
+                  {"request_id": "r-1", "outcome": "user_rejected", "part": 1})
+    await deliver(deps, "agent.feedback.a", {"request_id": "r-1", "outcome": "success"})
+    await deliver(deps, "agent.feedback.a",
+                  {"request_id": "r-1", "outcome": "success", "part": 1})
+    on_part, whole, repeat = acks(bus, "agent.response.a._feedback.r-1")
+    assert (on_part.accepted, on_part.part, on_part.repeat) == (True, 1, False)
+    assert (whole.accepted, whole.part) == (True, None)
+    assert (repeat.accepted, repeat.part, repeat.repeat) == (True, 1, True)
+    # The part's verdict under the part's id (its classify_history entry's), the whole
+    # request's under its own: neither replaces the other.
+    assert set(table.rows) == {("a", "r-1#2"), ("a", "r-1")}
+    assert table.rows[("a", "r-1#2")].outcome == FeedbackOutcome.SUCCESS
+
+
+@pytest.mark.parametrize(("known", "part"), [
+    ({("a", "r-1"): 2}, 2),  # past its last part
+    ({}, 0),  # answered whole: no parts
+])
+async def test_a_part_the_request_lacks_is_refused_with_invalid_field(
+    known: dict[tuple[str, str], int], part: int
+) -> None:
+    table = FakeFeedbackTable(("a", "r-1"), parts=known)
+    recorder = FeedbackRecorder(table, unknown_retries=(0.0, 0.01))
+    ack = await recorder.record("a", Feedback(request_id="r-1", outcome=FeedbackOutcome.ERROR,
+                                              part=part))
+    assert (ack.accepted, ack.error_code, ack.part) == (False, "INVALID_FIELD", part)
+    assert f"has no part {part}" in ack.message
+    assert table.calls == 1  # not looked up again: the request is known
+    assert table.rows == {}
+
+
+@pytest.mark.parametrize("part", [-1, 8_000, 2**40])
+async def test_a_part_that_cannot_be_one_is_refused_before_the_store(part: int) -> None:
+    table = FakeFeedbackTable(parts={("a", "r-1"): 3})
+    bus, deps = setup(table)
+    await deliver(deps, "agent.feedback.a",
+                  {"request_id": "r-1", "outcome": "success", "part": part})
+    (ack,) = acks(bus, "agent.response.a._feedback.r-1")
+    assert (ack.accepted, ack.error_code, ack.part) == (False, "INVALID_FIELD", part)
+    assert table.calls == 0
+
+
+async def test_a_part_of_another_agents_request_is_refused_as_unknown() -> None:
+    table = FakeFeedbackTable(parts={("a", "r-1"): 3})
+    bus, deps = setup(table)
+    await deliver(deps, "agent.feedback.b", {"request_id": "r-1", "outcome": "error",
+                                             "part": 0})
+    (ack,) = acks(bus, "agent.response.b._feedback.r-1")
+    assert (ack.accepted, ack.error_code, ack.part) == (False, "UNKNOWN_REQUEST", 0)
+    assert table.rows == {}
+
+
+def test_a_part_decodes_and_a_verdict_without_one_is_on_the_whole_request() -> None:
+    on_part = msgspec.json.decode(b'{"request_id": "r", "outcome": "success", "part": 0}',
+                                  type=Feedback)
+    assert (on_part.part, check_feedback(on_part)) == (0, None)
+    whole = msgspec.json.decode(b'{"request_id": "r", "outcome": "success"}', type=Feedback)
+    assert whole.part is None
+    # A part that is not a whole number does not match the contract.
+    from shared.contracts.checks import decode_feedback
+
+    bad = decode_feedback(b'{"request_id": "r", "outcome": "success", "part": "1"}')
+    assert isinstance(bad, FeedbackAck)
+    assert bad.error_code == "INVALID_FIELD"
+
+
+def test_the_grpc_door_carries_the_part_and_its_absence() -> None:
+    from services.doors.grpc_server import to_feedback
+    from shared.grpc import agent_pb2
+
+    on_part = to_feedback(agent_pb2.FeedbackRequest(request_id="r", outcome="error", part=0))
+    whole = to_feedback(agent_pb2.FeedbackRequest(request_id="r", outcome="error"))
+    assert (on_part.part, whole.part) == (0, None)
+
+
 def test_check_feedback_accepts_the_bounds() -> None:
     ok = msgspec.json.decode(
         b'{"request_id": "r", "outcome": "success", "metadata": '
@@ -161,7 +244,7 @@ class TokenAgents:
 
 
 async def test_http_status_codes() -> None:
-    table = FakeFeedbackTable(("a", "r-1"), ("b", "r-b"))
+    table = FakeFeedbackTable(("a", "r-1"), ("b", "r-b"), parts={("a", "r-p"): 2})
     app = build_http_app(LocalDoor(TokenAgents(), feedback_recorder(table),
                                    AuthThrottle(DEFAULT_AUTH_FAILURES)))
     body = {"request_id": "r-1", "outcome": "success"}
@@ -189,7 +272,13 @@ async def test_http_status_codes() -> None:
         assert (await post("a", b"x" * 70_000))[0] == 413
         resp = await client.post("/agents/a/feedback", data=b"{}")
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
-    assert set(table.rows) == {("a", "r-1")}
+        # A part of a message answered part by part; a part the request lacks is 400.
+        assert await post("a", {**body, "request_id": "r-p", "part": 1}) == (
+            200, {"request_id": "r-p", "accepted": True, "part": 1})
+        status, ack = await post("a", {**body, "request_id": "r-p", "part": 2})
+        assert (status, ack["error_code"], ack["part"]) == (400, "INVALID_FIELD", 2)
+        assert (await post("a", {**body, "part": 0}))[0] == 400
+    assert set(table.rows) == {("a", "r-1"), ("a", "r-p#2")}
 
 
 def test_listen_addresses() -> None:

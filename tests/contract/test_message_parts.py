@@ -24,7 +24,8 @@ from services.validator.handlers import ValidatorDeps
 from services.validator.handlers import build_stage as validator_stage
 from services.validator.settings import ValidatorSettings
 from shared.client.caller import assemble
-from shared.contracts.codec import decode_chunk, decode_routed
+from shared.contracts.codec import decode_chunk, decode_routed, encode
+from shared.contracts.ids import MAX_ID_CHARS, MAX_PART_ID_CHARS
 from shared.contracts.pipeline import Admitted, Routed
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind, ResponseChunk
@@ -32,7 +33,7 @@ from shared.contracts.routing import ModelSlot, QueryType
 from shared.llm.fleet import Fleet
 from shared.llm.walk import Walker
 from shared.policy.agent import AgentPolicy, MultiIntent
-from shared.store.rows import HistoryRow, RequestLogRow, TurnRow
+from shared.store.rows import HistoryRow, RequestLogRow, TurnRow, storable
 from testkit.fakes import (
     FakePolicies,
     FakeStore,
@@ -85,9 +86,10 @@ class Pipeline:
         self.visited: list[tuple[str, int]] = []
 
     async def run(self, query: str, **fields: Any) -> None:
+        fields.setdefault("request_id", "m-1")
         env: Admitted | Routed = Admitted(
-            request=AgentRequest(request_id="m-1", session_id="s", agent_id="a", query=query,
-                                 **fields), accepted_at=0.0)
+            request=AgentRequest(session_id="s", agent_id="a", query=query, **fields),
+            accepted_at=0.0)
         subject, seq = "intentroute.stage.classify", 1
         for _ in range(20):
             stage, deps = self.stages[subject]
@@ -151,6 +153,19 @@ async def test_a_three_part_message_is_answered_part_by_part_in_one_stream() -> 
     assert [h.request_id for h in history] == ["m-1#1", "m-1#2", "m-1#3"]
 
 
+async def test_the_parts_of_a_message_with_the_longest_request_id_keep_their_own_ids() -> None:
+    """A part's id is its message's request id and its place: with a 128-character
+    request id it is longer than a request id may be (classify_history and feedback hold
+    it since migration 0020), never cut into another part's."""
+    longest = "r" * MAX_ID_CHARS
+    pipe = Pipeline()
+    await pipe.run(MESSAGE, extra_context="invoice 2026-10: 12.40 EUR", request_id=longest)
+    history = [r for r in pipe.store.rows if isinstance(r, HistoryRow)]
+    assert [h.request_id for h in history] == [f"{longest}#{k}" for k in (1, 2, 3)]
+    assert all(len(storable(h).request_id) <= MAX_PART_ID_CHARS for h in history)
+    assert [storable(h) for h in history] == history
+
+
 async def test_a_single_request_with_steps_is_not_split() -> None:
     pipe = Pipeline()
     await pipe.run("write an endpoint that reads a param, hashes it and returns it")
@@ -210,3 +225,71 @@ async def test_a_redelivered_part_opens_once_and_its_reset_keeps_the_earlier_par
                                                  kind=ChunkKind.RESET), chunks[-1]])
     assert "### 1. explain addVar" in text  # the earlier parts survive a reset
     assert "### 2." in text
+
+
+def _stream_until(pipe: Pipeline, stop: Any) -> Pipeline:
+    """A fresh pipeline whose bus holds what `pipe`'s answer subject stored up to and
+    including the first chunk `stop(chunk)` accepts, and every claim `pipe` stored: the
+    state a redelivery finds after its worker died at that point."""
+    later = Pipeline()
+    later.bus.claims = dict(pipe.bus.claims)
+    for sent in pipe.bus.sent:
+        if sent.subject == "agent.response.a.m-1":
+            later.bus.sent.append(sent)
+            if stop(decode_chunk(sent.payload)):
+                break
+    return later
+
+
+def _opens(chunk: ResponseChunk, index: int) -> bool:
+    return chunk.kind == ChunkKind.PART and chunk.part is not None and chunk.part.index == index
+
+
+async def test_a_part_redelivered_mid_answer_to_the_stage_that_opened_it_opens_it_once() -> None:
+    """The PLATFORM part's generator opens the part and streams it; killed after a piece
+    of its text, its redelivery sends no second marker, and its reset drops that part's
+    text only."""
+    pipe = Pipeline()
+    await pipe.run(MESSAGE, extra_context="invoice 2026-10: 12.40 EUR")
+    (part2,) = [s for s in pipe.bus.sent
+                if s.subject == "intentroute.stage.generate.conversational"]
+    later = _stream_until(pipe, lambda chunk: _opens(chunk, 2))
+    marker = later.bus.chunks("m-1")[-1]
+    # The piece of text the first delivery streamed before it died.
+    await later.bus.publish("agent.response.a.m-1", encode(ResponseChunk(
+        request_id="m-1", seq=marker.seq + 1, text="half an answ")))
+    stage, deps = later.stages["intentroute.stage.generate.conversational"]
+    await run_on_wire(stage, decode_routed(part2.payload), deps, deliveries=2)
+    chunks = later.bus.chunks("m-1")
+    assert [c.part.index for c in chunks if c.kind == ChunkKind.PART and c.part] == [0, 1, 2]
+    assert [c.kind for c in chunks[-3:]] == [ChunkKind.TEXT, ChunkKind.RESET, ChunkKind.FINAL]
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert sum(c.is_final for c in chunks) == 1
+    assert assemble(chunks) == assemble(pipe.bus.chunks("m-1"))
+
+
+async def test_a_part_redelivered_after_the_next_part_began_leaves_the_stream_alone() -> None:
+    """The stage that ended part 1 (its generator) handed part 2 on and died before its
+    message was acknowledged; part 2's retriever opened it and its generator streams.
+    The redelivery of part 1's message sends nothing on the answer (no reset, no second
+    copy of part 1 inside part 2) and hands part 2 on again under the same msg id (a
+    no-op for the stream's duplicate window)."""
+    pipe = Pipeline()
+    await pipe.run(MESSAGE, extra_context="invoice 2026-10: 12.40 EUR")
+    ends_part0 = next(s for s in pipe.bus.sent if s.subject == "intentroute.stage.generate.main"
+                      and decode_routed(s.payload).part == 0)
+    seen: list[ResponseChunk] = []
+
+    def inside_part1(chunk: ResponseChunk) -> bool:
+        seen.append(chunk)
+        return len(seen) >= 2 and _opens(seen[-2], 1)
+
+    later = _stream_until(pipe, inside_part1)
+    before = len(later.bus.sent)
+    stage, deps = later.stages["intentroute.stage.generate.main"]
+    await run_on_wire(stage, decode_routed(ends_part0.payload), deps, deliveries=2)
+    again = later.bus.sent[before:]
+    assert not [s for s in again if s.subject.startswith("agent.response.")]
+    handed = [s for s in pipe.bus.sent if s.subject == "intentroute.stage.retrieve"
+              and decode_routed(s.payload).part == 1]
+    assert [(s.subject, s.msg_id) for s in again] == [(h.subject, h.msg_id) for h in handed]

@@ -23,6 +23,7 @@ from shared.client.caller import send_feedback
 from shared.contracts.feedback import Feedback, FeedbackAck, FeedbackMetadata, FeedbackOutcome
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from shared.policy.confidence import ConfidenceParams
+from shared.store.feedback_table import VERDICTS_SQL
 from shared.store.rows import RequestLogRow
 from shared.store.scores import OUTCOME_SQL, refresh_scores
 from shared.store.stores import Store
@@ -51,8 +52,7 @@ async def logged(store: Store, agent: str, request_id: str | None = None,
 async def outcome_of(store: Store, agent: str, request_id: str) -> str | None:
     """The outcome scores count for a request (`OUTCOME_SQL`)."""
     return await store.pool.fetchval(
-        f"SELECT {OUTCOME_SQL} FROM request_log r LEFT JOIN feedback f"
-        " ON f.agent_id = r.agent_id AND f.request_id = r.request_id"
+        f"SELECT {OUTCOME_SQL} FROM {VERDICTS_SQL}"
         " WHERE r.agent_id = $1 AND r.request_id = $2", agent, request_id)
 
 
@@ -269,6 +269,40 @@ async def test_implicit_outcomes_of_fallback_timeout_and_error_answers(
     finally:
         await quiet.close()
     assert await verdicts(store, "agent-a", off) == []
+
+
+async def test_a_messages_outcome_counts_the_verdicts_on_its_parts(store: Store) -> None:
+    """A message answered part by part: the agent's verdict on the whole message decides;
+    else a part it judged anything but a success makes the message that; else what the
+    pipeline recorded; parts all judged a success leave a plain answer a success."""
+    cases: dict[str, tuple[dict[str, Any], list[str], str | None, str]] = {
+        # name: (log row fields, verdicts on parts 0.., whole verdict, outcome counted)
+        "parts liked": ({}, ["success", "success"], None, "success"),
+        "one part rejected": ({}, ["success", "user_rejected"], None, "user_rejected"),
+        "whole verdict decides": ({}, ["user_rejected"], "success", "success"),
+        "fallback, parts liked": ({"fallback": True}, ["success", "success"], None,
+                                  "fallback"),
+        "fallback, a part failed": ({"fallback": True}, ["error"], None, "error"),
+    }
+    for name, (fields, parts, whole, expected) in cases.items():
+        request_id = await logged(store, "agent-a", query_type="RET+PLAT", **fields)
+        for i, outcome in enumerate(parts):
+            await store.pool.execute(
+                "INSERT INTO feedback (agent_id, request_id, outcome, source) "
+                "VALUES ('agent-a', $1, $2, 'explicit')", f"{request_id}#{i + 1}", outcome)
+        if whole:
+            await store.pool.execute(
+                "INSERT INTO feedback (agent_id, request_id, outcome, source) "
+                "VALUES ('agent-a', $1, $2, 'explicit') ON CONFLICT (agent_id, request_id) "
+                "DO UPDATE SET outcome = EXCLUDED.outcome, source = EXCLUDED.source",
+                request_id, whole)
+        assert await outcome_of(store, "agent-a", request_id) == expected, name
+    # Another agent's verdicts on the same ids count for its own requests only.
+    mine = await logged(store, "agent-a", query_type="RET+PLAT")
+    await store.pool.execute(
+        "INSERT INTO feedback (agent_id, request_id, outcome, source) "
+        "VALUES ('agent-b', $1, 'error', 'explicit')", f"{mine}#1")
+    assert await outcome_of(store, "agent-a", mine) == "success"
 
 
 async def test_the_pipeline_records_implicit_outcomes_of_its_answers(

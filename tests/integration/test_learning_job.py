@@ -252,6 +252,38 @@ async def test_a_requests_value_is_its_feedback_else_what_the_log_knows(
     assert gates[(50, False)].v == pytest.approx(sum(c[-1] for c in cases) - 2.0)
 
 
+async def test_a_messages_value_counts_the_verdicts_on_its_parts(
+    conn: asyncpg.Connection,
+) -> None:
+    """A message answered part by part is worth nothing when a part was judged a
+    failure, unless the agent judged the whole message (scores rank them alike)."""
+    from shared.learning.slices import load_slices
+
+    clock = ManualUtcClock()
+    # (verdicts on its parts, verdict on the whole message or None, value)
+    cases = [
+        (["success", "success"], None, 1.0),
+        (["success", "user_rejected"], None, 0.0),
+        (["user_rejected"], "success", 1.0),
+    ]
+    for i, (parts, whole, _) in enumerate(cases):
+        await conn.execute(
+            "INSERT INTO request_log (agent_id, request_id, session_id, outcome, query_type, "
+            "layer, confidence, model_slot, created_at) "
+            "VALUES ('m', $1, 's', 'ok', 'RET+CODE', 'llm', 0.5, 'main', $2)",
+            f"r{i}", clock.now - _days(1))
+        verdicts = [(f"r{i}#{k + 1}", outcome) for k, outcome in enumerate(parts)]
+        verdicts += [(f"r{i}", whole)] if whole else []
+        for request_id, outcome in verdicts:
+            await conn.execute(
+                "INSERT INTO feedback (agent_id, request_id, outcome, source) "
+                "VALUES ('m', $1, $2, 'explicit')", request_id, outcome)
+    slices = await load_slices(conn, clock.now - _days(30), clock.now, ask_value=0.5)
+    agent = slices["m"]
+    assert agent.requests == len(cases)  # the part verdicts are no requests of their own
+    assert agent.both.gates[(50, False)].v == pytest.approx(sum(c[-1] for c in cases))
+
+
 async def test_the_ab_arm_in_sql_is_the_arm_in_python(conn: asyncpg.Connection) -> None:
     ids = [f"req-{i}" for i in range(3000)]
     rows = await conn.fetch(

@@ -3,7 +3,8 @@ Postgres with authentication, every worker and the doors in-process, the generat
 the extractive answerer): on NATS the stream holds a marker per part and one final with
 every part; the OpenAI door returns one message whose content has the parts in order
 under their headings; gRPC likewise; the request log has one row for the message and
-the intent history an entry per part."""
+the intent history an entry per part; a verdict on one part lands on that part alone
+(NATS, gRPC, HTTP), another agent's never."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import grpc
 import openai
 import pytest
 
-from shared.client.caller import assemble
+from shared.client.caller import assemble, send_feedback
+from shared.contracts.feedback import Feedback, FeedbackOutcome
 from shared.contracts.response import ChunkKind
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from shared.store import asyncpg_dsn
+from shared.store.feedback_table import VERDICTS_SQL
+from shared.store.scores import OUTCOME_SQL
 from tests.helpers.agents import Connections, add_agents
 from tests.helpers.pipeline import ask_all, base_env, door_addresses, make_request, running
 
@@ -35,15 +40,19 @@ THREE = ("explain addVar, then write an endpoint that returns a total; also, can
 INVOICE = "invoice 2026-10: 12.40 EUR"
 
 
+OTHER = "parts-b"
+
+
 class Stack:
     def __init__(self, nc: Any, http: str, grpc_addr: str, token: str,
-                 db: asyncpg.Connection) -> None:
+                 db: asyncpg.Connection, other: Any) -> None:
         self.nc, self.http, self.grpc_addr, self.token, self.db = nc, http, grpc_addr, token, db
+        self.other = other  # another agent's connection
 
 
 @pytest.fixture(scope="module")
 async def parts_stack(nats_url: str, database_url: str, kb_index: Path) -> AsyncIterator[Stack]:
-    creds = await add_agents(nats_url, database_url, {AGENT: False})
+    creds = await add_agents(nats_url, database_url, {AGENT: False, OTHER: False})
     grpc_addr, http, listen = door_addresses()
     env = base_env(nats_url, database_url, kb_index, GENERATOR_BACKEND="extractive",
                    AVAP_PARSER_TIMEOUT="0", **listen)
@@ -51,7 +60,8 @@ async def parts_stack(nats_url: str, database_url: str, kb_index: Path) -> Async
     db = await asyncpg.connect(asyncpg_dsn(database_url))
     try:
         async with running(env, WORKERS):
-            yield Stack(await connections(AGENT), http, grpc_addr, creds[AGENT].token, db)
+            yield Stack(await connections(AGENT), http, grpc_addr, creds[AGENT].token, db,
+                        await connections(OTHER))
     finally:
         await connections.close()
         await db.close()
@@ -124,3 +134,83 @@ async def test_grpc_answers_the_parts_in_order(parts_stack: Stack) -> None:
             metadata=(("authorization", f"Bearer {parts_stack.token}"),))
     assert reply.text.index("### 1.") < reply.text.index("### 2.") < reply.text.index(
         "### 3.")
+
+
+async def _verdicts(db: asyncpg.Connection, agent: str, request_id: str) -> dict[str, str]:
+    rows = await db.fetch("SELECT request_id, outcome FROM feedback WHERE agent_id = $1 "
+                          "AND (request_id = $2 OR request_id LIKE $2 || '#%')",
+                          agent, request_id)
+    return {r["request_id"]: r["outcome"] for r in rows}
+
+
+async def test_a_verdict_on_one_part_lands_on_that_part_alone_through_every_door(
+    parts_stack: Stack
+) -> None:
+    """Part 1 judged over NATS, part 2 over gRPC and HTTP (a repeat): each verdict is
+    stored on its part (its classify_history entry's id), the whole request keeps no
+    verdict of its own until the agent gives one, and the request's outcome is its
+    worst part's until then. A part the message lacks is INVALID_FIELD; another agent
+    cannot judge any part of it."""
+    req = make_request(THREE, agent_id=AGENT, extra_context=INVOICE)
+    chunks = await ask_all(parts_stack.nc, req)
+    final = chunks[-1]
+    assert [p.index for p in final.parts] == [0, 1, 2]
+    await _logged(parts_stack.db, req.request_id)
+    rid = req.request_id
+
+    nats_ack = await send_feedback(parts_stack.nc, AGENT, Feedback(
+        request_id=rid, outcome=FeedbackOutcome.USER_REJECTED, part=1))
+    assert (nats_ack.accepted, nats_ack.part) == (True, 1)
+    async with grpc.aio.insecure_channel(parts_stack.grpc_addr) as channel:
+        stub = agent_pb2_grpc.AssistanceEngineStub(channel)
+        reply = await stub.Feedback(
+            agent_pb2.FeedbackRequest(request_id=rid, outcome="success", part=2),
+            metadata=(("authorization", f"Bearer {parts_stack.token}"),))
+        assert reply.accepted
+        with pytest.raises(grpc.aio.AioRpcError) as lacking:
+            await stub.Feedback(
+                agent_pb2.FeedbackRequest(request_id=rid, outcome="success", part=3),
+                metadata=(("authorization", f"Bearer {parts_stack.token}"),))
+    assert lacking.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "INVALID_FIELD" in (lacking.value.details() or "")
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(f"{parts_stack.http}/agents/{AGENT}/feedback",
+                               json={"request_id": rid, "outcome": "success", "part": 2},
+                               headers={"Authorization": f"Bearer {parts_stack.token}"})
+        assert (resp.status, await resp.json()) == (
+            200, {"request_id": rid, "accepted": True, "repeat": True, "part": 2})
+
+    assert await _verdicts(parts_stack.db, AGENT, rid) == {
+        f"{rid}#2": "user_rejected", f"{rid}#3": "success"}
+    assert await _outcome(parts_stack.db, rid) == "user_rejected"
+    # Another agent: its own unknown request, whichever part; nothing stored anywhere.
+    theirs = await send_feedback(parts_stack.other, OTHER, Feedback(
+        request_id=rid, outcome=FeedbackOutcome.ERROR, part=0))
+    assert (theirs.accepted, theirs.error_code) == (False, "UNKNOWN_REQUEST")
+    assert await _verdicts(parts_stack.db, OTHER, rid) == {}
+    # A verdict on the whole request works as before, and decides the request's outcome.
+    whole = await send_feedback(parts_stack.nc, AGENT, Feedback(
+        request_id=rid, outcome=FeedbackOutcome.SUCCESS))
+    assert (whole.accepted, whole.part, whole.repeat) == (True, None, False)
+    assert await _verdicts(parts_stack.db, AGENT, rid) == {
+        rid: "success", f"{rid}#2": "user_rejected", f"{rid}#3": "success"}
+    assert await _outcome(parts_stack.db, rid) == "success"
+
+
+async def test_a_part_verdict_on_a_request_answered_whole_is_invalid_field(
+    parts_stack: Stack
+) -> None:
+    req = make_request("what does addVar do?", agent_id=AGENT)
+    chunks = await ask_all(parts_stack.nc, req)
+    assert chunks[-1].parts == []
+    await _logged(parts_stack.db, req.request_id)
+    ack = await send_feedback(parts_stack.nc, AGENT, Feedback(
+        request_id=req.request_id, outcome=FeedbackOutcome.SUCCESS, part=0))
+    assert (ack.accepted, ack.error_code, ack.part) == (False, "INVALID_FIELD", 0)
+    assert await _verdicts(parts_stack.db, AGENT, req.request_id) == {}
+
+
+async def _outcome(db: asyncpg.Connection, request_id: str) -> str | None:
+    """The outcome the agent's scores count for the request."""
+    return await db.fetchval(f"SELECT {OUTCOME_SQL} FROM {VERDICTS_SQL} "
+                             "WHERE r.agent_id = $1 AND r.request_id = $2", AGENT, request_id)

@@ -7,20 +7,46 @@ import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import grpc
 import pytest
+from nats.aio.msg import Msg
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from intentroute.supervisor import Supervisor
+from intentroute.supervisor import Supervised, Supervisor
 from shared.client.caller import ask, assemble
-from shared.contracts.response import ChunkKind
+from shared.contracts.codec import decode_chunk
+from shared.contracts.response import ChunkKind, ResponseChunk, response_subject
 from shared.grpc import agent_pb2, agent_pb2_grpc
 from tests.helpers.pipeline import ask_all, base_env, make_request, running
 
 pytestmark = pytest.mark.integration
+
+
+@asynccontextmanager
+async def supervised(name: str, env: dict[str, str]) -> AsyncIterator[Supervised]:
+    """Worker `name` as a process under `up`'s supervisor, restarted when it dies."""
+    supervisor = Supervisor()
+    slot = supervisor.add(name, [sys.executable, "-m", "intentroute.cli", "worker", name],
+                          {**os.environ, **env})
+    watching = True
+
+    async def supervise() -> None:
+        while watching:
+            supervisor.poll()
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(supervise())
+    try:
+        yield slot
+    finally:
+        watching = False
+        await watcher
+        supervisor.stop(timeout=10)
 
 
 async def test_worker_killed_mid_answer_is_restarted_and_the_request_answered_within_5s(
@@ -34,43 +60,27 @@ async def test_worker_killed_mid_answer_is_restarted_and_the_request_answered_wi
     fake_ollama.responder = lambda body: [f"tok{i} " for i in range(8)]
     env = base_env(nats_url, database_url, kb_index, OLLAMA_HOST=fake_ollama.url,
                    OLLAMA_MODEL_NAME="big:1.7b")
-    supervisor = Supervisor()
-    slot = supervisor.add("generator-main",
-                          [sys.executable, "-m", "intentroute.cli", "worker", "generator-main"],
-                          {**os.environ, **env})
-    watching = True
+    async with supervised("generator-main", env) as slot, running(
+            env, ("gateway", "classifier", "retriever")):
+        req = make_request("what does addResult do?")
+        first_text = asyncio.Event()
+        chunks: list = []
 
-    async def supervise() -> None:
-        while watching:
-            supervisor.poll()
-            await asyncio.sleep(0.05)
+        async def collect() -> None:
+            async for chunk in ask(nc, req, timeout=60):
+                chunks.append(chunk)
+                if chunk.kind == ChunkKind.TEXT:
+                    first_text.set()
 
-    watcher = asyncio.create_task(supervise())
-    try:
-        async with running(env, ("gateway", "classifier", "retriever")):
-            req = make_request("what does addResult do?")
-            first_text = asyncio.Event()
-            chunks: list = []
-
-            async def collect() -> None:
-                async for chunk in ask(nc, req, timeout=60):
-                    chunks.append(chunk)
-                    if chunk.kind == ChunkKind.TEXT:
-                        first_text.set()
-
-            answer = asyncio.create_task(collect())
-            # Kill only once part of the answer has reached the caller.
-            await asyncio.wait_for(first_text.wait(), 60)
-            assert slot.proc is not None
-            slot.proc.send_signal(signal.SIGKILL)
-            killed = time.monotonic()
-            fake_ollama.token_delay = 0.0
-            await asyncio.wait_for(answer, 30)
-            recovered = time.monotonic() - killed
-    finally:
-        watching = False
-        await watcher
-        supervisor.stop(timeout=10)
+        answer = asyncio.create_task(collect())
+        # Kill only once part of the answer has reached the caller.
+        await asyncio.wait_for(first_text.wait(), 60)
+        assert slot.proc is not None
+        slot.proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        fake_ollama.token_delay = 0.0
+        await asyncio.wait_for(answer, 30)
+        recovered = time.monotonic() - killed
     assert slot.restarts == 1
     assert chunks[-1].is_final
     assert chunks[-1].error is None
@@ -79,6 +89,93 @@ async def test_worker_killed_mid_answer_is_restarted_and_the_request_answered_wi
     assert assemble(chunks) == "".join(f"tok{i} " for i in range(8))
     assert len(fake_ollama.requests) == 2
     assert recovered < 5.0, f"answered {recovered:.1f}s after the kill"
+
+
+INVOICE_THEN_ADDVAR = "can you send me my last invoice? and then explain what addVar does"
+ADDVAR_THEN_INVOICE = "explain what addVar does; also, can you send me my last invoice?"
+
+
+@pytest.mark.parametrize(("query", "killed"), [
+    # The RETRIEVAL part second: its retriever opened it, its generator dies.
+    (INVOICE_THEN_ADDVAR, "generator-main"),
+    # The PLATFORM part second: its generator opens it and dies answering it.
+    (ADDVAR_THEN_INVOICE, "generator-conversational"),
+])
+async def test_a_message_answered_part_by_part_ends_once_when_its_generator_is_killed(
+    connect_as, nats_url, database_url, kb_index, fake_ollama, store, query, killed
+) -> None:
+    """Issue 34: a two-part message whose second part's generator (a process under the
+    supervisor) is killed while it streams that part: the restarted process answers the
+    part again (a RESET inside it drops that part's text only), and the caller sees
+    every part once, in order, and exactly one final chunk."""
+    part = 1
+    answers = {"big:1.7b": [f"ret{i} " for i in range(8)],
+               "small:0.6b": [f"plat{i} " for i in range(8)]}
+    types = (["PLATFORM", "RETRIEVAL"] if query == INVOICE_THEN_ADDVAR
+             else ["RETRIEVAL", "PLATFORM"])
+    texts = [answers["small:0.6b" if t == "PLATFORM" else "big:1.7b"] for t in types]
+    fake_ollama.token_delay = 0.3
+    fake_ollama.responder = lambda body: answers[body["model"]]
+    env = base_env(nats_url, database_url, kb_index, OLLAMA_HOST=fake_ollama.url,
+                   OLLAMA_MODEL_NAME="big:1.7b", OLLAMA_MODEL_NAME_CONVERSATIONAL="small:0.6b")
+    req = make_request(query, agent_id="agent-a", extra_context="invoice 2026-10: 12.40 EUR")
+    nc = await connect_as("agent-a")
+    others = tuple(w for w in ("generator-main", "generator-conversational") if w != killed)
+    # Every chunk published on the answer, as a subscriber that drops nothing reads it
+    # (`ask` passes each seq on once).
+    published: list[ResponseChunk] = []
+
+    async def keep(msg: Msg) -> None:
+        published.append(decode_chunk(msg.data))
+
+    raw = await nc.subscribe(response_subject("agent-a", req.request_id), cb=keep)
+    async with supervised(killed, env) as slot, running(
+            env, ("gateway", "classifier", "retriever", *others)):
+        killed_part_text = asyncio.Event()
+        chunks: list = []
+
+        async def collect() -> None:
+            current = -1
+            async for chunk in ask(nc, req, timeout=60):
+                chunks.append(chunk)
+                if chunk.kind == ChunkKind.PART and chunk.part is not None:
+                    current = chunk.part.index
+                elif chunk.kind == ChunkKind.TEXT and current == part:
+                    killed_part_text.set()
+
+        answer = asyncio.create_task(collect())
+        await asyncio.wait_for(killed_part_text.wait(), 60)
+        assert slot.proc is not None
+        slot.proc.send_signal(signal.SIGKILL)
+        fake_ollama.token_delay = 0.0
+        await asyncio.wait_for(answer, 30)
+    assert slot.restarts == 1
+    finals = [c for c in chunks if c.is_final]
+    assert len(finals) == 1
+    assert chunks[-1] is finals[0]
+    assert finals[0].error is None
+    assert [p.query_type for p in finals[0].parts] == types
+    await raw.unsubscribe()
+    markers = [i for i, c in enumerate(chunks) if c.kind == ChunkKind.PART]
+    assert [chunks[i].part.index for i in markers] == [0, 1]  # each part opened once
+    assert [c.part.index for c in published if c.kind == ChunkKind.PART and c.part] == [0, 1]
+    assert sum(c.is_final for c in published) == 1
+    resets = [i for i, c in enumerate(chunks) if c.kind == ChunkKind.RESET]
+    assert resets
+    # Inside the killed part only.
+    assert all(markers[part] < i < [*markers, len(chunks)][part + 1] for i in resets)
+    text = assemble(chunks)
+    assert text.count("### 1. ") == text.count("### 2. ") == 1
+    first, second = text.split("### 2. ")
+    assert first.endswith("".join(texts[0]) + "\n\n")
+    assert first.count(texts[0][0]) == 1
+    assert second.endswith("".join(texts[1]))
+    assert second.count(texts[1][0]) == 1
+    (row,) = await store.pool.fetch(
+        "SELECT query_type, outcome FROM request_log WHERE agent_id = 'agent-a' "
+        "AND request_id = $1", req.request_id)
+    short = {"PLATFORM": "PLAT", "RETRIEVAL": "RET"}
+    assert (row["query_type"], row["outcome"]) == ("+".join(short[t] for t in types), "ok")
 
 
 async def test_one_request_one_trace_across_the_five_workers(

@@ -301,3 +301,24 @@ def bench_cache(
     with stack_errors():
         report = run(agents=agents, rounds=rounds, batch_wait_ms=batch_wait_ms)
     emit(report, json_out)
+
+
+@bench_app.command("parts")
+def bench_parts(
+    json_out: JsonFlag = False,
+    rounds: Annotated[int, typer.Option(help="Measured rounds (each asks all three "
+                                             "messages, in turn first)")] = 30,
+    warmup: Annotated[int, typer.Option(help="Rounds before, not counted")] = 3,
+    echo_delay: Annotated[float, typer.Option(
+        help="Seconds the echo generator spreads an answer's four pieces over")] = 0.04,
+) -> None:
+    """Issue 34 on a real stack (embedded NATS and Postgres, every stage worker, Layer 2,
+    the echo generator streaming): the p50 time to the first answer text of a RETRIEVAL
+    question alone and of two- and three-part messages that start with it, interleaved
+    round by round; single_first_text_ms_p50, two_/three_first_text_ms_p50, their ratios
+    to the single one (bound 1.2), first markers and finals by kind."""
+    from bench.parts import run
+
+    with stack_errors():
+        report = run(rounds=rounds, warmup=warmup, echo_delay=echo_delay)
+    emit(report, json_out)

@@ -37,7 +37,7 @@ from shared.auth.ports import AgentInfo, TokenVerifier
 from shared.contracts.checks import check_feedback, refused
 from shared.contracts.codec import decode_chunk
 from shared.contracts.feedback import Feedback, FeedbackAck
-from shared.contracts.ids import MAX_ID_CHARS
+from shared.contracts.ids import MAX_ID_CHARS, MAX_PART_ID_CHARS, part_id
 from shared.contracts.pipeline import Passage
 from shared.contracts.response import ErrorCode, ResponseChunk
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry, QueryType
@@ -156,7 +156,9 @@ def _text_problem(value: str) -> str:
 def row_problem(row: Row) -> str:
     """Why Postgres would refuse `row` ("" if it would not)."""
     ids = (row.agent_id, row.session_id, row.request_id)
-    if any(len(i) > MAX_ID_CHARS for i in ids):
+    # A history entry's request id may be a part's (`<request_id>#<k>`, a wider column).
+    widest = MAX_PART_ID_CHARS if isinstance(row, HistoryRow) else MAX_ID_CHARS
+    if any(len(i) > MAX_ID_CHARS for i in ids[:2]) or len(row.request_id) > widest:
         return "id longer than its column"
     texts: list[str] = list(ids)
     if isinstance(row, TurnRow):
@@ -301,10 +303,14 @@ class FakeLimits:
 
 class FakeFeedbackTable:
     """The feedback table as the gateway writes it: `known` (agent, request id) pairs are
-    in the request log; `down` makes every call fail as an unreachable database."""
+    in the request log; `parts` says how many parts the known ones answered part by part
+    had; `down` makes every call fail as an unreachable database. `rows` are keyed by
+    (agent, stored id): a part's verdict by its part id (`<request_id>#<k>`)."""
 
-    def __init__(self, *known: tuple[str, str], down: bool = False) -> None:
-        self.known = set(known)
+    def __init__(self, *known: tuple[str, str], down: bool = False,
+                 parts: Mapping[tuple[str, str], int] | None = None) -> None:
+        self.known = set(known) | set(parts or {})
+        self.parts = dict(parts or {})
         self.rows: dict[tuple[str, str], Feedback] = {}
         self.calls = 0
         self.down = down
@@ -313,12 +319,17 @@ class FakeFeedbackTable:
         self.calls += 1
         if self.down:
             raise StoreUnavailableError("connection refused")
-        key = (agent_id, feedback.request_id)
-        if key not in self.known:
+        request = (agent_id, feedback.request_id)
+        if request not in self.known:
             return Recorded(stored=False, previous="")
+        key = request
+        if feedback.part is not None:
+            if not 0 <= feedback.part < self.parts.get(request, 0):
+                return Recorded(stored=False, previous="", known=True)
+            key = (agent_id, part_id(feedback.request_id, feedback.part))
         previous = "explicit" if key in self.rows else ""
         self.rows[key] = feedback
-        return Recorded(stored=True, previous=previous)
+        return Recorded(stored=True, previous=previous, known=True)
 
 
 def feedback_recorder(table: FakeFeedbackTable | None = None) -> FeedbackRecorder:
