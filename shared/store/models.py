@@ -7,7 +7,7 @@ is the schema of record and the tool for migrations and offline exports.
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 metadata = sa.MetaData()
 
@@ -308,7 +308,74 @@ owner_settings = sa.Table(
     sa.Column("id", sa.Boolean, primary_key=True, server_default=sa.true()),
     sa.Column("max_sessions_per_agent", sa.Integer, nullable=False, server_default="10000"),
     sa.Column("request_log_hot_days", sa.Integer, nullable=False, server_default="30"),
+    # The answer cache's cap of entries per agent and default TTL (migration 0019).
+    sa.Column("answer_cache_per_agent", sa.Integer, nullable=False, server_default="1000"),
+    sa.Column("answer_cache_ttl_s", sa.Float, nullable=False, server_default="86400.0"),
     sa.CheckConstraint("id", name="owner_settings_one_row"),
     sa.CheckConstraint("max_sessions_per_agent >= 0", name="owner_settings_cap"),
     sa.CheckConstraint("request_log_hot_days >= 1", name="owner_settings_hot_days"),
+)
+
+# The per-agent answer cache (migration 0019, docs/explanation/answer-cache.md): one
+# agent's own finished answers, written only through answer_cache_put (SECURITY
+# DEFINER), read by the classifier; every insert and delete is NOTIFYed to its replicas.
+answer_cache = sa.Table(
+    "answer_cache",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(always=True), primary_key=True),
+    sa.Column("agent_id", sa.String(128), nullable=False),
+    sa.Column("request_id", sa.String(128), nullable=False),
+    sa.Column("query", sa.Text, nullable=False),
+    sa.Column("query_type", sa.String(32), nullable=False),
+    sa.Column("lang", sa.String(8), nullable=False),
+    sa.Column("model_slot", sa.String(32), nullable=False),
+    sa.Column("model", sa.String(128), nullable=False),
+    sa.Column("answer", sa.Text, nullable=False),
+    sa.Column("avap_code", sa.Text, nullable=False, server_default=""),
+    sa.Column("validation_status", sa.String(32), nullable=False, server_default=""),
+    # The documents its passages came from, and a hash of the passages it used of each.
+    sa.Column("sources", ARRAY(sa.Text), nullable=False),
+    sa.Column("versions", ARRAY(sa.Text), nullable=False),
+    sa.Column("tokens", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("tokens_estimated", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("accepted_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("hits", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("last_hit_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("feedback_pos", sa.Integer, nullable=False, server_default="0"),
+    sa.UniqueConstraint("agent_id", "request_id", name="answer_cache_request"),
+    sa.Index("answer_cache_lru", "agent_id",
+             sa.text("(COALESCE(last_hit_at, created_at))")),
+    sa.Index("answer_cache_by_source", "sources", postgresql_using="gin"),
+)
+# When a document last changed (ingest's invalidation): an answer retrieved before it
+# is refused by answer_cache_put.
+answer_cache_sources = sa.Table(
+    "answer_cache_sources",
+    metadata,
+    sa.Column("source", sa.Text, primary_key=True),
+    sa.Column("changed_at", sa.DateTime(timezone=True), nullable=False),
+)
+# The requests an entry answered (a later negative verdict on one evicts the entry).
+answer_cache_served = sa.Table(
+    "answer_cache_served",
+    metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    sa.Column("request_id", sa.String(128), primary_key=True),
+    sa.Column("entry_id", sa.BigInteger,
+              sa.ForeignKey("answer_cache.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("served_at", sa.DateTime(timezone=True), nullable=False,
+              server_default=sa.func.now()),
+    sa.Index("answer_cache_served_entry", "entry_id"),
+)
+# Per-agent totals of the cache (`intentroute cache stats`).
+answer_cache_totals = sa.Table(
+    "answer_cache_totals",
+    metadata,
+    sa.Column("agent_id", sa.String(128), primary_key=True),
+    *(sa.Column(name, sa.BigInteger, nullable=False, server_default="0")
+      for name in ("stored", "hits", "tokens_saved", "evicted_cap", "evicted_ttl",
+                   "evicted_feedback", "invalidated", "cleared")),
 )

@@ -81,7 +81,10 @@ OFF: dict[str, str] = {
 # Unset on purpose for one worker only.
 OFF_FOR: dict[str, dict[str, str]] = {
     "doors": {"INTENTROUTE_ADMISSION_KEY": "the doors stamp no envelope: they publish on "
-                                           "agents' subjects, which the gateway admits"},
+                                           "agents' subjects, which the gateway admits",
+              "GATEWAY_DASHBOARD_LOGIN_LINKS": "one-time login links are minted by "
+                                               "`intentroute up` on its own machine; a "
+                                               "deployment's dashboard signs in with a token"},
 }
 
 

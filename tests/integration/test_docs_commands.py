@@ -293,7 +293,7 @@ def test_the_database_examples_run_as_written(database_url: str, tmp_path: Path)
     lines = [(page, line) for page, line in fenced_lines()
              if key(line).startswith(WITH_DATABASE) and line not in REDIRECTED]
     policy = [line for _, line in lines if " agent set " in line or " agent show " in line]
-    assert len(policy) == 4, policy
+    assert len(policy) == 5, policy
     with fresh_database(database_url) as db_url:
         for name in ("ide", "chat"):
             added = run_as_written(f"intentroute agent add {name}", tmp_path,

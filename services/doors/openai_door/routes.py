@@ -7,7 +7,7 @@ check the request as every door does, ask the pipeline (door.Door: published on 
 agent's `agent.request.<agent_id>`, so the fair share and the per-agent limits apply),
 render the answer (collected here, streamed by stream.py). The agent's policy, read per
 request through the doors' policy cache, says which fleet models it may name as `model`
-and `GET /v1/models` lists (models.py). Whatever refuses it on the way is an
+and `GET /v1/models` lists (model_names.py). Whatever refuses it on the way is an
 IntentrouteError, rendered in one place (`_refused`) with its code's status and OpenAI
 error type (the one table, shared.contracts.errors), `Retry-After` and `retry-after-ms`
 when it says when to ask again. A stream's HTTP status is chosen on the answer's first
@@ -33,7 +33,7 @@ import msgspec
 from aiohttp import web
 
 from services.doors.door import Door, retry_after_seconds
-from services.doors.openai_door import models, wire
+from services.doors.openai_door import model_names, wire
 from services.doors.openai_door.stream import stream
 from services.doors.throttle import BodyBudget
 from shared.auth.identity import bearer_value
@@ -116,19 +116,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """The names this agent may send as `model` (models.py)."""
+    """The names this agent may send as `model` (model_names.py)."""
     try:
         policy = _policy(request, await _caller(request))
     except IntentrouteError as exc:
         return _refused(exc)
-    return web.Response(body=_encode(models.model_list(request.app[CREATED_KEY], policy)),
+    return web.Response(body=_encode(model_names.model_list(request.app[CREATED_KEY], policy)),
                         content_type="application/json")
 
 
 async def get_model(request: web.Request) -> web.Response:
     try:
         policy = _policy(request, await _caller(request))
-        card = models.find(request.match_info["model"], request.app[CREATED_KEY], policy)
+        card = model_names.find(request.match_info["model"], request.app[CREATED_KEY], policy)
     except IntentrouteError as exc:
         return _refused(exc)
     return web.Response(body=_encode(card), content_type="application/json")

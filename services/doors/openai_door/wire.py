@@ -14,7 +14,7 @@ Mapping (docs/guides/doors/openai.md):
   whose history the pipeline keeps: earlier turns are not sent on again);
 * the model: `intentroute` (the classifier decides), `intentroute/<QUERY_TYPE>` (a
   declared type, honoured for trusted agents as on the other doors), or a fleet model
-  the agent's policy lets it choose (`AgentRequest.model`; models.py); any other name
+  the agent's policy lets it choose (`AgentRequest.model`; model_names.py); any other name
   is UNKNOWN_MODEL (404 `model_not_found`);
 * `intentroute` (request, `extra_body` in the SDK): `session_id`, `request_id`,
   `query_type`, `user_info`, `editor_context`, `timeout_ms`, as in AgentRequest;
@@ -37,7 +37,7 @@ from collections.abc import Mapping
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from services.doors.openai_door import models
+from services.doors.openai_door import model_names
 from shared.contracts.checks import validation_code
 from shared.contracts.errors import InvalidInputError, door_status
 from shared.contracts.request import AgentRequest
@@ -162,7 +162,7 @@ def _invalid(message: str, param: str, code: ErrorCode = ErrorCode.INVALID_FIELD
 
 def _route(chat: ChatRequest, ext: Extension, policy: AgentPolicy) -> tuple[str | None, str]:
     """(the query type declared, None for none; the fleet model asked, "" for none)."""
-    declared, model = models.resolve(chat.model, policy)
+    declared, model = model_names.resolve(chat.model, policy)
     if declared and ext.query_type and ext.query_type != declared:
         raise _invalid(f"model {chat.model!r} declares {declared}, intentroute.query_type "
                        f"{ext.query_type}", "model")
