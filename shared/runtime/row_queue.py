@@ -44,7 +44,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -128,10 +128,16 @@ class AnsweringStore:
         self._backlog = True
         self._backlog_at = float("-inf")
         self._reading: asyncio.Task[None] | None = None
+        # Until when (monotonic) reads give up at once: a session's queued rows were not
+        # written within a read's bound (module doc).
+        self._reads_away_until = 0.0
+        # Reads given up on, left to end when the database answers.
+        self._stuck: set[asyncio.Future[Any]] = set()
 
     def database_back(self) -> None:
-        """Postgres took a write: rows go to it directly again."""
+        """Postgres took a write: rows go to it directly again, reads are tried."""
         self._queue_until = 0.0
+        self._reads_away_until = 0.0
 
     async def _read_backlog(self) -> None:
         try:
@@ -160,7 +166,7 @@ class AnsweringStore:
         return True
 
     def _database_away(self) -> bool:
-        return time.monotonic() < self._queue_until
+        return time.monotonic() < max(self._queue_until, self._reads_away_until)
 
     def _unread(self, what: str, session_id: str, why: str) -> StoreReadTimeoutError:
         return StoreReadTimeoutError(f"{what} of session {session_id!r} not read: {why}")
@@ -169,24 +175,40 @@ class AnsweringStore:
                        what: str) -> None:
         """Until the session has no queued rows, `until` (monotonic) at most."""
         while await self._pending(agent_id, session_id):
-            if self._database_away() or time.monotonic() + _SETTLE_EVERY > until:
+            if self._database_away():
+                raise self._unread(what, session_id, "its rows wait for the database")
+            if time.monotonic() + _SETTLE_EVERY > until:
+                # Rows not written within the bound: the database is likely away (the
+                # rows' writes say so in the worker that queued them, not in this one).
+                self._reads_away_until = time.monotonic() + self._probe_after
                 raise self._unread(what, session_id, "its rows wait for the database")
             await asyncio.sleep(_SETTLE_EVERY)
 
     async def _read(self, what: str, agent_id: str, session_id: str,
-                       read: Callable[[], Awaitable[_T]]) -> _T:
+                    read: Callable[[], Awaitable[_T]]) -> _T:
         """`read` of Postgres once the session is settled, within `read_wait` in all."""
         until = time.monotonic() + self._read_wait
         if self._database_away():
             raise self._unread(what, session_id, "the database is away")
         await self._settled(agent_id, session_id, until, what)
-        try:
-            return await asyncio.wait_for(read(), max(until - time.monotonic(), 0.0))
-        except TimeoutError:
-            self._queue_until = time.monotonic() + self._probe_after
-            log.warning("postgres did not answer a read within %.2fs: %s taken as "
-                        "unavailable", self._read_wait, what)
-            raise self._unread(what, session_id, "the database did not answer") from None
+        task = asyncio.ensure_future(read())
+        done, _ = await asyncio.wait({task}, timeout=max(until - time.monotonic(), 0.0))
+        if task in done:
+            return task.result()
+        # Not cancelled: cancelling a query waits for its cancel request, which a paused
+        # server never answers (the first `bench pg_pause` run with wait_for: questions
+        # asked during the pause stalled 18.6 s). It ends when the server answers.
+        self._stuck.add(task)
+        task.add_done_callback(self._forget)
+        self._queue_until = time.monotonic() + self._probe_after
+        log.warning("postgres did not answer a read within %.2fs: %s taken as "
+                    "unavailable", self._read_wait, what)
+        raise self._unread(what, session_id, "the database did not answer")
+
+    def _forget(self, task: asyncio.Future[Any]) -> None:
+        self._stuck.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("a read given up on ended: %r", task.exception())
 
     async def _last_queued(self, agent_id: str, session_id: str) -> QueuedRows | None:
         """The session's last queued rows (None: none queued)."""
