@@ -65,6 +65,7 @@ from shared.store.ports import (
     TurnStore,
 )
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
+from shared.store.writer import UNREACHABLE
 
 log = logging.getLogger("intentroute.rows")
 
@@ -194,7 +195,12 @@ class AnsweringStore:
         task = asyncio.ensure_future(read())
         done, _ = await asyncio.wait({task}, timeout=max(until - time.monotonic(), 0.0))
         if task in done:
-            return task.result()
+            try:
+                return task.result()
+            except (*UNREACHABLE, StoreUnavailableError) as exc:  # down, refusing
+                self._queue_until = time.monotonic() + self._probe_after
+                raise self._unread(what, session_id, f"the database is away: {exc!r}"
+                                   ) from exc
         # Not cancelled: cancelling a query waits for its cancel request, which a paused
         # server never answers (the first `bench pg_pause` run with wait_for: questions
         # asked during the pause stalled 18.6 s). It ends when the server answers.

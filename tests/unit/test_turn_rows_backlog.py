@@ -114,3 +114,17 @@ async def test_the_previous_answer_of_a_session_with_queued_rows_is_read_from_th
         await store.last_history("a", "s")
     assert 0.05 < time.monotonic() - started < 0.5
     assert paused.reads == 0
+
+
+class DownStore(FakeStore):
+    """Postgres down: a read is refused at once."""
+
+    async def last_history(self, agent_id: str, session_id: str, n: int = 6) -> Any:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+async def test_a_read_the_database_refuses_gives_up_as_one_it_does_not_answer() -> None:
+    store = AnsweringStore(DownStore(), FakeJs(messages=0))  # type: ignore[arg-type]
+    with pytest.raises(StoreReadTimeoutError):
+        await store.last_history("a", "s")
+    assert store._database_away()  # the next ones give up at once, writes queue
