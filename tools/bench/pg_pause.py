@@ -268,8 +268,8 @@ def pause_under_load(state: Path, index: Path, *, pause: float = 20.0,
     return asyncio.run(_load(state, index, pause, 10.0, 3.0, 5.0, 0))
 
 
-if __name__ == "__main__":
-    import json
+def run(*, pause: float = 20.0, sessions: int = 50) -> dict[str, Any]:
+    """The scenario on a stack of its own, the knowledge base ingested first."""
     import tempfile
 
     from services.retriever.indexing.embedded_ingest import ingest
@@ -278,6 +278,12 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="ir-pause-") as tmp:
         ingest(Path(__file__).resolve().parents[2] / "kb" / "avap", Path(tmp) / "index",
                SentenceTransformerEncoder(), progress=False)
-        print(json.dumps(pause_under_load(Path(tmp) / "state", Path(tmp) / "index",
-                                          pause=float(os.environ.get("PAUSE_S", "20")),
-                                          sessions=int(os.environ.get("SESSIONS", "50")))))
+        return pause_under_load(Path(tmp) / "state", Path(tmp) / "index", pause=pause,
+                                sessions=sessions)
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(run(pause=float(os.environ.get("PAUSE_S", "20")),
+                         sessions=int(os.environ.get("SESSIONS", "50")))))
