@@ -106,6 +106,12 @@ class Answer(msgspec.Struct, frozen=True, kw_only=True):
         return bool(self.final.decision and self.final.decision.declared_ignored)
 
     @property
+    def history_unavailable(self) -> bool:
+        """The session could not be read in time (Postgres paused or away): decided
+        without its history, or a rephrase answered without the previous answer."""
+        return bool(self.final.decision and self.final.decision.history_unavailable)
+
+    @property
     def answered_by(self) -> str:
         """`backend/model`, or `extractive` (the answer was built from passages)."""
         return self.final.answered_by

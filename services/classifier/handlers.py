@@ -42,6 +42,7 @@ from shared.runtime.stage import (
     payload,
     stage_spec,
 )
+from shared.store.ports import StoreReadTimeoutError
 
 if TYPE_CHECKING:
     from services.classifier.answer_cache import ClassifierCache
@@ -86,10 +87,18 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
     async def on_classify(env: Admitted, call: Call, deps: ClassifierDeps) -> Handoff | None:
         req = env.request
 
+        unread: list[bool] = []
+
         async def history() -> list[HistoryEntry]:
             # RC-06: the classifier reads at most the last 6 entries, and only when a
             # deictic message or Layer 3 needs them.
-            return await deps.store.last_history(req.agent_id, req.session_id)
+            try:
+                return await deps.store.last_history(req.agent_id, req.session_id)
+            except StoreReadTimeoutError:
+                # Postgres away (issue 32): decided as a session's first turn is, which
+                # RC-01..RC-06 allow (the history never predicts a type: RC-03), marked.
+                unread.append(True)
+                return []
 
         # The agent's policy (ADR-0006) overrides the global clarity threshold and policy.
         policy = deps.policies.policy_for(req.agent_id, req.request_id)
@@ -100,6 +109,9 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
                                       confirm=policy.clarity_threshold)
             if not plans:
                 return None
+            if unread:
+                plans = [msgspec.structs.replace(p, decision=unread_marked(p.decision))
+                         for p in plans]
             routed = split_routed(env, plans, first_only=multi is MultiIntent.FIRST)
             await open_part(deps.bus, routed, redelivered=call.delivery.deliveries > 1)
             return Handoff(first_subject(routed.decision), routed, "classified")
@@ -113,6 +125,8 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
                 return handoff
         decision = await deps.cascade.decide(req, history, trusted=env.trusted,
                                              confirm=policy.clarity_threshold)
+        if unread:
+            decision = unread_marked(decision)
         routed = Routed.from_admitted(env, decision)
         ask = (policy.clarity_policy or settings.clarity_policy) == ClarityPolicy.ASK
         if multi is MultiIntent.ASK:
@@ -142,6 +156,11 @@ def build_stage(settings: ClassifierSettings) -> Stage[Admitted, ClassifierDeps]
         decode=payload(decode_admitted),
         logic=on_classify,
     )
+
+
+def unread_marked(decision: RoutingDecision) -> RoutingDecision:
+    """A decision made without the intent history, which could not be read."""
+    return msgspec.structs.replace(decision, history_unavailable=True)
 
 
 def may_split(req: AgentRequest, *, trusted: bool) -> bool:

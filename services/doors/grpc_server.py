@@ -76,7 +76,8 @@ def to_decision(decision: RoutingDecision) -> agent_pb2.RoutingDecision:
         alternatives=[agent_pb2.Alternative(type=a.type.value, confidence=a.confidence)
                       for a in decision.alternatives],
         resolved_reference=decision.resolved_reference,
-        declared_ignored=decision.declared_ignored)
+        declared_ignored=decision.declared_ignored,
+        history_unavailable=decision.history_unavailable)
 
 
 def to_response(chunk: ResponseChunk) -> agent_pb2.AgentResponse:

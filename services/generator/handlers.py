@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from services.generator.fallback import Answered, Sink, merged, steps_for, timing_for
 from services.generator.fallback import produce as produce_answer
 from services.generator.health import FleetHealth
@@ -31,6 +33,7 @@ from shared.runtime.stage import (
     payload,
     stage_spec,
 )
+from shared.store.ports import StoreReadTimeoutError
 
 # `answered_by` of a request the gateway degraded (the agent is past its budget and its
 # policy says on_budget=degrade): the extractive answer, no model asked.
@@ -82,9 +85,8 @@ async def generate(
     await open_part(deps.bus, env, redelivered=call.delivery.deliveries > 1)
     previous = ""
     if decision.type == QueryType.CONVERSATIONAL:
-        # A part refers to the part before it; a message to the session's last answer.
-        previous = previous_part_answer(env) or (
-            await deps.store.previous_answer(req.agent_id, req.session_id) or "")
+        previous = await previous_answer(deps, env)
+        decision = env.decision
     steps = ([Step(EXTRACTIVE)] if env.degraded else
              steps_for(policy, settings.slot.value, chosen_model(req.model, policy,
                                                                  deps.model)))
@@ -137,3 +139,19 @@ async def generate(
     if deps.answer_cache is not None:
         deps.answer_cache.offer(env, answer=out.answer, answered_by=answered.answered_by)
     return None
+
+
+async def previous_answer(deps: StageDeps, env: Routed) -> str:
+    """What a CONVERSATIONAL turn rephrases: a part the part before it, a message the
+    session's last answer (from its queued rows while they wait for Postgres)."""
+    previous = previous_part_answer(env)
+    if previous:
+        return previous
+    req = env.request
+    try:
+        return await deps.store.previous_answer(req.agent_id, req.session_id) or ""
+    except StoreReadTimeoutError:
+        # Postgres away and nothing of the session queued (issue 32): answered as a
+        # session's first turn is, and the decision says so.
+        env.decision = msgspec.structs.replace(env.decision, history_unavailable=True)
+        return ""

@@ -22,6 +22,7 @@ from shared.runtime.stage import (
     payload,
     stage_spec,
 )
+from shared.store.ports import StoreReadTimeoutError
 
 
 @dataclass(kw_only=True)
@@ -47,7 +48,10 @@ def build_stage(settings: RetrieverSettings) -> Stage[Routed, RetrieverDeps]:
         req = env.request
 
         async def last_turns() -> list[str]:
-            turns = await deps.store.last_turns(req.agent_id, req.session_id, 6)
+            try:
+                turns = await deps.store.last_turns(req.agent_id, req.session_id, 6)
+            except StoreReadTimeoutError:  # Postgres away (issue 32): no rewrite
+                return []
             return [content for role, content in turns if role == "user"]
 
         query = req.query

@@ -95,6 +95,12 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     stream_replicas: Annotated[int, env("NATS_STREAM_REPLICAS")] = 0
     # PostgreSQL (sessions, history, the request log); "": the CLI's embedded server.
     database_url: Annotated[str, env("DATABASE_URL")] = ""
+    # Seconds a read on the request path (the intent history, the previous answer, the
+    # last turns) waits for Postgres and the session's queued rows; past it the stage
+    # goes on without it, and the decision says `history_unavailable`
+    # (shared.runtime.row_queue). 0.25 s: the rows' own wait (ROWS_WAIT); a read is an
+    # indexed lookup of a few rows, so only a database that is away waits this long.
+    store_read_wait: Annotated[float, env("STORE_READ_WAIT", unit="seconds")] = 0.25
     # Seconds a stage may hold a message without a sign of life before JetStream
     # redelivers it to another replica (a busy stage keeps its messages alive).
     ack_wait: Annotated[float, env("STAGE_ACK_WAIT", unit="seconds")] = 2.0

@@ -66,6 +66,10 @@ class RoutingDecision(msgspec.Struct, frozen=True):
     resolved_reference: bool = False
     # An untrusted agent declared a query_type, which the cascade ignored.
     declared_ignored: bool = False
+    # The session could not be read within its bound (Postgres paused or away): the
+    # decision was made without the intent history, as for a session's first turn, or
+    # a CONVERSATIONAL answer was written without the previous answer.
+    history_unavailable: bool = False
 
 
 class HistoryEntry(msgspec.Struct, frozen=True):

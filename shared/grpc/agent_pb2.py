@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x61gent.proto\x12\x14intentroute.agent.v1\"\xc1\x01\n\x0c\x41gentRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x15\n\rextra_context\x18\x04 \x01(\t\x12\x11\n\tuser_info\x18\x05 \x01(\t\x12\x16\n\x0e\x65\x64itor_context\x18\x06 \x01(\t\x12\x12\n\nquery_type\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x12\n\ntimeout_ms\x18\t \x01(\r\"\x8e\x02\n\rAgentResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\tavap_code\x18\x02 \x01(\t\x12\x10\n\x08is_final\x18\x03 \x01(\x08\x12\x19\n\x11validation_status\x18\x04 \x01(\t\x12\x12\n\nquery_type\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x0c\n\x04kind\x18\x07 \x01(\t\x12\x12\n\nerror_code\x18\x08 \x01(\t\x12\x15\n\rerror_message\x18\t \x01(\t\x12\x15\n\rdecision_json\x18\n \x01(\t\x12\x37\n\x08\x64\x65\x63ision\x18\x0b \x01(\x0b\x32%.intentroute.agent.v1.RoutingDecision\"\xd6\x01\n\x0fRoutingDecision\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\t\x12\x12\n\nconfidence\x18\x03 \x01(\x01\x12\x12\n\nmodel_slot\x18\x04 \x01(\t\x12\x0f\n\x07\x63larity\x18\x05 \x01(\t\x12\x37\n\x0c\x61lternatives\x18\x06 \x03(\x0b\x32!.intentroute.agent.v1.Alternative\x12\x1a\n\x12resolved_reference\x18\x07 \x01(\x08\x12\x18\n\x10\x64\x65\x63lared_ignored\x18\x08 \x01(\x08\"/\n\x0b\x41lternative\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x12\n\nconfidence\x18\x02 \x01(\x01\"\x9c\x01\n\x10\x46\x65\x65\x64\x62\x61\x63kMetadata\x12\x1f\n\x12\x63ompletion_quality\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nlatency_ms\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0btoken_count\x18\x03 \x01(\x03H\x02\x88\x01\x01\x42\x15\n\x13_completion_qualityB\r\n\x0b_latency_msB\x0e\n\x0c_token_count\"\x9e\x01\n\x0f\x46\x65\x65\x64\x62\x61\x63kRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12\x38\n\x08metadata\x18\x03 \x01(\x0b\x32&.intentroute.agent.v1.FeedbackMetadata\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12\x11\n\x04part\x18\x05 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_part\"E\n\rFeedbackReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0e\n\x06repeat\x18\x03 \x01(\x08\x32\x9c\x02\n\x10\x41ssistanceEngine\x12S\n\x08\x41skAgent\x12\".intentroute.agent.v1.AgentRequest\x1a#.intentroute.agent.v1.AgentResponse\x12[\n\x0e\x41skAgentStream\x12\".intentroute.agent.v1.AgentRequest\x1a#.intentroute.agent.v1.AgentResponse0\x01\x12V\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12%.intentroute.agent.v1.FeedbackRequest\x1a#.intentroute.agent.v1.FeedbackReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x61gent.proto\x12\x14intentroute.agent.v1\"\xc1\x01\n\x0c\x41gentRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x15\n\rextra_context\x18\x04 \x01(\t\x12\x11\n\tuser_info\x18\x05 \x01(\t\x12\x16\n\x0e\x65\x64itor_context\x18\x06 \x01(\t\x12\x12\n\nquery_type\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x12\n\ntimeout_ms\x18\t \x01(\r\"\x8e\x02\n\rAgentResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\tavap_code\x18\x02 \x01(\t\x12\x10\n\x08is_final\x18\x03 \x01(\x08\x12\x19\n\x11validation_status\x18\x04 \x01(\t\x12\x12\n\nquery_type\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x0c\n\x04kind\x18\x07 \x01(\t\x12\x12\n\nerror_code\x18\x08 \x01(\t\x12\x15\n\rerror_message\x18\t \x01(\t\x12\x15\n\rdecision_json\x18\n \x01(\t\x12\x37\n\x08\x64\x65\x63ision\x18\x0b \x01(\x0b\x32%.intentroute.agent.v1.RoutingDecision\"\xf3\x01\n\x0fRoutingDecision\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\t\x12\x12\n\nconfidence\x18\x03 \x01(\x01\x12\x12\n\nmodel_slot\x18\x04 \x01(\t\x12\x0f\n\x07\x63larity\x18\x05 \x01(\t\x12\x37\n\x0c\x61lternatives\x18\x06 \x03(\x0b\x32!.intentroute.agent.v1.Alternative\x12\x1a\n\x12resolved_reference\x18\x07 \x01(\x08\x12\x18\n\x10\x64\x65\x63lared_ignored\x18\x08 \x01(\x08\x12\x1b\n\x13history_unavailable\x18\t \x01(\x08\"/\n\x0b\x41lternative\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x12\n\nconfidence\x18\x02 \x01(\x01\"\x9c\x01\n\x10\x46\x65\x65\x64\x62\x61\x63kMetadata\x12\x1f\n\x12\x63ompletion_quality\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nlatency_ms\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0btoken_count\x18\x03 \x01(\x03H\x02\x88\x01\x01\x42\x15\n\x13_completion_qualityB\r\n\x0b_latency_msB\x0e\n\x0c_token_count\"\x9e\x01\n\x0f\x46\x65\x65\x64\x62\x61\x63kRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07outcome\x18\x02 \x01(\t\x12\x38\n\x08metadata\x18\x03 \x01(\x0b\x32&.intentroute.agent.v1.FeedbackMetadata\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12\x11\n\x04part\x18\x05 \x01(\rH\x00\x88\x01\x01\x42\x07\n\x05_part\"E\n\rFeedbackReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x0e\n\x06repeat\x18\x03 \x01(\x08\x32\x9c\x02\n\x10\x41ssistanceEngine\x12S\n\x08\x41skAgent\x12\".intentroute.agent.v1.AgentRequest\x1a#.intentroute.agent.v1.AgentResponse\x12[\n\x0e\x41skAgentStream\x12\".intentroute.agent.v1.AgentRequest\x1a#.intentroute.agent.v1.AgentResponse0\x01\x12V\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12%.intentroute.agent.v1.FeedbackRequest\x1a#.intentroute.agent.v1.FeedbackReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,15 +36,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTRESPONSE']._serialized_start=234
   _globals['_AGENTRESPONSE']._serialized_end=504
   _globals['_ROUTINGDECISION']._serialized_start=507
-  _globals['_ROUTINGDECISION']._serialized_end=721
-  _globals['_ALTERNATIVE']._serialized_start=723
-  _globals['_ALTERNATIVE']._serialized_end=770
-  _globals['_FEEDBACKMETADATA']._serialized_start=773
-  _globals['_FEEDBACKMETADATA']._serialized_end=929
-  _globals['_FEEDBACKREQUEST']._serialized_start=932
-  _globals['_FEEDBACKREQUEST']._serialized_end=1090
-  _globals['_FEEDBACKREPLY']._serialized_start=1092
-  _globals['_FEEDBACKREPLY']._serialized_end=1161
-  _globals['_ASSISTANCEENGINE']._serialized_start=1164
-  _globals['_ASSISTANCEENGINE']._serialized_end=1448
+  _globals['_ROUTINGDECISION']._serialized_end=750
+  _globals['_ALTERNATIVE']._serialized_start=752
+  _globals['_ALTERNATIVE']._serialized_end=799
+  _globals['_FEEDBACKMETADATA']._serialized_start=802
+  _globals['_FEEDBACKMETADATA']._serialized_end=958
+  _globals['_FEEDBACKREQUEST']._serialized_start=961
+  _globals['_FEEDBACKREQUEST']._serialized_end=1119
+  _globals['_FEEDBACKREPLY']._serialized_start=1121
+  _globals['_FEEDBACKREPLY']._serialized_end=1190
+  _globals['_ASSISTANCEENGINE']._serialized_start=1193
+  _globals['_ASSISTANCEENGINE']._serialized_end=1477
 # @@protoc_insertion_point(module_scope)

@@ -55,7 +55,7 @@ class AgentResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., avap_code: _Optional[str] = ..., is_final: _Optional[bool] = ..., validation_status: _Optional[str] = ..., query_type: _Optional[str] = ..., request_id: _Optional[str] = ..., kind: _Optional[str] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., decision_json: _Optional[str] = ..., decision: _Optional[_Union[RoutingDecision, _Mapping]] = ...) -> None: ...
 
 class RoutingDecision(_message.Message):
-    __slots__ = ("type", "layer", "confidence", "model_slot", "clarity", "alternatives", "resolved_reference", "declared_ignored")
+    __slots__ = ("type", "layer", "confidence", "model_slot", "clarity", "alternatives", "resolved_reference", "declared_ignored", "history_unavailable")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class RoutingDecision(_message.Message):
     ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     RESOLVED_REFERENCE_FIELD_NUMBER: _ClassVar[int]
     DECLARED_IGNORED_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     type: str
     layer: str
     confidence: float
@@ -72,7 +73,8 @@ class RoutingDecision(_message.Message):
     alternatives: _containers.RepeatedCompositeFieldContainer[Alternative]
     resolved_reference: bool
     declared_ignored: bool
-    def __init__(self, type: _Optional[str] = ..., layer: _Optional[str] = ..., confidence: _Optional[float] = ..., model_slot: _Optional[str] = ..., clarity: _Optional[str] = ..., alternatives: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., resolved_reference: _Optional[bool] = ..., declared_ignored: _Optional[bool] = ...) -> None: ...
+    history_unavailable: bool
+    def __init__(self, type: _Optional[str] = ..., layer: _Optional[str] = ..., confidence: _Optional[float] = ..., model_slot: _Optional[str] = ..., clarity: _Optional[str] = ..., alternatives: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., resolved_reference: _Optional[bool] = ..., declared_ignored: _Optional[bool] = ..., history_unavailable: _Optional[bool] = ...) -> None: ...
 
 class Alternative(_message.Message):
     __slots__ = ("type", "confidence")

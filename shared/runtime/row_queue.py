@@ -7,13 +7,21 @@ the bus instead (`intentroute.rows.<agent>.<session>`, stream TURN_ROWS: stored 
 acknowledged) and the final chunk goes out; the `row-writer` consumer, which every worker
 runs, writes them when Postgres is back. Until then:
 
-* a session's reads wait for its queued rows (a retryable error: the stage tries again
-  with backoff), so no turn reads a session without its previous turn;
+* a read on the request path waits for the session's queued rows, then for Postgres,
+  `STORE_READ_WAIT` seconds at most in all (shared.common.settings; issue 32), and not
+  at all while Postgres is known away (below): no turn reads a session without its
+  previous turn, and none waits for a paused database. Past the bound the read raises
+  StoreReadTimeoutError and the stage goes on without it: the classifier decides
+  without the intent history, a CONVERSATIONAL turn without the previous answer (the
+  decision says `history_unavailable`), the retriever rewrites no follow-up. The
+  previous answer comes from the session's last queued rows when they hold one (they
+  are newer than anything in Postgres), so it needs no database;
 * a session's new rows queue behind its queued ones, and the row writer takes one
   message at a time (the consumer's `max_ack_pending` 1), so they land in order;
-* after a write timed out, the next ones go to the queue at once for `PROBE_AFTER`
-  seconds, then one is tried directly again: a paused Postgres costs one answer in
-  `PROBE_AFTER` a `ROWS_WAIT` wait, the others nothing.
+* after a write (or a read) timed out, the next writes go to the queue at once and the
+  next reads give up at once for `PROBE_AFTER` seconds, then one is tried directly
+  again: a paused Postgres costs one answer in `PROBE_AFTER` a `ROWS_WAIT` wait, the
+  others nothing.
 
 Whether a session has queued rows is asked of the stream (its last message on the
 session's subject) only while the stream holds any: its message count is read at most
@@ -35,6 +43,8 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -43,17 +53,23 @@ from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from shared.contracts import turn_rows as contract
-from shared.contracts.errors import RetryableError
 from shared.contracts.ids import is_valid_id
-from shared.contracts.response import ErrorCode
 from shared.contracts.routing import HISTORY_WINDOW, HistoryEntry
 from shared.runtime.consumer import StageConsumer, StageSpec
 from shared.runtime.ports import Delivery
 from shared.runtime.signals import Outcome
-from shared.store.ports import StoreRejectedError, StoreUnavailableError, TurnStore
+from shared.store.ports import (
+    StoreReadTimeoutError,
+    StoreRejectedError,
+    StoreUnavailableError,
+    TurnStore,
+)
 from shared.store.rows import HistoryRow, RequestLogRow, Row, TurnRow
+from shared.store.writer import UNREACHABLE
 
 log = logging.getLogger("intentroute.rows")
+
+_T = TypeVar("_T")
 
 # Seconds an answer waits for Postgres to take its rows before they are queued. A
 # group commit takes 0.2-15 ms here (p99 of `bench pipeline` at 700 req/s), so only a
@@ -61,6 +77,8 @@ log = logging.getLogger("intentroute.rows")
 ROWS_WAIT = 0.25
 # Seconds after a write timed out during which rows are queued without trying Postgres.
 PROBE_AFTER = 1.0
+# Seconds between two readings of a session's queue while a read waits for it.
+_SETTLE_EVERY = 0.05
 # Seconds between two readings of whether TURN_ROWS holds anything (module doc).
 BACKLOG_EVERY = 0.2
 # Messages the row writer may hold before one is written (1: in the order queued).
@@ -87,12 +105,6 @@ class QueuedRows(msgspec.Struct, frozen=True):
         return [*self.history, *self.turns, *self.logs]
 
 
-class SessionRowsPendingError(RetryableError):
-    """The session has queued rows not written yet: read it again shortly (retryable)."""
-
-    code = ErrorCode.STORE_UNAVAILABLE
-
-
 def subject_for(agent_id: str, session_id: str) -> str:
     """The queue subject of a session's rows (ids that cannot be a token: `_`)."""
     return contract.rows_subject(agent_id if is_valid_id(agent_id) else contract.NO_ID,
@@ -104,10 +116,12 @@ class AnsweringStore:
     `ROWS_WAIT`, reads that see every queued turn of their session (module doc)."""
 
     def __init__(self, store: TurnStore, js: JetStreamContext, *,
-                 wait: float = ROWS_WAIT, probe_after: float = PROBE_AFTER) -> None:
+                 wait: float = ROWS_WAIT, probe_after: float = PROBE_AFTER,
+                 read_wait: float = ROWS_WAIT) -> None:
         self._store = store
         self._js = js
         self._wait = wait
+        self._read_wait = read_wait
         self._probe_after = probe_after
         # Until when (monotonic) rows go to the queue without trying Postgres.
         self._queue_until = 0.0
@@ -115,10 +129,16 @@ class AnsweringStore:
         self._backlog = True
         self._backlog_at = float("-inf")
         self._reading: asyncio.Task[None] | None = None
+        # Until when (monotonic) reads give up at once: a session's queued rows were not
+        # written within a read's bound (module doc).
+        self._reads_away_until = 0.0
+        # Reads given up on, left to end when the database answers.
+        self._stuck: set[asyncio.Future[Any]] = set()
 
     def database_back(self) -> None:
-        """Postgres took a write: rows go to it directly again."""
+        """Postgres took a write: rows go to it directly again, reads are tried."""
         self._queue_until = 0.0
+        self._reads_away_until = 0.0
 
     async def _read_backlog(self) -> None:
         try:
@@ -146,24 +166,88 @@ class AnsweringStore:
             return False
         return True
 
-    async def _settled(self, agent_id: str, session_id: str) -> None:
-        if await self._pending(agent_id, session_id):
-            raise SessionRowsPendingError(
-                f"session {session_id!r} has rows waiting for the database")
+    def _database_away(self) -> bool:
+        return time.monotonic() < max(self._queue_until, self._reads_away_until)
+
+    def _unread(self, what: str, session_id: str, why: str) -> StoreReadTimeoutError:
+        return StoreReadTimeoutError(f"{what} of session {session_id!r} not read: {why}")
+
+    async def _settled(self, agent_id: str, session_id: str, until: float,
+                       what: str) -> None:
+        """Until the session has no queued rows, `until` (monotonic) at most."""
+        while await self._pending(agent_id, session_id):
+            if self._database_away():
+                raise self._unread(what, session_id, "its rows wait for the database")
+            if time.monotonic() + _SETTLE_EVERY > until:
+                # Rows not written within the bound: the database is likely away (the
+                # rows' writes say so in the worker that queued them, not in this one).
+                self._reads_away_until = time.monotonic() + self._probe_after
+                raise self._unread(what, session_id, "its rows wait for the database")
+            await asyncio.sleep(_SETTLE_EVERY)
+
+    async def _read(self, what: str, agent_id: str, session_id: str,
+                    read: Callable[[], Awaitable[_T]]) -> _T:
+        """`read` of Postgres once the session is settled, within `read_wait` in all."""
+        until = time.monotonic() + self._read_wait
+        if self._database_away():
+            raise self._unread(what, session_id, "the database is away")
+        await self._settled(agent_id, session_id, until, what)
+        task = asyncio.ensure_future(read())
+        done, _ = await asyncio.wait({task}, timeout=max(until - time.monotonic(), 0.0))
+        if task in done:
+            try:
+                return task.result()
+            except (*UNREACHABLE, StoreUnavailableError) as exc:  # down, refusing
+                self._queue_until = time.monotonic() + self._probe_after
+                raise self._unread(what, session_id, f"the database is away: {exc!r}"
+                                   ) from exc
+        # Not cancelled: cancelling a query waits for its cancel request, which a paused
+        # server never answers (the first `bench pg_pause` run with wait_for: questions
+        # asked during the pause stalled 18.6 s). It ends when the server answers.
+        self._stuck.add(task)
+        task.add_done_callback(self._forget)
+        self._queue_until = time.monotonic() + self._probe_after
+        log.warning("postgres did not answer a read within %.2fs: %s taken as "
+                    "unavailable", self._read_wait, what)
+        raise self._unread(what, session_id, "the database did not answer")
+
+    def _forget(self, task: asyncio.Future[Any]) -> None:
+        self._stuck.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("a read given up on ended: %r", task.exception())
+
+    async def _last_queued(self, agent_id: str, session_id: str) -> QueuedRows | None:
+        """The session's last queued rows (None: none queued)."""
+        if not await self._queue_may_hold_rows():
+            return None
+        try:
+            msg = await self._js.get_last_msg(
+                contract.STREAM, subject_for(agent_id, session_id), direct=True)
+        except NotFoundError:
+            return None
+        try:
+            return msgspec.json.decode(msg.data or b"", type=QueuedRows)
+        except msgspec.DecodeError:
+            return None
 
     async def last_history(self, agent_id: str, session_id: str,
                            n: int = HISTORY_WINDOW) -> list[HistoryEntry]:
-        await self._settled(agent_id, session_id)
-        return await self._store.last_history(agent_id, session_id, n)
+        return await self._read("the intent history", agent_id, session_id,
+                                lambda: self._store.last_history(agent_id, session_id, n))
 
     async def previous_answer(self, agent_id: str, session_id: str) -> str | None:
-        await self._settled(agent_id, session_id)
-        return await self._store.previous_answer(agent_id, session_id)
+        """The session's last answer: from its last queued rows when they hold one
+        (written after anything in Postgres), else from Postgres within the bound."""
+        queued = await self._last_queued(agent_id, session_id)
+        if queued is not None and queued.turns:
+            return queued.turns[-1].answer
+        return await self._read("the previous answer", agent_id, session_id,
+                                lambda: self._store.previous_answer(agent_id, session_id))
 
     async def last_turns(self, agent_id: str, session_id: str,
                          n: int = 4) -> list[tuple[str, str]]:
-        await self._settled(agent_id, session_id)
-        return await self._store.last_turns(agent_id, session_id, n)
+        return await self._read("the last turns", agent_id, session_id,
+                                lambda: self._store.last_turns(agent_id, session_id, n))
 
     async def write(self, *rows: Row, deadline: float | None = None) -> None:
         """Rows committed, or queued durably (a session's rows stay in one place: behind

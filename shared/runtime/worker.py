@@ -162,7 +162,8 @@ class Worker(Generic[D]):
                                     implicit_feedback=self.common.accounting)
         # Turn rows never hold an answer back on an absent Postgres: queued on the bus
         # instead, written by this worker's row writer (shared.runtime.row_queue).
-        answering = AnsweringStore(store, nc.jetstream())
+        answering = AnsweringStore(store, nc.jetstream(),
+                                   read_wait=self.common.store_read_wait)
         self.row_writer = row_writer(nc, store, answering, ack_wait=self.common.ack_wait)
         base = StageDeps(bus=bus, store=answering, tracer=tracer,
                          admission=Admission(self.common.admission_key.encode()))

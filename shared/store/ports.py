@@ -30,6 +30,11 @@ class StoreUnavailableError(StoreError):
     retryable = True
 
 
+class StoreReadTimeoutError(StoreUnavailableError):
+    """A read on the request path got no answer within its bound (Postgres paused or
+    away, or the session's rows still queued for it): the caller goes on without it."""
+
+
 class StoreRejectedError(StoreError):
     """The database refused these rows (permanent: the same rows would fail again)."""
 

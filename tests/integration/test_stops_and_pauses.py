@@ -1,7 +1,8 @@
 """Stops and pauses ridden out, with exact counts (issue 20): a replica SIGSTOPped with
 deliveries in its buffer and resumed after its ack wait, a caller whose final was stored
 while it was disconnected from a restarted nats-server, a Postgres paused under answers
-that need no database. Every request ends in exactly one final chunk seen live."""
+that need no database, and a returning session that asks while Postgres is paused
+(issue 32). Every request ends in exactly one final chunk seen live."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from shared.contracts import pipeline, response
 from shared.contracts.codec import decode_chunk
 from shared.contracts.request import AgentRequest
 from shared.contracts.response import ChunkKind
+from shared.contracts.routing import QueryType
 from shared.store.stores import Store
 from tests.helpers.nats_sync import flushed
 from tests.helpers.outage import AGENT, OwnStack, own_stack
@@ -247,3 +249,63 @@ async def _row_counts(store: Store, ids: list[str]) -> dict[str, int]:
             f"SELECT count(*) FROM {table} WHERE agent_id = $1 "
             "AND request_id = ANY($2::text[])", AGENT, ids)
     return counts
+
+
+async def test_a_returning_session_is_answered_through_a_postgres_pause(
+    stack: OwnStack, kb_index: Path
+) -> None:
+    """Issue 32: a session with turns in Postgres asks while Postgres (every process of
+    it) is SIGSTOPped: a rephrase (it reads the previous answer) and a deictic follow-up
+    (the classifier reads the intent history) are answered while it is stopped, each
+    within its read's bound, their decisions marked `history_unavailable`; a rephrase
+    after them reads the previous answer from the session's queued rows (not marked).
+    Once Postgres is back every row is written, none twice."""
+    workers = ("gateway", "classifier", "retriever", "generator-main",
+               "generator-conversational")
+    nc = await stack.connect_agent()
+    session = f"ret-{uuid.uuid4().hex[:8]}"
+
+    def asked(query: str) -> AgentRequest:
+        return AgentRequest(request_id=uuid.uuid4().hex, session_id=session,
+                            agent_id=AGENT, query=query)
+
+    warm = [asked("What does addParam do?"), asked("say that in fewer words")]
+    during = [asked("say that in fewer words"), asked("and how do I use it?"),
+              asked("What does addParam do?"), asked("say that in fewer words")]
+    finals = []
+    waited = []
+    try:
+        async with running(env_for(stack, kb_index), workers):
+            for req in warm:  # the session's turns, in Postgres
+                assert (await _chunks(nc, req))[-1].error is None
+            assert stack.pg.proc is not None
+            with paused(stack.pg.proc.pid):
+                await asyncio.sleep(0.3)
+                for req in during:
+                    started = time.monotonic()
+                    chunks = await _chunks(nc, req)
+                    waited.append(time.monotonic() - started)
+                    assert stopped(stack.pg.proc.pid)
+                    finals.append(chunks[-1])
+            ids = [r.request_id for r in warm + during]
+            store = await Store.connect(stack.database_url)
+            try:
+                for _ in range(120):  # until the row writer has written them (≤ 30 s)
+                    counts = await _row_counts(store, ids)
+                    if min(counts.values()) == len(ids):
+                        break
+                    await asyncio.sleep(0.25)
+            finally:
+                await store.close()
+    finally:
+        await nc.close()
+    assert [f.is_final and f.error is None for f in finals] == [True] * len(during)
+    # Each waited a read's bound (0.25 s) and a row write's (0.25 s) at most, and
+    # nothing like the pause (the gateway's agent cache may cost one more bound).
+    assert max(waited) < 2.0, waited
+    assert finals[0].decision.type == finals[3].decision.type == QueryType.CONVERSATIONAL
+    # The rephrase and the follow-up could not read the session; the last rephrase read
+    # the previous answer from the rows queued for Postgres.
+    assert [f.decision.history_unavailable for f in finals] == [True, True, False, False]
+    assert counts == {"request_log": len(ids), "classify_history": len(ids),
+                      "messages": 2 * len(ids)}

@@ -27,7 +27,8 @@ DECISION = RoutingDecision(type=QueryType.CODE_GENERATION, layer=Layer.LLM, conf
                            model_slot=ModelSlot.MAIN, clarity=Clarity.MULTI_INTENT,
                            alternatives=[Alternative(QueryType.RETRIEVAL, 0.25),
                                          Alternative(QueryType.PLATFORM, 0.125)],
-                           resolved_reference=True, declared_ignored=True)
+                           resolved_reference=True, declared_ignored=True,
+                           history_unavailable=True)
 
 
 def test_timeout_ms_reaches_the_request_and_is_checked_like_a_nats_one() -> None:

@@ -469,7 +469,8 @@ def run(requests: int = 1000, rate: float = 40.0, deadline: float = 60.0, *,
 
             result["sigint_process_group"] = asyncio.run(sigint_under_load(
                 state / "sigint" / "home", state / "index", requests=300))
-        # Postgres paused 20 s under questions that need no database (bench/pg_pause.py).
+        # Postgres paused 20 s under returning sessions' questions, which read their
+        # history and previous answer (bench/pg_pause.py; issue 32).
         from bench.pg_pause import pause_under_load
 
         result["postgres_pause_20s"] = pause_under_load(state / "pg-pause", state / "index")

@@ -100,6 +100,24 @@ def bench_chaos(
              sync_interval=settings().nats_sync_interval), json_out)
 
 
+@bench_app.command("pg-pause")
+def bench_pg_pause(
+    json_out: JsonFlag = False,
+    sessions: Annotated[int, typer.Option(
+        help="Returning sessions 4 agents ask over (1,000 requests in 60 s); 0: RETRIEVAL "
+             "questions on new sessions, 10/s")] = 50,
+    pause: Annotated[float, typer.Option(help="Seconds Postgres stays SIGSTOPped")] = 20.0,
+) -> None:
+    """Postgres SIGSTOPped under load on a stack of its own (the `postgres_pause_20s`
+    scenario of `bench chaos`): gap_s (the longest time without an answer), stall_s,
+    lost and duplicate finals, history_unavailable decisions, rows missing afterwards."""
+    from bench.pg_pause import run
+
+    with stack_errors():
+        report = run(pause=pause, sessions=sessions)
+    emit(report, json_out)
+
+
 @bench_app.command("fairness")
 def bench_fairness(
     json_out: JsonFlag = False,
