@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 # Seconds after an agent's doorbell during which an empty pull is looked at again, and
 # the delays of those looks (the stream stores a message within a millisecond or two
@@ -167,3 +167,52 @@ def pipeline_bound(floor: int, delay: float, rate: float) -> int:
     """Pipeline messages admission may keep outstanding: `delay` seconds of the drain
     `rate`, never fewer than `floor`."""
     return max(floor, int(rate * delay))
+
+
+def pipeline_room(bound: int, outstanding: int, stranded: int) -> int:
+    """Admissions the bound leaves: `outstanding` pipeline messages (the last reading
+    plus what was admitted since) less the `stranded` ones, which no live replica holds
+    (a dead or stopped one does, until their ack wait redelivers them): they are no work
+    ahead of a request admitted now, and counting them paused admission for up to an ack
+    wait after every kill (issue 32)."""
+    return bound - max(0, outstanding - stranded)
+
+
+def stranded_now(ack_pending: Mapping[str, int], inflight: Mapping[str, int]) -> int:
+    """Pipeline messages delivered and unacknowledged that no replica answering says it
+    holds: per stage consumer, what the server counts as delivered and not acknowledged
+    (`ack_pending`, by consumer name) less the sum of what that consumer's replicas that
+    answered hold (`inflight`, by consumer name). A consumer no replica answered for
+    counts none: with every replica of a stage gone nothing drains there, and the bound
+    should hold."""
+    return sum(max(0, held - inflight[name]) for name, held in ack_pending.items()
+               if name in inflight)
+
+
+# Readings in a row a message must be stranded in to be left out of the count: one
+# reading's difference also holds messages on the wire or acknowledged between the two
+# questions (a few), which the next reading does not repeat; a dead replica's stay an
+# ack wait.
+STRANDED_READINGS = 2
+
+
+class Stranded:
+    """Pipeline messages held by replicas that no longer answer, over the last
+    `readings` readings (the least of them; 0 until there are that many, or after a
+    reading failed)."""
+
+    def __init__(self, readings: int = STRANDED_READINGS) -> None:
+        self._last: deque[int] = deque(maxlen=readings)
+
+    def observe(self, ack_pending: Mapping[str, int], inflight: Mapping[str, int]) -> None:
+        self._last.append(stranded_now(ack_pending, inflight))
+
+    def unknown(self) -> None:
+        """A reading failed: nothing is left out until `readings` succeed again."""
+        self._last.clear()
+
+    @property
+    def count(self) -> int:
+        if len(self._last) < (self._last.maxlen or 1):
+            return 0
+        return min(self._last)

@@ -12,7 +12,10 @@ from services.gateway.fairshare import (
     RING_GRACE,
     DrainRate,
     FairScheduler,
+    Stranded,
     pipeline_bound,
+    pipeline_room,
+    stranded_now,
 )
 from shared.auth.permissions import WORKER_GRANTS, ops_permissions, service_permissions
 
@@ -174,6 +177,9 @@ def test_the_gateway_may_run_one_consumer_per_agent_and_nothing_else_there() -> 
         f"$JS.API.CONSUMER.DELETE.{spec.stream}.gateway",
         f"$JS.API.CONSUMER.LIST.{spec.stream}",
         "$JS.API.STREAM.INFO.INTENTROUTE_PIPELINE",  # the pipeline's backlog
+        # What the stages' consumers delivered and what their live replicas hold.
+        "$JS.API.CONSUMER.LIST.INTENTROUTE_PIPELINE",
+        "$SRV.STATS",
     ]
     for subject in allowed:
         assert any(_matches(p, subject) for p in publish), subject
@@ -183,6 +189,8 @@ def test_the_gateway_may_run_one_consumer_per_agent_and_nothing_else_there() -> 
         "$JS.API.CONSUMER.CREATE.INTENTROUTE_PIPELINE.x.intentroute.stage.classify",
         "$JS.API.CONSUMER.MSG.NEXT.INTENTROUTE_PIPELINE.classifier",
         f"$JS.API.STREAM.PURGE.{spec.stream}",
+        "$JS.API.CONSUMER.DELETE.INTENTROUTE_PIPELINE.classifier",
+        "$SRV.STATS.intentroute-classifier.x",  # the stats only, of every service
     ]
     for subject in refused:
         assert not any(_matches(p, subject) for p in publish), subject
@@ -225,3 +233,58 @@ def test_the_rate_does_not_depend_on_how_often_the_stream_is_read() -> None:
 
 def test_without_a_delay_the_bound_is_the_fixed_backlog() -> None:
     assert pipeline_bound(8, 0.0, 5000.0) == 8
+
+
+def _drained(rate: float, seconds: float = 5.0, present: int = 14) -> DrainRate:
+    """A DrainRate fed `rate` pipeline messages acknowledged a second, read every 10 ms."""
+    drain, stored = DrainRate(), 0.0
+    for step in range(int(seconds / 0.01)):
+        stored += rate * 0.01
+        drain.observe(step * 0.01, round(stored), present)
+    return drain
+
+
+def test_after_a_kill_admission_does_not_wait_for_the_dead_replicas_messages() -> None:
+    # `bench chaos`: 40 requests a second, ~3.5 stage messages each; a generator replica
+    # killed holding 8 (0.4 s of echo generation at 20 a second).
+    drain = _drained(140.0)
+    bound = pipeline_bound(8, 0.1, drain.rate)
+    assert bound == 13
+    live = 9  # what the live replicas hold, all delivered
+    assert pipeline_room(bound, live, 0) == 4  # before the kill
+    held = Stranded()
+    # After: the stream still holds the dead replica's 8 until their ack wait (2 s).
+    ack_pending = {"classifier": 1, "retriever": 0, "generator-main": live - 1 + 8,
+                   "validator": 0}
+    answering = {"classifier": 1, "retriever": 0, "generator-main": live - 1,
+                 "validator": 0}
+    outstanding = live + 8
+    # Counted, they fill the bound: no admission until they are redelivered.
+    assert pipeline_room(bound, outstanding, held.count) < 0
+    held.observe(ack_pending, answering)
+    assert held.count == 0  # one reading is not enough
+    held.observe(ack_pending, answering)
+    assert held.count == 8
+    assert pipeline_room(bound, outstanding, held.count) == 4  # as before the kill
+    # Redelivered, the live replicas hold them: counted again.
+    held.observe(ack_pending, {**answering, "generator-main": live - 1 + 8})
+    assert held.count == 0
+    assert pipeline_room(bound, outstanding, held.count) == bound - outstanding
+
+
+def test_a_reply_missed_once_or_a_reading_failed_leaves_nothing_out() -> None:
+    held = Stranded()
+    held.observe({"classifier": 5}, {"classifier": 5})
+    held.observe({"classifier": 5}, {"classifier": 1})  # a replica answered late
+    assert held.count == 0
+    held.observe({"classifier": 5}, {"classifier": 1})
+    assert held.count == 4
+    held.unknown()
+    assert held.count == 0
+
+
+def test_a_stage_no_replica_answers_for_is_counted_whole() -> None:
+    # Every replica of the retriever gone: nothing drains there, its messages count.
+    assert stranded_now({"retriever": 6, "classifier": 3}, {"classifier": 1}) == 2
+    # A replica may say it holds more than the server counts (acknowledged meanwhile).
+    assert stranded_now({"classifier": 1}, {"classifier": 3}) == 0
