@@ -17,13 +17,15 @@ side:
 * admission is bounded by the pipeline's backlog: the requests in INTENTROUTE_PIPELINE
   (a work-queue stream holds exactly what a stage has not acknowledged yet: one message
   per request being worked on; one STREAM.INFO) plus those admitted since that reading
-  stay under the bound: `delay` seconds of the pipeline's measured drain rate (the
-  same reading's count of messages ever stored less those still there, as a moving
-  rate), and never under `backlog`. So a fast pipeline is kept full (its queue is short
-  in time however long in messages) and a slow or loaded one holds at most about
-  `delay` seconds of work ahead of a newly admitted request. Requests wait in their
-  agent's consumer instead of a stage's FIFO queue, where a flood would hold everyone
-  else's behind it;
+  stay under the bound: what the pipeline's measured drain rate (the same reading's
+  count of messages ever stored less those still there, as a moving rate) clears in the
+  least time a message has stayed in it (`fairshare.Residence`: its service time) plus
+  `delay` seconds, and never under `backlog`. So a fast pipeline is kept full (its
+  queue is short in time however long in messages), a stage that takes long but many
+  at once (a remote model) gets as many as its rate needs, and a slow or loaded one
+  holds at most about `delay` seconds of waiting ahead of a newly admitted request.
+  Requests wait in their agent's consumer instead of a stage's FIFO queue, where a
+  flood would hold everyone else's behind it;
 * messages a dead (or stopped) replica holds are left out of that count: they stay in
   the stream until their ack wait redelivers them, and are no work ahead of anyone
   meanwhile. Every `HOLDINGS_READ` seconds the stages' consumers (one CONSUMER.LIST:
@@ -58,6 +60,7 @@ from opentelemetry.trace import Tracer
 from services.gateway.fairshare import (
     DrainRate,
     FairScheduler,
+    Residence,
     Stranded,
     pipeline_bound,
     pipeline_room,
@@ -135,6 +138,8 @@ class FairConsumer(StageConsumer):
         self._delay = delay
         # Pipeline messages acknowledged per second, from the backlog readings.
         self.drain = DrainRate()
+        # The least time a message stays in the pipeline (fairshare.Residence).
+        self.residence = Residence(busy=backlog)
         # Pipeline messages held by replicas that no longer answer (module doc).
         self.stranded = Stranded()
         self._scan_every = scan
@@ -203,7 +208,8 @@ class FairConsumer(StageConsumer):
         return min(free, pipeline_room(self.bound(), estimate, self.stranded.count))
 
     def bound(self) -> int:
-        return pipeline_bound(self._backlog, self._delay, self.drain.rate)
+        return pipeline_bound(self._backlog, self._delay, self.drain.rate,
+                              self.residence.seconds)
 
     async def _admit_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -330,6 +336,7 @@ class FairConsumer(StageConsumer):
         self._pipeline, self._mark = present, mark
         self.drain.observe(asyncio.get_running_loop().time(),
                            int(info.state.last_seq or 0), present)
+        self.residence.observe(present, self.drain.rate)
 
     async def _backlog_loop(self) -> None:
         # Measured: sleeping IDLE_READ whenever the room was not gone *before* the sleep

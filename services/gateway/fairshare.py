@@ -163,10 +163,45 @@ class DrainRate:
         self._last = (now, removed)
 
 
-def pipeline_bound(floor: int, delay: float, rate: float) -> int:
-    """Pipeline messages admission may keep outstanding: `delay` seconds of the drain
-    `rate`, never fewer than `floor`."""
-    return max(floor, int(rate * delay))
+def pipeline_bound(floor: int, delay: float, rate: float, service: float = 0.0) -> int:
+    """Pipeline messages admission may keep outstanding: what the drain `rate` clears in
+    `service` seconds (the time a message stays in the pipeline when nothing waits:
+    `Residence`) plus `delay` seconds of waiting, never fewer than `floor`; `delay` 0:
+    the fixed `floor`.
+
+    Without `service` the bound held `delay` seconds of *residence*, so a stage whose
+    every message takes longer than `delay` (`bench chaos`'s echo generator, 0.4 s, with
+    the bound's 0.1 s) ran at the floor's concurrency whatever its replicas could take:
+    8 messages, 20 requests a second of the 40 offered, the rest queued in the agent's
+    consumer from the first second (the "failover" of issue 32 was mostly that queue)."""
+    if delay <= 0:
+        return floor
+    return max(floor, int(rate * (service + delay)))
+
+
+class Residence:
+    """The least time a message stays in the pipeline, by Little's law: messages present
+    over the drain rate (what the stages take with nothing waiting; queueing only adds).
+    Read only while the pipeline holds at least `busy` messages (fewer: a ratio of
+    small, noisy counts) and drains; the least reading is kept (a window's least would
+    creep up by `delay` a window under a standing flood, each reading holding the last
+    one's waiting). A workload that becomes slower keeps the faster one's figure: the
+    bound is then as tight as without it."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy = busy
+        self.least: float | None = None
+
+    def observe(self, present: int, rate: float) -> None:
+        if present < self.busy or rate <= 0:
+            return
+        seconds = present / rate
+        if self.least is None or seconds < self.least:
+            self.least = seconds
+
+    @property
+    def seconds(self) -> float:
+        return self.least or 0.0
 
 
 def pipeline_room(bound: int, outstanding: int, stranded: int) -> int:

@@ -12,6 +12,7 @@ from services.gateway.fairshare import (
     RING_GRACE,
     DrainRate,
     FairScheduler,
+    Residence,
     Stranded,
     pipeline_bound,
     pipeline_room,
@@ -244,9 +245,34 @@ def _drained(rate: float, seconds: float = 5.0, present: int = 14) -> DrainRate:
     return drain
 
 
+def test_a_stage_that_takes_long_but_many_at_once_gets_what_its_rate_needs() -> None:
+    # `bench chaos`: 40 requests a second, 3 stage messages each, one of them 0.4 s of
+    # echo generation (many at once): 16 in the generator, 0.4 / 3 s a message.
+    residence = Residence(busy=8)
+    drain = _drained(120.0, present=16)
+    residence.observe(16, drain.rate)
+    assert residence.seconds == pytest.approx(16 / 120, rel=0.02)
+    # Enough for all 16 and 0.1 s more; without the residence, 0.1 s of the rate (12),
+    # the generator ran at the floor: 8 messages, 20 requests a second.
+    assert pipeline_bound(8, 0.1, drain.rate, residence.seconds) >= 16 + 11
+    assert pipeline_bound(8, 0.1, drain.rate) < 16
+    # Under a flood waiting in the stages the least reading stays: only 0.1 s of waiting.
+    residence.observe(60, drain.rate)
+    assert residence.seconds == pytest.approx(16 / 120, rel=0.02)
+
+
+def test_the_residence_is_read_only_while_the_pipeline_is_busy_and_draining() -> None:
+    residence = Residence(busy=8)
+    residence.observe(3, 500.0)  # a few messages: a noisy ratio
+    residence.observe(20, 0.0)  # nothing drained yet
+    assert residence.seconds == 0.0
+    assert pipeline_bound(8, 0.1, 1000.0, residence.seconds) == 100  # the bound as it was
+    assert pipeline_bound(8, 0.0, 1000.0, 0.5) == 8  # no delay: the fixed backlog
+
+
 def test_after_a_kill_admission_does_not_wait_for_the_dead_replicas_messages() -> None:
-    # `bench chaos`: 40 requests a second, ~3.5 stage messages each; a generator replica
-    # killed holding 8 (0.4 s of echo generation at 20 a second).
+    # 140 stage messages acknowledged a second (the bound 0.1 s of it); a generator
+    # replica killed holding 8 (0.4 s of echo generation each).
     drain = _drained(140.0)
     bound = pipeline_bound(8, 0.1, drain.rate)
     assert bound == 13
