@@ -139,7 +139,7 @@ class FairConsumer(StageConsumer):
         # Pipeline messages acknowledged per second, from the backlog readings.
         self.drain = DrainRate()
         # The least time a message stays in the pipeline (fairshare.Residence).
-        self.residence = Residence(busy=backlog)
+        self.residence = Residence()
         # Pipeline messages held by replicas that no longer answer (module doc).
         self.stranded = Stranded()
         self._scan_every = scan
@@ -336,7 +336,9 @@ class FairConsumer(StageConsumer):
         self._pipeline, self._mark = present, mark
         self.drain.observe(asyncio.get_running_loop().time(),
                            int(info.state.last_seq or 0), present)
-        self.residence.observe(present, self.drain.rate)
+        self.residence.observe(
+            asyncio.get_running_loop().time(), present, self.drain.rate, self._backlog,
+            at_floor=self.bound() <= self._backlog)
 
     async def _backlog_loop(self) -> None:
         # Measured: sleeping IDLE_READ whenever the room was not gone *before* the sleep

@@ -245,28 +245,48 @@ def _drained(rate: float, seconds: float = 5.0, present: int = 14) -> DrainRate:
     return drain
 
 
+def _held_at_floor(residence: Residence, drain: DrainRate, present: int, seconds: float,
+                   start: float = 0.0, floor: int = 8) -> None:
+    now = start
+    while now < start + seconds:
+        at_floor = pipeline_bound(floor, 0.1, drain.rate, residence.seconds) <= floor
+        residence.observe(now, present, drain.rate, floor, at_floor)
+        now += 0.01
+
+
 def test_a_stage_that_takes_long_but_many_at_once_gets_what_its_rate_needs() -> None:
-    # `bench chaos`: 40 requests a second, 3 stage messages each, one of them 0.4 s of
-    # echo generation (many at once): 16 in the generator, 0.4 / 3 s a message.
-    residence = Residence(busy=8)
-    drain = _drained(120.0, present=16)
-    residence.observe(16, drain.rate)
-    assert residence.seconds == pytest.approx(16 / 120, rel=0.02)
-    # Enough for all 16 and 0.1 s more; without the residence, 0.1 s of the rate (12),
-    # the generator ran at the floor: 8 messages, 20 requests a second.
-    assert pipeline_bound(8, 0.1, drain.rate, residence.seconds) >= 16 + 11
-    assert pipeline_bound(8, 0.1, drain.rate) < 16
-    # Under a flood waiting in the stages the least reading stays: only 0.1 s of waiting.
-    residence.observe(60, drain.rate)
-    assert residence.seconds == pytest.approx(16 / 120, rel=0.02)
+    # `bench chaos` at the floor: 8 messages, one request in three of them generating for
+    # 0.4 s (many at once): 20 requests a second, 60 stage messages, 8 / 60 s a message.
+    residence = Residence()
+    drain = _drained(60.0, present=8)
+    assert pipeline_bound(8, 0.1, drain.rate) == 8  # 0.1 s of the rate: under the floor
+    _held_at_floor(residence, drain, 8, 1.0)
+    assert residence.seconds == 0.0  # not settled yet
+    _held_at_floor(residence, drain, 8, 1.0, start=1.0)
+    assert residence.seconds == pytest.approx(8 / 60, rel=0.02)
+    # The bound now holds what the stages take at that rate and 0.1 s more, and grows
+    # with the rate: at the 40 requests a second offered (120 messages), 16 generating
+    # and 12 more, where it stayed at the floor's 8 (20 requests a second) without it.
+    assert pipeline_bound(8, 0.1, drain.rate, residence.seconds) == 13
+    assert pipeline_bound(8, 0.1, 120.0, residence.seconds) == 28
+    assert pipeline_bound(8, 0.1, 120.0) == 12
 
 
-def test_the_residence_is_read_only_while_the_pipeline_is_busy_and_draining() -> None:
-    residence = Residence(busy=8)
-    residence.observe(3, 500.0)  # a few messages: a noisy ratio
-    residence.observe(20, 0.0)  # nothing drained yet
+def test_a_flood_through_a_fast_pipeline_never_sets_the_residence() -> None:
+    # A flood leaves the floor at once (0.1 s of 600 messages a second is 60): every
+    # message present then is waiting the bound allowed, not service.
+    residence = Residence()
+    drain = _drained(600.0, present=60)
+    _held_at_floor(residence, drain, 60, 5.0)
     assert residence.seconds == 0.0
-    assert pipeline_bound(8, 0.1, 1000.0, residence.seconds) == 100  # the bound as it was
+    assert pipeline_bound(8, 0.1, drain.rate, residence.seconds) == pipeline_bound(
+        8, 0.1, drain.rate)
+    # Nor does a pipeline holding a few, or draining nothing.
+    residence.observe(0.0, 3, 50.0, 8, at_floor=True)
+    residence.observe(5.0, 3, 50.0, 8, at_floor=True)
+    residence.observe(6.0, 20, 0.0, 8, at_floor=True)
+    residence.observe(9.0, 20, 0.0, 8, at_floor=True)
+    assert residence.seconds == 0.0
     assert pipeline_bound(8, 0.0, 1000.0, 0.5) == 8  # no delay: the fixed backlog
 
 
