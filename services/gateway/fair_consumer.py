@@ -30,10 +30,10 @@ side:
   the stream until their ack wait redelivers them, and are no work ahead of anyone
   meanwhile. Every `HOLDINGS_READ` seconds the stages' consumers (one CONSUMER.LIST:
   delivered and unacknowledged, per stage) are read together with what every live
-  replica says it holds (`$SRV.STATS`, the services API's `inflight`); what is delivered
-  and held by no replica answering, two readings in a row, is *stranded*
-  (`fairshare.Stranded`). Counting them paused admission for up to an ack wait after
-  every kill (issue 32: `bench chaos` failover p99 6.1 s, 2.4 s before fair share).
+  replica says it holds (`$SRV.STATS`, the services API's `inflight`); at a stage one of
+  whose replicas stopped answering, what is delivered and held by no replica answering,
+  two readings in a row, is *stranded* (`fairshare.Stranded`). Counted, they paused
+  admission for up to an ack wait after a kill when the bound was at its floor.
 
 Each delivery is then handled exactly as the plain stage consumer handles it (this is
 a `StageConsumer`: explicit ack, progress acks while held, redelivery after
@@ -98,7 +98,7 @@ IDLE_READ = 0.5
 # kill's messages leave the count within about half a second.
 HOLDINGS_READ = 0.2
 HOLDINGS_TIMEOUT = 0.2
-HOLDINGS_QUIET = 0.05
+HOLDINGS_QUIET = 0.1
 
 
 @dataclasses.dataclass
@@ -369,6 +369,7 @@ class FairConsumer(StageConsumer):
             return
         ack_pending = {info.name: int(info.num_ack_pending or 0) for info in consumers}
         inflight: dict[str, int] = {}
+        replicas: dict[str, set[str]] = {}
         stage = f"{pipeline.SUBJECT_PREFIX}."
         for reply in replies:
             for endpoint in reply.get("endpoints") or []:
@@ -376,7 +377,9 @@ class FairConsumer(StageConsumer):
                     name = str(endpoint.get("name", ""))
                     held = int((endpoint.get("data") or {}).get("inflight", 0))
                     inflight[name] = inflight.get(name, 0) + held
-        self.stranded.observe(ack_pending, inflight)
+                    replicas.setdefault(name, set()).add(str(reply.get("id", "")))
+        self.stranded.observe(asyncio.get_running_loop().time(), ack_pending, inflight,
+                              replicas)
 
     async def _holdings_loop(self) -> None:
         while not self._stopping:

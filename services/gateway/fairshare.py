@@ -257,16 +257,46 @@ def stranded_now(ack_pending: Mapping[str, int], inflight: Mapping[str, int]) ->
 STRANDED_READINGS = 2
 
 
+# Seconds a replica that stopped answering is remembered: its messages are redelivered
+# an ack wait (STAGE_ACK_WAIT, 2 s) after its last sign of life, well within.
+GONE_MEMORY = 10.0
+
+
 class Stranded:
     """Pipeline messages held by replicas that no longer answer, over the last
     `readings` readings (the least of them; 0 until there are that many, or after a
-    reading failed)."""
+    reading failed).
 
-    def __init__(self, readings: int = STRANDED_READINGS) -> None:
+    Only a stage one of whose replicas stopped answering (seen within GONE_MEMORY, not in
+    this reading) is counted: a busy live replica's deliveries still unread in its
+    socket are delivered for the server and held by nobody for its own count, so
+    without that condition a stage saturated under a flood looked stranded and
+    admission went past the bound (`bench fairness`: A's spend past its budget beyond
+    the limits' own bound)."""
+
+    def __init__(self, readings: int = STRANDED_READINGS, memory: float = GONE_MEMORY
+                 ) -> None:
         self._last: deque[int] = deque(maxlen=readings)
+        self.memory = memory
+        # Stage consumer -> replica id -> when it last answered.
+        self._seen: dict[str, dict[str, float]] = {}
 
-    def observe(self, ack_pending: Mapping[str, int], inflight: Mapping[str, int]) -> None:
-        self._last.append(stranded_now(ack_pending, inflight))
+    def observe(self, now: float, ack_pending: Mapping[str, int],
+                inflight: Mapping[str, int], replicas: Mapping[str, set[str]]) -> None:
+        """One reading: per stage consumer, what the server counts as delivered and not
+        acknowledged, what the replicas that answered hold, and which answered."""
+        gone: set[str] = set()
+        for name, answered in replicas.items():
+            seen = self._seen.setdefault(name, {})
+            for replica in answered:
+                seen[replica] = now
+            for replica, at in list(seen.items()):
+                if now - at > self.memory:
+                    del seen[replica]
+                elif replica not in answered:
+                    gone.add(name)
+        self._last.append(stranded_now(
+            {name: held for name, held in ack_pending.items() if name in gone}, inflight))
 
     def unknown(self) -> None:
         """A reading failed: nothing is left out until `readings` succeed again."""

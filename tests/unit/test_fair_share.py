@@ -299,33 +299,48 @@ def test_after_a_kill_admission_does_not_wait_for_the_dead_replicas_messages() -
     live = 9  # what the live replicas hold, all delivered
     assert pipeline_room(bound, live, 0) == 4  # before the kill
     held = Stranded()
-    # After: the stream still holds the dead replica's 8 until their ack wait (2 s).
-    ack_pending = {"classifier": 1, "retriever": 0, "generator-main": live - 1 + 8,
-                   "validator": 0}
-    answering = {"classifier": 1, "retriever": 0, "generator-main": live - 1,
-                 "validator": 0}
+    both = {"classifier": {"c1", "c2"}, "generator-main": {"g1", "g2"}}
+    held.observe(0.0, {"classifier": 1, "generator-main": live - 1},
+                 {"classifier": 1, "generator-main": live - 1}, both)
+    # After: g2 is gone; the stream still holds its 8 until their ack wait (2 s).
+    ack_pending = {"classifier": 1, "generator-main": live - 1 + 8}
+    answering = {"classifier": 1, "generator-main": live - 1}
+    left = {"classifier": {"c1", "c2"}, "generator-main": {"g1"}}
     outstanding = live + 8
     # Counted, they fill the bound: no admission until they are redelivered.
     assert pipeline_room(bound, outstanding, held.count) < 0
-    held.observe(ack_pending, answering)
-    assert held.count == 0  # one reading is not enough
-    held.observe(ack_pending, answering)
-    assert held.count == 8
+    held.observe(0.2, ack_pending, answering, left)
+    assert held.count == 0  # the least of the last two readings: one is not enough
+    held.observe(0.4, ack_pending, answering, {**left, "generator-main": {"g1", "g3"}})
+    assert held.count == 8  # g3, its restart, holds none of them
     assert pipeline_room(bound, outstanding, held.count) == 4  # as before the kill
     # Redelivered, the live replicas hold them: counted again.
-    held.observe(ack_pending, {**answering, "generator-main": live - 1 + 8})
+    held.observe(2.2, ack_pending, {**answering, "generator-main": live - 1 + 8}, left)
     assert held.count == 0
     assert pipeline_room(bound, outstanding, held.count) == bound - outstanding
 
 
 def test_a_reply_missed_once_or_a_reading_failed_leaves_nothing_out() -> None:
-    held = Stranded()
-    held.observe({"classifier": 5}, {"classifier": 5})
-    held.observe({"classifier": 5}, {"classifier": 1})  # a replica answered late
+    held, both, one = Stranded(), {"classifier": {"a", "b"}}, {"classifier": {"a"}}
+    held.observe(0.0, {"classifier": 5}, {"classifier": 5}, both)
+    held.observe(0.2, {"classifier": 5}, {"classifier": 1}, one)  # b answered late
     assert held.count == 0
-    held.observe({"classifier": 5}, {"classifier": 1})
+    held.observe(0.4, {"classifier": 5}, {"classifier": 1}, one)
     assert held.count == 4
     held.unknown()
+    assert held.count == 0
+    # Forgotten after GONE_MEMORY: by then its messages were redelivered long ago.
+    held.observe(20.0, {"classifier": 5}, {"classifier": 1}, one)
+    held.observe(20.2, {"classifier": 5}, {"classifier": 1}, one)
+    assert held.count == 0
+
+
+def test_a_busy_replica_s_unread_deliveries_are_not_stranded() -> None:
+    # Every replica answers: what the server delivered and they have not read yet (a
+    # stage saturated under a flood) is theirs, not a dead replica's.
+    held, both = Stranded(), {"retriever": {"r1", "r2"}}
+    for at in (0.0, 0.2, 0.4):
+        held.observe(at, {"retriever": 40}, {"retriever": 12}, both)
     assert held.count == 0
 
 
