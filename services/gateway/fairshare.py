@@ -270,9 +270,8 @@ class Stranded:
     Only a stage one of whose replicas stopped answering (seen within GONE_MEMORY, not in
     this reading) is counted: a busy live replica's deliveries still unread in its
     socket are delivered for the server and held by nobody for its own count, so
-    without that condition a stage saturated under a flood looked stranded and
-    admission went past the bound (`bench fairness`: A's spend past its budget beyond
-    the limits' own bound)."""
+    without that condition a stage saturated under a flood would look stranded and
+    admission would go past the bound."""
 
     def __init__(self, readings: int = STRANDED_READINGS, memory: float = GONE_MEMORY
                  ) -> None:
