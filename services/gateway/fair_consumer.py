@@ -17,13 +17,23 @@ side:
 * admission is bounded by the pipeline's backlog: the requests in INTENTROUTE_PIPELINE
   (a work-queue stream holds exactly what a stage has not acknowledged yet: one message
   per request being worked on; one STREAM.INFO) plus those admitted since that reading
-  stay under the bound: `delay` seconds of the pipeline's measured drain rate (the
-  same reading's count of messages ever stored less those still there, as a moving
-  rate), and never under `backlog`. So a fast pipeline is kept full (its queue is short
-  in time however long in messages) and a slow or loaded one holds at most about
-  `delay` seconds of work ahead of a newly admitted request. Requests wait in their
-  agent's consumer instead of a stage's FIFO queue, where a flood would hold everyone
-  else's behind it.
+  stay under the bound: what the pipeline's measured drain rate (the same reading's
+  count of messages ever stored less those still there, as a moving rate) clears in the
+  least time a message has stayed in it (`fairshare.Residence`: its service time) plus
+  `delay` seconds, and never under `backlog`. So a fast pipeline is kept full (its
+  queue is short in time however long in messages), a stage that takes long but many
+  at once (a remote model) gets as many as its rate needs, and a slow or loaded one
+  holds at most about `delay` seconds of waiting ahead of a newly admitted request.
+  Requests wait in their agent's consumer instead of a stage's FIFO queue, where a
+  flood would hold everyone else's behind it;
+* messages a dead (or stopped) replica holds are left out of that count: they stay in
+  the stream until their ack wait redelivers them, and are no work ahead of anyone
+  meanwhile. Every `HOLDINGS_READ` seconds the stages' consumers (one CONSUMER.LIST:
+  delivered and unacknowledged, per stage) are read together with what every live
+  replica says it holds (`$SRV.STATS`, the services API's `inflight`); at a stage one of
+  whose replicas stopped answering, what is delivered and held by no replica answering,
+  two readings in a row, is *stranded* (`fairshare.Stranded`). Counted, they paused
+  admission for up to an ack wait after a kill when the bound was at its floor.
 
 Each delivery is then handled exactly as the plain stage consumer handles it (this is
 a `StageConsumer`: explicit ack, progress acks while held, redelivery after
@@ -47,8 +57,15 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import NotFoundError
 from opentelemetry.trace import Tracer
 
-from services.gateway.fairshare import DrainRate, FairScheduler, pipeline_bound
-from shared.auth.permissions import agent_id_problem
+from services.gateway.fairshare import (
+    DrainRate,
+    FairScheduler,
+    Residence,
+    Stranded,
+    pipeline_bound,
+    pipeline_room,
+)
+from shared.auth.permissions import SERVICES_API, agent_id_problem
 from shared.contracts import pipeline, request
 from shared.contracts.request import agent_of
 from shared.policy.ports import Policies
@@ -60,6 +77,7 @@ from shared.runtime.consumer import (
     agent_consumer_name,
 )
 from shared.runtime.signals import StageStats
+from shared.runtime.stage_status import gather
 from shared.runtime.worker import MakeConsumer
 
 log = logging.getLogger("intentroute.gateway.fair")
@@ -74,6 +92,13 @@ PULL_TIMEOUT = 1.0
 # (one STREAM.INFO, ~0.1 ms on loopback); otherwise every IDLE_READ.
 FULL_READ = 0.01
 IDLE_READ = 0.5
+# Seconds between readings of what the stages' replicas hold (CONSUMER.LIST and one
+# `$SRV.STATS` scatter-gather, each reply within a few ms on loopback; a replica is
+# waited for up to HOLDINGS_QUIET after the last reply): with STRANDED_READINGS, a
+# kill's messages leave the count within about half a second.
+HOLDINGS_READ = 0.2
+HOLDINGS_TIMEOUT = 0.2
+HOLDINGS_QUIET = 0.1
 
 
 @dataclasses.dataclass
@@ -113,6 +138,10 @@ class FairConsumer(StageConsumer):
         self._delay = delay
         # Pipeline messages acknowledged per second, from the backlog readings.
         self.drain = DrainRate()
+        # The least time a message stays in the pipeline (fairshare.Residence).
+        self.residence = Residence()
+        # Pipeline messages held by replicas that no longer answer (module doc).
+        self.stranded = Stranded()
         self._scan_every = scan
         self._wake = asyncio.Event()
         # Set when admission stops for want of room: the backlog is read at once.
@@ -148,6 +177,9 @@ class FairConsumer(StageConsumer):
         self._loops = [asyncio.create_task(self._admit_loop(), name="gateway-admit"),
                        asyncio.create_task(self._scan_loop(), name="gateway-scan"),
                        asyncio.create_task(self._backlog_loop(), name="gateway-backlog")]
+        if self._backlog > 0:
+            self._loops.append(asyncio.create_task(self._holdings_loop(),
+                                                   name="gateway-holdings"))
 
     async def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True
@@ -173,10 +205,11 @@ class FairConsumer(StageConsumer):
             return free
         admitted, held = self._mark
         estimate = self._pipeline + (self._admitted - admitted) + held
-        return min(free, self.bound() - estimate)
+        return min(free, pipeline_room(self.bound(), estimate, self.stranded.count))
 
     def bound(self) -> int:
-        return pipeline_bound(self._backlog, self._delay, self.drain.rate)
+        return pipeline_bound(self._backlog, self._delay, self.drain.rate,
+                              self.residence.seconds)
 
     async def _admit_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -303,6 +336,9 @@ class FairConsumer(StageConsumer):
         self._pipeline, self._mark = present, mark
         self.drain.observe(asyncio.get_running_loop().time(),
                            int(info.state.last_seq or 0), present)
+        self.residence.observe(
+            asyncio.get_running_loop().time(), present, self.drain.rate, self._backlog,
+            at_floor=self.bound() <= self._backlog)
 
     async def _backlog_loop(self) -> None:
         # Measured: sleeping IDLE_READ whenever the room was not gone *before* the sleep
@@ -320,6 +356,38 @@ class FairConsumer(StageConsumer):
                 await self._read_backlog()
                 if self.room() > 0 >= before:
                     self._wake.set()
+
+    async def _read_holdings(self) -> None:
+        try:
+            consumers, replies = await asyncio.gather(
+                self._js.consumers_info(pipeline.STREAM),
+                gather(self.nc, f"{SERVICES_API}.STATS", timeout=HOLDINGS_TIMEOUT,
+                       quiet=HOLDINGS_QUIET))
+        except Exception as exc:
+            log.debug("[gateway] pipeline holdings: %r", exc)
+            self.stranded.unknown()
+            return
+        ack_pending = {info.name: int(info.num_ack_pending or 0) for info in consumers}
+        inflight: dict[str, int] = {}
+        replicas: dict[str, set[str]] = {}
+        stage = f"{pipeline.SUBJECT_PREFIX}."
+        for reply in replies:
+            for endpoint in reply.get("endpoints") or []:
+                if str(endpoint.get("subject", "")).startswith(stage):
+                    name = str(endpoint.get("name", ""))
+                    held = int((endpoint.get("data") or {}).get("inflight", 0))
+                    inflight[name] = inflight.get(name, 0) + held
+                    replicas.setdefault(name, set()).add(str(reply.get("id", "")))
+        self.stranded.observe(asyncio.get_running_loop().time(), ack_pending, inflight,
+                              replicas)
+
+    async def _holdings_loop(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(HOLDINGS_READ)
+            before = self.room()
+            await self._read_holdings()
+            if self.room() > 0 >= before:
+                self._wake.set()
 
 
 class AgentWeights:

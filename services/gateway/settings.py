@@ -15,12 +15,13 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     # at once).
     batch_size: Annotated[int, env("GATEWAY_BATCH")] = 32
     # Fair share (fair_consumer.py): pipeline messages admitted and not yet through it,
-    # over all replicas, are kept under GATEWAY_PIPELINE_DELAY seconds of the measured
-    # drain rate and never under GATEWAY_PIPELINE_BACKLOG (0: unbounded); requests one
-    # turn of a weight-1 agent takes; seconds between scans for requests no doorbell
-    # announced. A fixed bound of 8 kept other agents' p95 under 0.5 s in `bench
-    # fairness` on a loaded machine (16: 0.57 s, 32: 1.6 s) but caps a fast pipeline;
-    # the delay keeps the queue short in time, whatever the pipeline's speed.
+    # over all replicas, are kept under what the measured drain rate clears in the
+    # pipeline's least residence plus GATEWAY_PIPELINE_DELAY seconds, and never under
+    # GATEWAY_PIPELINE_BACKLOG (0: unbounded); requests one turn of a weight-1 agent
+    # takes; seconds between scans for requests no doorbell announced. A fixed bound of
+    # 8 kept other agents' p95 under 0.5 s in `bench fairness` on a loaded machine (16:
+    # 0.57 s, 32: 1.6 s) but caps a fast pipeline; the delay keeps the waiting short in
+    # time, whatever the pipeline's speed.
     pipeline_backlog: Annotated[int, env("GATEWAY_PIPELINE_BACKLOG")] = 8
     pipeline_delay: Annotated[float, env("GATEWAY_PIPELINE_DELAY")] = 0.1
     fair_quantum: Annotated[int, env("GATEWAY_FAIR_QUANTUM")] = 4

@@ -181,7 +181,11 @@ WORKER_GRANTS: dict[str, WorkerGrant] = {
         stream=request.STREAM, durable="gateway", filter_subject=AGENT_REQUEST_ANY,
         per_agent=True,
         publish=(pipeline.CLASSIFY_SUBJECT, FEEDBACK_ACK_ANY,
-                 REPLAY_CONSUMER_CREATE, REPLAY_CONSUMER_DELETE),
+                 REPLAY_CONSUMER_CREATE, REPLAY_CONSUMER_DELETE,
+                 # What the stages' replicas hold, against what their consumers have
+                 # delivered: messages a dead replica holds leave admission's count
+                 # (services/gateway/fair_consumer.py). Reads only.
+                 f"$JS.API.CONSUMER.LIST.{pipeline.STREAM}", f"{SERVICES_API}.STATS"),
         subscribe=(replay.SUBJECTS,),
         consumers=(ConsumerGrant(feedback.STREAM, FEEDBACK_DURABLE, AGENT_FEEDBACK_ANY),),
         max_responses=REPLAY_MAX_REPLIES, responses_seconds=REPLAY_REPLY_SECONDS,

@@ -12,7 +12,11 @@ from services.gateway.fairshare import (
     RING_GRACE,
     DrainRate,
     FairScheduler,
+    Residence,
+    Stranded,
     pipeline_bound,
+    pipeline_room,
+    stranded_now,
 )
 from shared.auth.permissions import WORKER_GRANTS, ops_permissions, service_permissions
 
@@ -174,6 +178,9 @@ def test_the_gateway_may_run_one_consumer_per_agent_and_nothing_else_there() -> 
         f"$JS.API.CONSUMER.DELETE.{spec.stream}.gateway",
         f"$JS.API.CONSUMER.LIST.{spec.stream}",
         "$JS.API.STREAM.INFO.INTENTROUTE_PIPELINE",  # the pipeline's backlog
+        # What the stages' consumers delivered and what their live replicas hold.
+        "$JS.API.CONSUMER.LIST.INTENTROUTE_PIPELINE",
+        "$SRV.STATS",
     ]
     for subject in allowed:
         assert any(_matches(p, subject) for p in publish), subject
@@ -183,6 +190,8 @@ def test_the_gateway_may_run_one_consumer_per_agent_and_nothing_else_there() -> 
         "$JS.API.CONSUMER.CREATE.INTENTROUTE_PIPELINE.x.intentroute.stage.classify",
         "$JS.API.CONSUMER.MSG.NEXT.INTENTROUTE_PIPELINE.classifier",
         f"$JS.API.STREAM.PURGE.{spec.stream}",
+        "$JS.API.CONSUMER.DELETE.INTENTROUTE_PIPELINE.classifier",
+        "$SRV.STATS.intentroute-classifier.x",  # the stats only, of every service
     ]
     for subject in refused:
         assert not any(_matches(p, subject) for p in publish), subject
@@ -225,3 +234,118 @@ def test_the_rate_does_not_depend_on_how_often_the_stream_is_read() -> None:
 
 def test_without_a_delay_the_bound_is_the_fixed_backlog() -> None:
     assert pipeline_bound(8, 0.0, 5000.0) == 8
+
+
+def _drained(rate: float, seconds: float = 5.0, present: int = 14) -> DrainRate:
+    """A DrainRate fed `rate` pipeline messages acknowledged a second, read every 10 ms."""
+    drain, stored = DrainRate(), 0.0
+    for step in range(int(seconds / 0.01)):
+        stored += rate * 0.01
+        drain.observe(step * 0.01, round(stored), present)
+    return drain
+
+
+def _held_at_floor(residence: Residence, drain: DrainRate, present: int, seconds: float,
+                   start: float = 0.0, floor: int = 8) -> None:
+    now = start
+    while now < start + seconds:
+        at_floor = pipeline_bound(floor, 0.1, drain.rate, residence.seconds) <= floor
+        residence.observe(now, present, drain.rate, floor, at_floor)
+        now += 0.01
+
+
+def test_a_stage_that_takes_long_but_many_at_once_gets_what_its_rate_needs() -> None:
+    # `bench chaos` at the floor: 8 messages, one request in three of them generating for
+    # 0.4 s (many at once): 20 requests a second, 60 stage messages, 8 / 60 s a message.
+    residence = Residence()
+    drain = _drained(60.0, present=8)
+    assert pipeline_bound(8, 0.1, drain.rate) == 8  # 0.1 s of the rate: under the floor
+    _held_at_floor(residence, drain, 8, 1.0)
+    assert residence.seconds == 0.0  # not settled yet
+    _held_at_floor(residence, drain, 8, 1.0, start=1.0)
+    assert residence.seconds == pytest.approx(8 / 60, rel=0.02)
+    # The bound now holds what the stages take at that rate and 0.1 s more, and grows
+    # with the rate: at the 40 requests a second offered (120 messages), 16 generating
+    # and 12 more, where it stayed at the floor's 8 (20 requests a second) without it.
+    assert pipeline_bound(8, 0.1, drain.rate, residence.seconds) == 13
+    assert pipeline_bound(8, 0.1, 120.0, residence.seconds) == 28
+    assert pipeline_bound(8, 0.1, 120.0) == 12
+
+
+def test_a_flood_through_a_fast_pipeline_never_sets_the_residence() -> None:
+    # A flood leaves the floor at once (0.1 s of 600 messages a second is 60): every
+    # message present then is waiting the bound allowed, not service.
+    residence = Residence()
+    drain = _drained(600.0, present=60)
+    _held_at_floor(residence, drain, 60, 5.0)
+    assert residence.seconds == 0.0
+    assert pipeline_bound(8, 0.1, drain.rate, residence.seconds) == pipeline_bound(
+        8, 0.1, drain.rate)
+    # Nor does a pipeline holding a few, or draining nothing.
+    residence.observe(0.0, 3, 50.0, 8, at_floor=True)
+    residence.observe(5.0, 3, 50.0, 8, at_floor=True)
+    residence.observe(6.0, 20, 0.0, 8, at_floor=True)
+    residence.observe(9.0, 20, 0.0, 8, at_floor=True)
+    assert residence.seconds == 0.0
+    assert pipeline_bound(8, 0.0, 1000.0, 0.5) == 8  # no delay: the fixed backlog
+
+
+def test_after_a_kill_admission_does_not_wait_for_the_dead_replicas_messages() -> None:
+    # 140 stage messages acknowledged a second (the bound 0.1 s of it); a generator
+    # replica killed holding 8 (0.4 s of echo generation each).
+    drain = _drained(140.0)
+    bound = pipeline_bound(8, 0.1, drain.rate)
+    assert bound == 13
+    live = 9  # what the live replicas hold, all delivered
+    assert pipeline_room(bound, live, 0) == 4  # before the kill
+    held = Stranded()
+    both = {"classifier": {"c1", "c2"}, "generator-main": {"g1", "g2"}}
+    held.observe(0.0, {"classifier": 1, "generator-main": live - 1},
+                 {"classifier": 1, "generator-main": live - 1}, both)
+    # After: g2 is gone; the stream still holds its 8 until their ack wait (2 s).
+    ack_pending = {"classifier": 1, "generator-main": live - 1 + 8}
+    answering = {"classifier": 1, "generator-main": live - 1}
+    left = {"classifier": {"c1", "c2"}, "generator-main": {"g1"}}
+    outstanding = live + 8
+    # Counted, they fill the bound: no admission until they are redelivered.
+    assert pipeline_room(bound, outstanding, held.count) < 0
+    held.observe(0.2, ack_pending, answering, left)
+    assert held.count == 0  # the least of the last two readings: one is not enough
+    held.observe(0.4, ack_pending, answering, {**left, "generator-main": {"g1", "g3"}})
+    assert held.count == 8  # g3, its restart, holds none of them
+    assert pipeline_room(bound, outstanding, held.count) == 4  # as before the kill
+    # Redelivered, the live replicas hold them: counted again.
+    held.observe(2.2, ack_pending, {**answering, "generator-main": live - 1 + 8}, left)
+    assert held.count == 0
+    assert pipeline_room(bound, outstanding, held.count) == bound - outstanding
+
+
+def test_a_reply_missed_once_or_a_reading_failed_leaves_nothing_out() -> None:
+    held, both, one = Stranded(), {"classifier": {"a", "b"}}, {"classifier": {"a"}}
+    held.observe(0.0, {"classifier": 5}, {"classifier": 5}, both)
+    held.observe(0.2, {"classifier": 5}, {"classifier": 1}, one)  # b answered late
+    assert held.count == 0
+    held.observe(0.4, {"classifier": 5}, {"classifier": 1}, one)
+    assert held.count == 4
+    held.unknown()
+    assert held.count == 0
+    # Forgotten after GONE_MEMORY: by then its messages were redelivered long ago.
+    held.observe(20.0, {"classifier": 5}, {"classifier": 1}, one)
+    held.observe(20.2, {"classifier": 5}, {"classifier": 1}, one)
+    assert held.count == 0
+
+
+def test_a_busy_replica_s_unread_deliveries_are_not_stranded() -> None:
+    # Every replica answers: what the server delivered and they have not read yet (a
+    # stage saturated under a flood) is theirs, not a dead replica's.
+    held, both = Stranded(), {"retriever": {"r1", "r2"}}
+    for at in (0.0, 0.2, 0.4):
+        held.observe(at, {"retriever": 40}, {"retriever": 12}, both)
+    assert held.count == 0
+
+
+def test_a_stage_no_replica_answers_for_is_counted_whole() -> None:
+    # Every replica of the retriever gone: nothing drains there, its messages count.
+    assert stranded_now({"retriever": 6, "classifier": 3}, {"classifier": 1}) == 2
+    # A replica may say it holds more than the server counts (acknowledged meanwhile).
+    assert stranded_now({"classifier": 1}, {"classifier": 3}) == 0

@@ -133,19 +133,26 @@ def bench_fairness(
     injector: Annotated[int, typer.Option(
         help="Messages agent D sends with reply subjects aimed at B and C after the "
              "flood (0: no injector phase)")] = 2000,
+    flooders: Annotated[int, typer.Option(
+        help="Agents flooding at once after A's flood, up to 5 (0: no five-flooder "
+             "phase)")] = 5,
+    flooder_requests: Annotated[int, typer.Option(
+        help="RETRIEVAL requests each of them publishes at once")] = 1000,
 ) -> None:
     """Two gateway replicas with authentication on: agent A floods RETRIEVAL requests
     while B and C ask one a second; their latency during the flood against before it,
     A's answered / refused requests (by code: its budget refuses the end of the flood),
     lost and duplicated answers, and A's spend past its budget with the bound; then
     agent D aims reply subjects at B and C (`injector`: their latency, and what reached
-    their request log and answer subjects that they did not cause)."""
+    their request log and answer subjects that they did not cause); before it five
+    agents flood at once (`five_flooders`: B's and C's latency then)."""
     from bench.fairness import BUDGET_DAY, run
 
     env = {} if backlog is None else {"GATEWAY_PIPELINE_BACKLOG": str(backlog)}
     budget = BUDGET_DAY if budget_day is None else (budget_day or None)
     emit(run(flood=flood, quiet=quiet, deadline=deadline, env=env, budget_day=budget,
-             injector=injector), json_out)
+             injector=injector, flooders=flooders, flooder_requests=flooder_requests),
+         json_out)
 
 
 @bench_app.command("failover")

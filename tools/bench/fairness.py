@@ -14,6 +14,16 @@ publish to its last answer), budget_overshoot: A's spend past its daily budget, 
 back from the request log (`services.gateway.limits.store.budget_overshoot`:
 `overshoot`, `bound`, `spent`, `budget`, `requests`; null with `budget_day=None`).
 
+`victim_over_quiet_p95`: victim_p95_ms over victim_quiet_p95_ms, both from this run
+(target <= 3, and victim_p95_ms <= 500).
+
+Then the `five_flooders` phase (`flooders` agents E.., 0: skipped): after A's flood,
+five agents without a budget each publish `flooder_requests` RETRIEVAL questions at
+once while B and C keep asking, until all are answered (or `deadline` passes). Keys
+under `five_flooders`: flooders, sent, answered, refused (by code), lost, seconds,
+victim_p50_ms / victim_p95_ms (B's and C's answers during it), victim_over_quiet_p95
+(over the same quiet p95; target <= 3 and p95 <= 500 ms, as for one flood).
+
 Then the `injector` phase (`injector` messages, 0: skipped): agent D, while B and C
 keep asking, publishes on its own subjects with reply subjects aimed at them (its
 request subject with the reply `agent.response.<victim>.<id>`, `agent.request.<victim>`
@@ -68,6 +78,8 @@ from shared.store.agents import AgentStore
 from shared.store.policies import save_policy
 
 FLOOD, VICTIMS, INJECTOR = "flood-a", ("victim-b", "victim-c"), "injector-d"
+# The five-flooder phase's agents (as many as `flooders` asks for; no budget).
+FLOODERS = ("flood-e", "flood-f", "flood-g", "flood-h", "flood-i")
 # A's price: one cost unit per millisecond of generation of its extractive answers.
 FLOOD_PRICE = {"extractive": Price(per_compute_s=1000.0)}
 # A's daily budget in those units. An extractive answer took ~0.2 ms of generation
@@ -83,6 +95,10 @@ def _pct(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
+
+
+def _over(p95: float | None, quiet: float | None) -> float | None:
+    return round(p95 / quiet, 2) if p95 and quiet else None
 
 
 class Finals:
@@ -115,9 +131,11 @@ class Finals:
 class Fairness:
     def __init__(self, state: Path, *, flood: int, quiet: float, deadline: float,
                  env: dict[str, str], budget_day: float | None = BUDGET_DAY,
-                 injector: int = 0) -> None:
+                 injector: int = 0, flooders: int = 0, flooder_requests: int = 0) -> None:
         self.state = state
         self.flood = flood
+        self.flooders = FLOODERS[:flooders]
+        self.flooder_requests = flooder_requests
         self.injector = injector
         self.policy = None if budget_day is None else AgentPolicy(
             budget_day=budget_day, prices=FLOOD_PRICE)
@@ -135,7 +153,8 @@ class Fairness:
     async def prepare(self) -> dict[str, Any]:
         store = await AgentStore.connect(self.pg.url)
         try:  # trusted: their declared RETRIEVAL is honoured
-            creds = {a: await store.add(a, trusted=True) for a in (FLOOD, *VICTIMS)}
+            creds = {a: await store.add(a, trusted=True)
+                     for a in (FLOOD, *VICTIMS, *self.flooders)}
             creds[INJECTOR] = await store.add(INJECTOR)
         finally:
             await store.close()
@@ -183,11 +202,35 @@ class Fairness:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
 
-    async def flood_all(self, nc: Any) -> None:
+    async def flood_all(self, nc: Any, agent: str = FLOOD, count: int | None = None,
+                        phase: str = "flood") -> None:
+        total = self.flood if count is None else count
         step = 250  # publishes in flight at once: as fast as one connection goes
-        for start in range(0, self.flood, step):
-            await asyncio.gather(*(self.publish(nc, FLOOD, i, "flood")
-                                   for i in range(start, min(self.flood, start + step))))
+        for start in range(0, total, step):
+            await asyncio.gather(*(self.publish(nc, agent, i, phase)
+                                   for i in range(start, min(total, start + step))))
+
+    def answered_all(self, phase: str) -> bool:
+        """Every flooding request of `phase` has its final (the victims' are not waited
+        for: they keep asking)."""
+        return all(rid in self.finals.first for rid, (agent, _) in self.sent.items()
+                   if self.phase[rid] == phase and agent not in VICTIMS)
+
+    async def wait_answered(self, phase: str, started: float) -> None:
+        give_up = started + self.deadline
+        while not self.answered_all(phase) and time.monotonic() < give_up:
+            self.finals.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.finals.arrived.wait(), 1.0)
+
+    async def five_floods(self, ncs: list[Any]) -> float:
+        """Every flooder's requests at once (module doc); the seconds until all were
+        answered."""
+        started = time.monotonic()
+        await asyncio.gather(*(self.flood_all(nc, agent, self.flooder_requests, "five")
+                               for nc, agent in zip(ncs, self.flooders, strict=True)))
+        await self.wait_answered("five", started)
+        return time.monotonic() - started
 
     async def inject(self, nc: Any) -> float:
         """Agent D's messages with reply subjects aimed at B and C (module doc); the
@@ -208,10 +251,6 @@ class Fairness:
                 await asyncio.sleep(0)
         return time.monotonic() - started
 
-    def flood_done(self) -> bool:
-        return all(rid in self.finals.first for rid, (agent, _) in self.sent.items()
-                   if agent == FLOOD)
-
     async def run(self) -> dict[str, Any]:
         creds = await self.prepare()
         self.start_workers()
@@ -228,9 +267,10 @@ class Fairness:
             async with await nats.connect(self.nats.url, **admin_kwargs(self.state)) as admin:
                 await wait_for_consumers(admin, list(STAGES))
                 await admin.subscribe("agent.response.*.*", cb=self.finals.on_chunk)
-                for agent in (FLOOD, *VICTIMS, INJECTOR):
+                for agent in (FLOOD, *VICTIMS, INJECTOR, *self.flooders):
                     conns.append(await nats.connect(self.nats.url, **creds[agent].nats))
                 flood_nc, victim_ncs, injector_nc = conns[0], conns[1:3], conns[3]
+                flooder_ncs = conns[4:]
                 phase = {"now": "quiet"}
                 stop = asyncio.Event()
                 victims = [asyncio.create_task(self.victim(nc, agent, phase, stop))
@@ -239,12 +279,14 @@ class Fairness:
                 phase["now"] = "during"
                 started = time.monotonic()
                 await self.flood_all(flood_nc)
-                give_up = started + self.deadline
-                while not self.flood_done() and time.monotonic() < give_up:
-                    self.finals.arrived.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.finals.arrived.wait(), 1.0)
+                await self.wait_answered("flood", started)
                 flood_s = time.monotonic() - started
+                five_s = 0.0
+                if self.flooders:
+                    phase["now"] = "quiet-again"
+                    await asyncio.sleep(2.0)  # the flood's last answers out of the way
+                    phase["now"] = "five"
+                    five_s = await self.five_floods(flooder_ncs)
                 inject_s = 0.0
                 if self.injector:
                     phase["now"] = "injector"
@@ -262,6 +304,8 @@ class Fairness:
             await supervising
             self.supervisor.stop(timeout=15)
         report = self.report(flood_s, await self.overshoot())
+        if self.flooders:
+            report["five_flooders"] = self.five_report(report, five_s)
         if self.injector:
             report["injector"] = await self.injector_report(report, inject_s)
         return report
@@ -283,10 +327,43 @@ class Fairness:
             "seconds": round(seconds, 2),
             "victim_p50_ms": _pct(latency, 0.5),
             "victim_p95_ms": p95,
-            "victim_over_quiet_p95": round(p95 / quiet, 2) if p95 and quiet else None,
+            "victim_over_quiet_p95": _over(p95, quiet),
             "victim_foreign_rows": sum(1 for r in logged if r["request_id"] not in self.sent),
             "victim_foreign_messages": sum(1 for rid, _ in self.finals.on_victims
                                            if rid not in self.sent),
+        }
+
+    def five_report(self, report: dict[str, Any], seconds: float) -> dict[str, Any]:
+        """The five-flooder phase's keys (module doc)."""
+        latency: list[float] = []
+        refused: Counter[str] = Counter()
+        answered = sent = 0
+        for rid, (agent, sent_at) in self.sent.items():
+            if self.phase[rid] != "five":
+                continue
+            first = self.finals.first.get(rid)
+            if agent in VICTIMS:
+                if first is not None:
+                    latency.append(first[0] - sent_at)
+                continue
+            sent += 1
+            if first is None:
+                continue
+            if first[1]:
+                refused[first[1]] += 1
+            else:
+                answered += 1
+        p95 = _pct(latency, 0.95)
+        return {
+            "flooders": len(self.flooders),
+            "sent": sent,
+            "answered": answered,
+            "refused": dict(refused),
+            "lost": sent - answered - sum(refused.values()),
+            "seconds": round(seconds, 1),
+            "victim_p50_ms": _pct(latency, 0.5),
+            "victim_p95_ms": p95,
+            "victim_over_quiet_p95": _over(p95, report["victim_quiet_p95_ms"]),
         }
 
     async def overshoot(self) -> dict[str, Any] | None:
@@ -318,12 +395,14 @@ class Fairness:
                     refused[first[1]] += 1
                 else:
                     answered += 1
-            else:
+            elif agent in VICTIMS:
                 latency[self.phase[rid]].append(first[0] - sent_at)
+        p95, quiet = _pct(latency["during"], 0.95), _pct(latency["quiet"], 0.95)
         return {
             "victim_p50_ms": _pct(latency["during"], 0.5),
-            "victim_p95_ms": _pct(latency["during"], 0.95),
-            "victim_quiet_p95_ms": _pct(latency["quiet"], 0.95),
+            "victim_p95_ms": p95,
+            "victim_quiet_p95_ms": quiet,
+            "victim_over_quiet_p95": _over(p95, quiet),
             "victims_sent": {phase: len(v) for phase, v in latency.items()},
             "flood_sent": self.flood,
             "flood_answered": answered,
@@ -339,9 +418,12 @@ class Fairness:
 
 def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
         env: dict[str, str] | None = None, budget_day: float | None = BUDGET_DAY,
-        injector: int = 2000) -> dict[str, Any]:
+        injector: int = 2000, flooders: int = 5, flooder_requests: int = 1000
+        ) -> dict[str, Any]:
     """See the module doc; `env` adds worker settings (GATEWAY_PIPELINE_BACKLOG, ...),
-    `budget_day` is A's daily budget (None: none), `injector` D's messages (0: none)."""
+    `budget_day` is A's daily budget (None: none), `injector` D's messages (0: none),
+    `flooders` the five-flooder phase's agents (0: none), each publishing
+    `flooder_requests`."""
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.encoders.embeddings import SentenceTransformerEncoder
 
@@ -350,7 +432,8 @@ def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
         ingest(Path(__file__).resolve().parents[2] / "kb" / "avap", state / "index",
                SentenceTransformerEncoder(), progress=False)
         bench = Fairness(state, flood=flood, quiet=quiet, deadline=deadline, env=env or {},
-                         budget_day=budget_day, injector=injector)
+                         budget_day=budget_day, injector=injector, flooders=flooders,
+                         flooder_requests=flooder_requests)
         bench.nats.start()
         bench.pg.start()
         try:
