@@ -52,19 +52,27 @@ def bench_pipeline(
         str, typer.Option(help="`openai`: also the OpenAI-compatible door against the NATS "
                                "door, same run (door_ms: a door's own time per request)")
     ] = "nats",
+    fleet: Annotated[
+        int, typer.Option(help="The generators' model servers: 0 the instant echo "
+                               "backend; 1 a declared OpenAI-compatible backend (the fake "
+                               "provider, instant answers); 2 two, each agent's chain "
+                               "across both, the first answering (fleet_backends)")
+    ] = 0,
 ) -> None:
-    """End-to-end latency and throughput with the echo generator, all workers here, with
-    authentication and per-subject permissions on and durable servers (as `intentroute
-    up` runs them; NATS_SYNC_INTERVAL applies), per-agent accounting on unless
-    --no-accounting, per-agent limits off as shipped unless --limits (configured, not
-    reached)."""
+    """End-to-end latency and throughput with the echo generator (or a declared fleet,
+    --fleet), all workers here, with authentication and per-subject permissions on and
+    durable servers (as `intentroute up` runs them; NATS_SYNC_INTERVAL applies),
+    per-agent accounting on unless --no-accounting, per-agent limits off as shipped
+    unless --limits (configured, not reached)."""
     from bench.pipeline import run
 
     if door not in ("nats", "openai"):
         raise typer.BadParameter("`nats` or `openai`", param_hint="--door")
+    if fleet not in (0, 1, 2):
+        raise typer.BadParameter("0 (echo), 1 or 2 backends", param_hint="--fleet")
     emit(run(requests=requests, load=load, models=models, auth=not no_auth,
              accounting=not no_accounting, limits=limits, nats_cluster=nats_cluster,
-             sync_interval=settings().nats_sync_interval, door=door), json_out)
+             sync_interval=settings().nats_sync_interval, door=door, fleet=fleet), json_out)
 
 
 @bench_app.command("accounting")

@@ -2,7 +2,9 @@
 
 Every worker runs as its own process (as in production) on the embedded servers,
 with the generator on the instant echo backend and the retriever on BM25, so the
-figures measure the bus, the stores and the workers' own overhead. As in production,
+figures measure the bus, the stores and the workers' own overhead; `fleet=1` or `2`
+(`--fleet`) runs the generators on a declared fleet of one or two OpenAI-compatible
+backends (the fake provider, instant answers; bench/pipeline_fleet.py) instead. As in production,
 authentication and permissions are on: the workers connect as their service users,
 the requests come from two agents (`bench-seq` for latency, `bench-load` for
 throughput) with their own credentials; `auth=False` (`--no-auth`) runs the same on
@@ -15,7 +17,9 @@ stream replicated three times.
 Keys: floor_ms (also floor_rtt_ms_p50: the median of 500 raw NATS request/replies through
 the same server, in the same run, before the pipeline's requests), e2e_ms_p50 / p99
 (sequential requests, publish to final chunk), e2e_p50_over_floor (e2e_ms_p50 over
-floor_ms), limited_agent_e2e_ms_p50 / p99, throughput_rps, stage_ms_p50.
+floor_ms), limited_agent_e2e_ms_p50 / p99, throughput_rps, stage_ms_p50,
+fleet_backends (0: echo), answered_by (the request log's answers by the model that gave
+them: with a fleet, `first/ok` unless a request fell back).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import uvloop
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from bench import pipeline_fleet
 from intentroute.stack import DEFAULT_SYNC_INTERVAL, embedded_stack
 from intentroute.workers import DOORS, STAGES, wait_for_consumers
 from shared.client.caller import publish_request
@@ -171,7 +176,7 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
         doors["doors"]["nats"]["throughput_rps"] = round(load / elapsed, 1)
     for nc in (*callers.values(), admin):
         await nc.drain()
-    stages = await _stage_breakdown(db_url)
+    stages, answered_by = await _stage_breakdown(db_url)
     return {
         **doors,
         "floor_rtt_ms_p50": floor,
@@ -189,13 +194,14 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
         "requests": requests,
         "load": load,
         "stage_ms_p50": stages,
+        "answered_by": answered_by,
     }
 
 
-async def _stage_breakdown(db_url: str) -> dict[str, float]:
+async def _stage_breakdown(db_url: str) -> tuple[dict[str, float], dict[str, int]]:
     """Median per-stage figures of the sequential requests, from the request log:
     `<stage>.at` is when the stage started (ms after acceptance), `<stage>` how long
-    it worked."""
+    it worked; and every logged answer counted by the model that gave it."""
     import asyncpg
 
     from shared.store import asyncpg_dsn
@@ -204,6 +210,8 @@ async def _stage_breakdown(db_url: str) -> dict[str, float]:
     try:
         rows = await conn.fetch("SELECT stage_ms, total_ms FROM request_log "
                                 "WHERE agent_id = 'bench-seq' AND outcome = 'ok'")
+        answered = await conn.fetch("SELECT coalesce(answered_by, '') AS model, count(*) "
+                                    "FROM request_log GROUP BY 1 ORDER BY 2 DESC")
     finally:
         await conn.close()
     values: dict[str, list[float]] = {}
@@ -214,12 +222,14 @@ async def _stage_breakdown(db_url: str) -> dict[str, float]:
             values.setdefault(key, []).append(float(value))
         if row["total_ms"] is not None:
             values.setdefault("total_before_final", []).append(float(row["total_ms"]))
-    return {k: round(statistics.median(v), 3) for k, v in sorted(values.items())}
+    return ({k: round(statistics.median(v), 3) for k, v in sorted(values.items())},
+            {row["model"]: row["count"] for row in answered})
 
 
-async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool, replicas: int
-                      ) -> dict[str, dict[str, Any]]:
+async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool, replicas: int,
+                      chain: list[str]) -> dict[str, dict[str, Any]]:
     """The bench's agents (trusted: the mix declares types), added as users add them,
+    each with the policy assignments `chain` (their model chains; none: as shipped),
     and the connect kwargs of each caller and of the admin."""
     import asyncpg
 
@@ -234,7 +244,10 @@ async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool, repli
         await store.close()
     pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
     try:
-        await update_policy(pool, LIMITED_AGENT, LIMITED_POLICY)
+        for agent in AGENTS:
+            own = LIMITED_POLICY if agent == LIMITED_AGENT else []
+            if own or chain:
+                await update_policy(pool, agent, [*own, *chain])
     finally:
         await pool.close()
     kwargs: dict[str, dict[str, Any]] = {name: {} for name in (*AGENTS, "admin")}
@@ -259,14 +272,17 @@ async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool, repli
 
 def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: bool = False,
         auth: bool = True, accounting: bool = True, limits: bool = False, nats_cluster: int = 1,
-        sync_interval: str = DEFAULT_SYNC_INTERVAL, door: str = "nats") -> dict[str, Any]:
+        sync_interval: str = DEFAULT_SYNC_INTERVAL, door: str = "nats", fleet: int = 0
+        ) -> dict[str, Any]:
     """models=False measures the transport: rules-only classifier, BM25 retriever.
     models=True runs the production cascade (Layer 2) and hybrid retrieval.
     accounting=False runs the workers with ACCOUNTING=off (what accounting costs).
     limits=True configures every per-agent limit far above this load (rate, in flight,
     tokens a minute, daily and monthly budgets, so every admission runs the whole
     check); limits=False turns them all off, as shipped. door="openai" also measures
-    the OpenAI-compatible door against the NATS door (bench/openai_door.py)."""
+    the OpenAI-compatible door against the NATS door (bench/openai_door.py).
+    fleet=1|2 runs the generators on a fleet of that many backends, the agents' chains
+    across them (bench/pipeline_fleet.py); 0 on the echo backend."""
     from intentroute.stack.nats_users import service_env
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.encoders.embeddings import SentenceTransformerEncoder
@@ -276,14 +292,16 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
         state = Path(tmp)
         ingest(REPO / "kb" / "avap", state / "index", SentenceTransformerEncoder(), progress=False)
         replicas = min(nats_cluster, 3)
+        chain = pipeline_fleet.chain_assignments(fleet) if fleet else []
         with embedded_stack(state, auth=auth, nats_cluster=nats_cluster,
-                            sync_interval=sync_interval) as (nats_url, db_url):
+                            sync_interval=sync_interval) as (nats_url, db_url), \
+                pipeline_fleet.serving(state, fleet) as generator_env:
             migrate(db_url)
-            creds = asyncio.run(_add_agents(state, db_url, nats_url, auth, replicas))
+            creds = asyncio.run(_add_agents(state, db_url, nats_url, auth, replicas, chain))
             env = dict(os.environ, NATS_URL=nats_url, DATABASE_URL=db_url,
                        NATS_STREAM_REPLICAS=str(replicas),
                        INTENTROUTE_HOME=str(state), INDEX_DIR=str(state / "index"),
-                       GENERATOR_BACKEND="echo", AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="WARNING",
+                       **generator_env, AVAP_PARSER_TIMEOUT="0", LOG_LEVEL="WARNING",
                        ACCOUNTING="on" if accounting else "off",
                        **(LIMITS_NOT_REACHED if limits else LIMITS_OFF))
             if not models:
@@ -312,6 +330,7 @@ def run(requests: int = 400, load: int = 3000, window: int = 256, *, models: boo
                 result["accounting"] = accounting
                 result["limits"] = limits
                 result["door"] = door
+                result["fleet_backends"] = fleet
                 result["nats_nodes"] = nats_cluster
                 result["stream_replicas"] = replicas
                 result["nats_sync_interval"] = sync_interval
