@@ -155,11 +155,14 @@ async def test_up_restarts_killed_servers_on_their_ports_and_keeps_them_next_tim
     # The next `up` in the same state directory: the same addresses, and it says so.
     proc = await _start_up(env, tmp_path, log)
     try:
+        # The banner (with the ports line) follows the new stack.json; the last up's
+        # stack.json may still be there, so the line is what says this up is running.
+        await _until(lambda: "ports reused from the last up: NATS" in log.read_text(),
+                     "the ports line", proc, log)
         again: StackInfo = await _until(lambda: read_state(home), "stack.json again", proc, log)
         assert again.nats_url == first.nats_url
         assert urlsplit(again.database_url).port == urlsplit(first.database_url).port
         assert again.gateway_http_url == first.gateway_http_url
-        assert "ports reused from the last up: NATS" in log.read_text()
     finally:
         await _stop(proc)
 
