@@ -37,6 +37,7 @@ import nats
 import uvloop
 from nats.aio.msg import Msg
 
+from bench.admitted import until_admitted
 from intentroute.stack import embedded_stack
 from intentroute.workers import STAGES, wait_for_consumers
 from shared.client.caller import is_text, publish_request
@@ -184,13 +185,7 @@ async def _setup(state: Path, db_url: str, nats_url: str) -> dict[str, dict[str,
         await store.close()
     await sync_agents(state, db_url)
     kwargs: dict[str, dict[str, Any]] = {"admin": admin_kwargs(state), AGENT: dict(cred.nats)}
-    for _ in range(100):  # until the server's reload admits it
-        try:
-            await (await nats.connect(nats_url, **kwargs[AGENT],
-                                      max_reconnect_attempts=0)).close()
-            break
-        except Exception:
-            await asyncio.sleep(0.05)
+    await until_admitted(nats_servers(nats_url), kwargs[AGENT])
     async with await nats.connect(nats_url, **kwargs["admin"]) as admin:
         await ensure_streams(admin.jetstream(), 3600, 1)
     return kwargs

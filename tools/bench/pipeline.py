@@ -42,6 +42,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from bench import pipeline_fleet
+from bench.admitted import until_admitted
 from intentroute.stack import DEFAULT_SYNC_INTERVAL, embedded_stack
 from intentroute.workers import DOORS, STAGES, wait_for_consumers
 from shared.client.caller import publish_request
@@ -257,14 +258,7 @@ async def _add_agents(state: Path, db_url: str, nats_url: str, auth: bool, repli
         kwargs["admin"] = admin_kwargs(state)
         for agent, cred in creds.items():
             kwargs[agent] = dict(cred.nats)
-            for server in servers:  # until every node has applied the reload admitting it
-                for _ in range(100):
-                    try:
-                        await (await nats.connect(server, **kwargs[agent],
-                                                  max_reconnect_attempts=0)).close()
-                        break
-                    except Exception:
-                        await asyncio.sleep(0.05)
+            await until_admitted(servers, kwargs[agent])
     async with await nats.connect(servers, **kwargs["admin"]) as admin:
         await ensure_streams(admin.jetstream(), 3600, replicas)
     return kwargs
