@@ -60,6 +60,7 @@ from opentelemetry.trace import Tracer
 from services.gateway.fairshare import (
     DrainRate,
     FairScheduler,
+    Hops,
     Residence,
     Stranded,
     pipeline_bound,
@@ -138,6 +139,8 @@ class FairConsumer(StageConsumer):
         self._delay = delay
         # Pipeline messages acknowledged per second, from the backlog readings.
         self.drain = DrainRate()
+        # Pipeline messages per request (the drain counts hops; the bound is requests).
+        self.hops = Hops()
         # The least time a message stays in the pipeline (fairshare.Residence).
         self.residence = Residence()
         # Pipeline messages held by replicas that no longer answer (module doc).
@@ -208,8 +211,12 @@ class FairConsumer(StageConsumer):
         return min(free, pipeline_room(self.bound(), estimate, self.stranded.count))
 
     def bound(self) -> int:
-        return pipeline_bound(self._backlog, self._delay, self.drain.rate,
+        return pipeline_bound(self._backlog, self._delay, self.requests_rate(),
                               self.residence.seconds)
+
+    def requests_rate(self) -> float:
+        """Requests the pipeline clears a second: its message drain over the hops."""
+        return self.drain.rate / self.hops.value
 
     async def _admit_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -337,7 +344,7 @@ class FairConsumer(StageConsumer):
         self.drain.observe(asyncio.get_running_loop().time(),
                            int(info.state.last_seq or 0), present)
         self.residence.observe(
-            asyncio.get_running_loop().time(), present, self.drain.rate, self._backlog,
+            asyncio.get_running_loop().time(), present, self.requests_rate(), self._backlog,
             at_floor=self.bound() <= self._backlog)
 
     async def _backlog_loop(self) -> None:
@@ -368,6 +375,11 @@ class FairConsumer(StageConsumer):
             self.stranded.unknown()
             return
         ack_pending = {info.name: int(info.num_ack_pending or 0) for info in consumers}
+        self.hops.observe(
+            asyncio.get_running_loop().time(),
+            sum(_delivered(info) for info in consumers),
+            sum(_delivered(info) for info in consumers
+                if info.config.filter_subject == pipeline.CLASSIFY_SUBJECT))
         inflight: dict[str, int] = {}
         replicas: dict[str, set[str]] = {}
         stage = f"{pipeline.SUBJECT_PREFIX}."
@@ -375,7 +387,9 @@ class FairConsumer(StageConsumer):
             for endpoint in reply.get("endpoints") or []:
                 if str(endpoint.get("subject", "")).startswith(stage):
                     name = str(endpoint.get("name", ""))
-                    held = int((endpoint.get("data") or {}).get("inflight", 0))
+                    data = endpoint.get("data") or {}
+                    # Handled now, and delivered waiting for a slot (StageSpec.lookahead).
+                    held = int(data.get("inflight", 0)) + int(data.get("waiting", 0))
                     inflight[name] = inflight.get(name, 0) + held
                     replicas.setdefault(name, set()).add(str(reply.get("id", "")))
         self.stranded.observe(asyncio.get_running_loop().time(), ack_pending, inflight,
@@ -388,6 +402,11 @@ class FairConsumer(StageConsumer):
             await self._read_holdings()
             if self.room() > 0 >= before:
                 self._wake.set()
+
+
+def _delivered(info: Any) -> int:
+    """A consumer's deliveries so far (its delivered consumer sequence)."""
+    return int(getattr(info.delivered, "consumer_seq", 0) or 0)
 
 
 class AgentWeights:

@@ -163,6 +163,38 @@ class DrainRate:
         self._last = (now, removed)
 
 
+class Hops:
+    """Pipeline messages per request: deliveries at every stage consumer over those at
+    the entry stage (the classifier's, where each request enters once), from successive
+    readings of their delivered counters, averaged over about DRAIN_WINDOW seconds; 1
+    until both have moved.
+
+    The drain rate counts messages, one per hop, while the pipeline holds one message per
+    request: the bound took that rate for requests, so it let `hops` times `delay` of
+    waiting in (a RETRIEVAL request makes three hops: classify, retrieve, generate).
+    Measured with `bench fairness` before this was divided out: victims waited ~250 ms
+    at the generator's queue behind a flood with `delay` 0.1 s, five flooders or one
+    (issue 32)."""
+
+    def __init__(self, window: float = DRAIN_WINDOW) -> None:
+        self.window = window
+        self.value = 1.0
+        self._last: tuple[float, int, int] | None = None
+
+    def observe(self, now: float, delivered: int, entered: int) -> None:
+        if self._last is not None:
+            then, before, entered_before = self._last
+            elapsed, hops, entries = now - then, delivered - before, entered - entered_before
+            if elapsed <= 0 or hops < 0 or entries < 0:  # a consumer recreated: skip
+                self._last = (now, delivered, entered)
+                return
+            if entries == 0:  # nothing entered: keep the reading to measure against
+                return
+            weight = 1.0 - math.exp(-elapsed / self.window)
+            self.value += weight * (max(1.0, hops / entries) - self.value)
+        self._last = (now, delivered, entered)
+
+
 def pipeline_bound(floor: int, delay: float, rate: float, service: float = 0.0) -> int:
     """Pipeline messages admission may keep outstanding: what the drain `rate` clears in
     `service` seconds (the time a message stays in the pipeline when nothing waits:

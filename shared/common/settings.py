@@ -107,6 +107,12 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Deliveries before a message is treated as poison, answered and dead-lettered
     # (retries are bounded by the request's deadline first).
     max_deliver: Annotated[int, env("STAGE_MAX_DELIVER")] = 20
+    # Messages a stage replica holds beyond its batch, waiting their agent's turn
+    # (shared.runtime.turns): a request behind a flood waits behind one message of each
+    # other agent there, not the flood's whole queue. 0: arrival order. 64: about the
+    # pipeline's admitted window at a busy stage here (1,000 req/s x 0.1 s over two
+    # replicas: measured with `bench fairness`, docs/explanation/fair-share.md).
+    stage_lookahead: Annotated[int, env("STAGE_LOOKAHEAD")] = 64
     # Seconds a request may take end to end (callers may ask for less: `timeout_ms`).
     request_deadline: Annotated[float, env("REQUEST_DEADLINE", unit="seconds")] = 120.0
     # How long answers stay readable for late subscribers.

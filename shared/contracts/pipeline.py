@@ -182,3 +182,24 @@ def envelope_problem(env: Admitted | Routed) -> Problem | None:
     if not _RUN.fullmatch(env.run):  # it becomes a subject token (the answer claim)
         return Problem(ErrorCode.INVALID_FIELD, f"envelope run {env.run[:80]!r} is no run")
     return None
+
+
+class _Asker(msgspec.Struct):
+    agent_id: str = ""
+
+
+class _Envelope(msgspec.Struct):
+    request: _Asker = msgspec.field(default_factory=_Asker)
+
+
+_decode_asker = msgspec.json.Decoder(_Envelope).decode
+
+
+def envelope_agent(data: bytes) -> str:
+    """The agent a pipeline message (`Admitted` or `Routed`) is for, read without the
+    rest of it ("" when it cannot be read: the stage answers such a message itself).
+    A stage replica takes its waiting messages in turns by it (shared.runtime.turns)."""
+    try:
+        return _decode_asker(data).request.agent_id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ""

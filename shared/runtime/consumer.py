@@ -9,6 +9,11 @@ its per-message middleware chain cost about three times the handler's own work
 messages per replica: a message is handled as soon as the server has it, replicas
 still share the durable consumer (each receives only what it asked for), and a
 message whose replica dies is redelivered to another after `ack_wait`.
+
+With `lookahead`, a replica asks for that many messages more than it handles at once;
+they wait in the replica, each agent's in order, and a free slot takes the next agent's
+(shared.runtime.turns): the stream is FIFO, so without it a request admitted behind a
+flood waited behind all of the flood's admitted work in every stage (issue 32).
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Tracer
 
 from shared.contracts import deadletter
+from shared.contracts.pipeline import envelope_agent
 from shared.runtime.ports import Delivery
 from shared.runtime.signals import Lag, Outcome, StageStats
 from shared.runtime.streams import until_ready
+from shared.runtime.turns import AgentTurns
 
 log = logging.getLogger("intentroute.consumer")
 
@@ -58,10 +65,14 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
     # One durable consumer per agent (`agent_consumer_name`), filtered to that agent's
     # subject, instead of one for the whole subject (the gateway's fair share).
     per_agent: bool = False
+    # Messages a replica holds beyond `max_inflight`, waiting their agent's turn (module
+    # doc; 0: handled in arrival order, as the stream delivers them).
+    lookahead: int = 0
 
     def per_agent_stage(self) -> StageSpec:
-        """The same stage read through one consumer per agent."""
-        return msgspec.structs.replace(self, per_agent=True)
+        """The same stage read through one consumer per agent (taken in turns by agent
+        already: nothing waits in the replica)."""
+        return msgspec.structs.replace(self, per_agent=True, lookahead=0)
 
     def consumer_config(self) -> ConsumerConfig:
         # With a name nats-py creates through `CONSUMER.CREATE.<stream>.<name>.<filter>`,
@@ -205,6 +216,8 @@ class StageConsumer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.Task[None] | None = None
         self._held: set[JsDelivery] = set()
+        # Delivered, not yet handled: waiting for a free slot, in turns by agent.
+        self._waiting: AgentTurns[JsDelivery] = AgentTurns()
         self._reconnects = 0
         self._repull: asyncio.TimerHandle | None = None
         # Pulls ended by the server (409/503) since the last message or heartbeat.
@@ -224,6 +237,10 @@ class StageConsumer:
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop pulling, let in-flight handlers finish, give back what arrives meanwhile."""
         self._stopping = True
+        for delivery in self._waiting.take_all():  # another replica takes them at once
+            with contextlib.suppress(Exception):
+                await delivery.nack()
+        self._count()
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._repull is not None:
@@ -237,9 +254,10 @@ class StageConsumer:
     async def _pull(self) -> None:
         if self._stopping or not self.nc.is_connected:
             return
-        free = self.spec.max_inflight - self._inflight - self._outstanding
+        room = self.spec.max_inflight + self.spec.lookahead
+        free = room - self._inflight - len(self._waiting) - self._outstanding
         # Top up in halves: one pull request per message would double the traffic.
-        if free <= 0 or (self._outstanding and free < max(1, self.spec.max_inflight // 2)):
+        if free <= 0 or (self._outstanding and free < max(1, room // 2)):
             return
         request = {
             "batch": free,
@@ -264,11 +282,32 @@ class StageConsumer:
         if self._stopping:
             await msg.nak()
             return
+        if not self.spec.lookahead:
+            self._start(msg)
+            return
+        delivery = JsDelivery(msg, self._js, self._dlq_subject)
+        delivery.touched = self._last_seen
+        self._waiting.push(envelope_agent(msg.data), delivery)
+        self._dispatch()
+
+    def _start(self, msg: Msg, delivery: JsDelivery | None = None) -> None:
         self._inflight += 1
-        self.stats.inflight = self._inflight
-        task = asyncio.create_task(self._run(msg))
+        self._count()
+        task = asyncio.create_task(self._run(msg, delivery))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _dispatch(self) -> None:
+        """Free slots take the waiting messages, one agent's at a time (module doc)."""
+        while (self._waiting and self._inflight < self.spec.max_inflight
+               and not self._stopping):
+            delivery = self._waiting.pop()
+            self._start(delivery.msg, delivery)
+        self._count()
+
+    def _count(self) -> None:
+        self.stats.inflight = self._inflight
+        self.stats.waiting = len(self._waiting)
 
     async def _on_status(self, msg: Msg) -> None:
         headers = msg.headers or {}
@@ -314,9 +353,10 @@ class StageConsumer:
         self._repull = None
         await self._pull()
 
-    async def _run(self, msg: Msg) -> None:
-        delivery = JsDelivery(msg, self._js, self._dlq_subject)
-        delivery.touched = asyncio.get_running_loop().time()
+    async def _run(self, msg: Msg, delivery: JsDelivery | None = None) -> None:
+        if delivery is None:
+            delivery = JsDelivery(msg, self._js, self._dlq_subject)
+            delivery.touched = asyncio.get_running_loop().time()
         self._held.add(delivery)
         started = time.perf_counter()
         outcome = Outcome.OK
@@ -334,11 +374,12 @@ class StageConsumer:
             self._held.discard(delivery)
             self._inflight -= 1
             self._record(outcome, time.perf_counter() - started, delivery)
+            self._dispatch()
             await self._pull()
 
     def _record(self, outcome: Outcome, seconds: float, delivery: JsDelivery) -> None:
         stats = self.stats
-        stats.inflight = self._inflight
+        self._count()
         try:
             stats.record(outcome, seconds, delivery.deliveries)
             if self._on_handled is not None:
@@ -384,9 +425,9 @@ class StageConsumer:
     async def _watch(self) -> None:
         """Every quarter second: after a reconnect, ask again at once (the server lost
         the pulls, and waiting for missing heartbeats would stall for seconds); a pull
-        whose heartbeats stopped is asked again; messages still being handled get a
-        sign of life, so a short ack_wait redelivers a dead replica's messages fast
-        while a long answer keeps its own."""
+        whose heartbeats stopped is asked again; messages still being handled (and
+        those waiting their turn) get a sign of life, so a short ack_wait redelivers a
+        dead replica's messages fast while a long answer keeps its own."""
         loop = asyncio.get_running_loop()
         keepalive = max(0.5, self.spec.ack_wait / 3)
         while not self._stopping:
@@ -403,7 +444,7 @@ class StageConsumer:
                 self._outstanding = 0
                 self._last_seen = now
                 await self._pull()
-            for delivery in list(self._held):
+            for delivery in [*self._held, *self._waiting]:
                 if now - delivery.touched >= keepalive and not delivery.settled:
                     delivery.touched = now
                     with contextlib.suppress(Exception):

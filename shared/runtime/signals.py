@@ -47,6 +47,8 @@ class StageStats:
     processing_ns: int = 0
     redelivered: int = 0
     inflight: int = 0
+    # Delivered and waiting for a free slot (StageSpec.lookahead): held by this replica.
+    waiting: int = 0
     outcomes: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
     # One count per LATENCY_BUCKETS bound, plus the overflow bucket (not cumulative).
     buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
@@ -71,7 +73,7 @@ class StageStats:
     def snapshot(self) -> dict[str, object]:
         """The figures `$SRV.STATS` carries in an endpoint's `data`."""
         return {"outcomes": dict(self.outcomes), "redelivered": self.redelivered,
-                "inflight": self.inflight, "buckets": list(self.buckets),
+                "inflight": self.inflight, "waiting": self.waiting, "buckets": list(self.buckets),
                 "bounds": list(LATENCY_BUCKETS)}
 
 

@@ -185,9 +185,11 @@ def stage_spec(
     common: CommonSettings, *, stream: str, subject: str, durable: str, max_inflight: int
 ) -> StageSpec:
     """A stage's delivery settings: its own stream, subject, durable and batch, plus the
-    redelivery bounds (`ack_wait`, `max_deliver`) every stage takes from CommonSettings."""
+    redelivery bounds (`ack_wait`, `max_deliver`) and the `lookahead` every stage takes
+    from CommonSettings."""
     return StageSpec(stream=stream, subject=subject, durable=durable, max_inflight=max_inflight,
-                     ack_wait=common.ack_wait, max_deliver=common.max_deliver)
+                     ack_wait=common.ack_wait, max_deliver=common.max_deliver,
+                     lookahead=common.stage_lookahead)
 
 
 async def run_stage(stage: Stage[E, D], msg: Delivery, deps: D) -> Outcome:

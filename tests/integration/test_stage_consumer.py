@@ -114,3 +114,97 @@ async def test_nacked_and_failed_messages_come_back_with_their_delivery_count(
     finally:
         await consumer.stop()
     assert sorted(seen) == [(b"nack", 1), (b"nack", 2), (b"raise", 1), (b"raise", 2)]
+
+
+async def _handling_order(nc: Client, lookahead: int) -> list[str]:
+    """Agent A's 30 stage messages stored, then agent B's one, at a replica handling one
+    at a time: the agents in the order the replica handled them."""
+    from shared.contracts.codec import encode
+    from shared.contracts.pipeline import Admitted
+    from shared.contracts.request import AgentRequest
+
+    stream, subject = await _stream(nc)
+    js = nc.jetstream()
+    for i, agent in enumerate(["flood-a"] * 30 + ["victim-b"]):
+        env = Admitted(request=AgentRequest(request_id=f"r{i}", session_id="s",
+                                            agent_id=agent, query="q"), accepted_at=1.0)
+        await js.publish(subject, encode(env), stream=stream)
+    order: list[str] = []
+    done = asyncio.Event()
+
+    async def handle(msg: Delivery) -> None:
+        order.append("victim-b" if b'"victim-b"' in msg.data else "flood-a")
+        await asyncio.sleep(0.002)
+        if len(order) == 31:
+            done.set()
+
+    spec = _spec(stream, subject, max_inflight=1)
+    spec = StageSpec(**{**{f: getattr(spec, f) for f in spec.__struct_fields__},
+                        "lookahead": lookahead})
+    consumer = StageConsumer(nc, spec, handle)
+    await consumer.start()
+    try:
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        await consumer.stop()
+    return order
+
+
+async def test_a_stage_takes_waiting_messages_in_turns_by_agent(admin_nc: Client) -> None:
+    # The stream is FIFO: read in arrival order, B's message is handled last, after all
+    # 30 of A's. With a lookahead the replica holds them and B's goes second (A's first
+    # was taken before B's arrived at the replica), A's in their own order.
+    fifo = await _handling_order(admin_nc, lookahead=0)
+    assert fifo.index("victim-b") == 30
+    fair = await _handling_order(admin_nc, lookahead=64)
+    assert fair.index("victim-b") <= 2
+    assert fair.count("flood-a") == 30
+
+
+async def test_waiting_messages_are_kept_alive_and_given_back_at_stop(admin_nc: Client) -> None:
+    # A replica handling one message at a time, for longer than the ack wait, while 5
+    # more wait their turn: none is redelivered meanwhile (progress acks reach those
+    # waiting too), and at stop those never handled go back to the stream at once.
+    nc = admin_nc
+    stream, subject = await _stream(nc)
+    for i in range(6):
+        await nc.jetstream().publish(subject, str(i).encode(), stream=stream)
+    seen: Counter[bytes] = Counter()
+    release = asyncio.Event()
+
+    async def slow(msg: Delivery) -> None:
+        seen[msg.data] += 1
+        await release.wait()
+
+    spec = StageSpec(stream=stream, subject=subject, durable="work", max_inflight=1,
+                     ack_wait=1.0, max_deliver=3, lookahead=8)
+    consumer = StageConsumer(nc, spec, slow)
+    await consumer.start()
+    try:
+        await asyncio.sleep(2.5)  # two and a half ack waits
+        assert sum(seen.values()) == 1
+        assert consumer.stats.waiting == 5
+        assert consumer.stats.inflight == 1
+    finally:
+        release.set()
+        await consumer.stop()
+    info = await nc.jetstream().consumer_info(stream, "work")
+    assert info.num_redelivered == 0
+    # The five never handled were given back (nacked), not left for the ack wait: a
+    # second replica takes them at once.
+    again: Counter[bytes] = Counter()
+
+    async def take(msg: Delivery) -> None:
+        again[msg.data] += 1
+
+    second = StageConsumer(nc, _spec(stream, subject), take)
+    await second.start()
+    try:
+        for _ in range(40):
+            if sum(again.values()) >= 5:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await second.stop()
+    assert sorted(again) == sorted({str(i).encode() for i in range(6)} - set(seen))
+    assert set(again.values()) == {1}

@@ -12,6 +12,7 @@ from services.gateway.fairshare import (
     RING_GRACE,
     DrainRate,
     FairScheduler,
+    Hops,
     Residence,
     Stranded,
     pipeline_bound,
@@ -230,6 +231,42 @@ def test_the_rate_does_not_depend_on_how_often_the_stream_is_read() -> None:
         rates.append(drain.rate)
     assert rates[0] == pytest.approx(300, rel=0.02)
     assert rates[1] == pytest.approx(300, rel=0.02)
+
+
+def test_the_bound_counts_requests_not_the_hops_each_makes() -> None:
+    # 600 requests a second, each three hops (classify, retrieve, generate): the stream
+    # drains 1,800 messages a second while holding one message per request.
+    drain, hops = DrainRate(), Hops()
+    assert hops.value == 1.0  # nothing measured yet
+    stored = delivered = entered = 0
+    for step in range(500):
+        now = step * 0.01
+        stored, delivered, entered = stored + 18, delivered + 18, entered + 6
+        drain.observe(now, stored, 60)
+        if step % 20 == 0:  # the holdings are read every 0.2 s
+            hops.observe(now, delivered, entered)
+    assert 2.9 <= hops.value <= 3.0
+    requests = drain.rate / hops.value
+    assert 590 <= requests <= 610
+    # 0.1 s of waiting is 60 requests admitted ahead, not the 180 the message rate said
+    # (measured: victims of a flood waited ~250 ms at the generator's queue).
+    assert 59 <= pipeline_bound(8, 0.1, requests) <= 61
+
+
+def test_hops_skip_a_recreated_consumer_and_a_quiet_entry() -> None:
+    hops = Hops(window=0.5)
+    hops.observe(0.0, 100, 50)
+    hops.observe(1.0, 400, 150)  # 300 deliveries for 100 entries
+    assert 2.5 <= hops.value <= 3.0
+    settled = hops.value
+    hops.observe(2.0, 10, 5)  # a consumer recreated: its counter restarted
+    assert hops.value == settled
+    hops.observe(3.0, 40, 5)  # nothing entered (a stage's redeliveries): no reading
+    assert hops.value == settled
+    hops.observe(4.0, 70, 20)  # 60 deliveries since the last counted reading, 15 entries
+    assert 3.0 < hops.value <= 4.0
+    hops.observe(5.0, 80, 30)  # fewer deliveries than entries never makes it under one
+    assert hops.value >= 1.0
 
 
 def test_without_a_delay_the_bound_is_the_fixed_backlog() -> None:
