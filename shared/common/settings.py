@@ -109,10 +109,11 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_deliver: Annotated[int, env("STAGE_MAX_DELIVER")] = 20
     # Messages a stage replica holds beyond its batch, waiting their agent's turn
     # (shared.runtime.turns): a request behind a flood waits behind one message of each
-    # other agent there, not the flood's whole queue. 0: arrival order. 64: about the
-    # pipeline's admitted window at a busy stage here (1,000 req/s x 0.1 s over two
-    # replicas: measured with `bench fairness`, docs/explanation/fair-share.md).
-    stage_lookahead: Annotated[int, env("STAGE_LOOKAHEAD")] = 64
+    # other agent there, not the flood's whole queue. 0: arrival order. 256: the
+    # gateway's admitted window at a busy stage here (~650 req/s x 0.2 s plus the
+    # residence; with 64 most of the window still waited in the stream, in arrival
+    # order: `bench fairness`, docs/explanation/fair-share.md).
+    stage_lookahead: Annotated[int, env("STAGE_LOOKAHEAD")] = 256
     # Seconds a request may take end to end (callers may ask for less: `timeout_ms`).
     request_deadline: Annotated[float, env("REQUEST_DEADLINE", unit="seconds")] = 120.0
     # How long answers stay readable for late subscribers.

@@ -17,7 +17,9 @@ stream replicated three times.
 Keys: floor_ms (also floor_rtt_ms_p50: the median of 500 raw NATS request/replies through
 the same server, in the same run, before the pipeline's requests), e2e_ms_p50 / p99
 (sequential requests, publish to final chunk), e2e_p50_over_floor (e2e_ms_p50 over
-floor_ms), limited_agent_e2e_ms_p50 / p99, throughput_rps, stage_ms_p50,
+floor_ms), js_publish_ack_ms and pg_commit_ms (a hop's primitives, the same run:
+a JetStream publish acked by a file stream, one committed INSERT),
+limited_agent_e2e_ms_p50 / p99, throughput_rps, stage_ms_p50,
 fleet_backends (0: echo), answered_by (the request log's answers by the model that gave
 them: with a fleet, `first/ok` unless a request fell back).
 """
@@ -106,6 +108,44 @@ async def _floor(nc: Client, admin: dict[str, Any], n: int = 500) -> float:
     return round(statistics.median(samples), 3)
 
 
+async def _hop_floors(nc: Client, db_url: str, n: int = 300) -> dict[str, float]:
+    """What one hop's primitives cost on this machine, in the same run (the profile in
+    docs/explanation/performance.md): a JetStream publish acknowledged by a file stream
+    like the pipeline's (`js_publish_ack_ms`), and one committed INSERT on the stack's
+    Postgres, fsync and synchronous commit on (`pg_commit_ms`); medians of `n`."""
+    import asyncpg
+
+    from shared.store import asyncpg_dsn
+
+    js = nc.jetstream()
+    await js.add_stream(name="BENCH_FLOOR", subjects=["bench.floor"])
+    samples = []
+    try:
+        for _ in range(n):
+            t = time.perf_counter()
+            await js.publish("bench.floor", b"x" * 512)
+            samples.append((time.perf_counter() - t) * 1000)
+    finally:
+        await js.delete_stream("BENCH_FLOOR")
+    floors = {"js_publish_ack_ms": round(statistics.median(samples), 3)}
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    try:
+        # A logged table, as the request log's (a temporary one skips the WAL: 0.1 ms).
+        await conn.execute("CREATE TABLE bench_floor (id bigserial, body text)")
+        samples = []
+        try:
+            for _ in range(n):
+                t = time.perf_counter()
+                await conn.execute("INSERT INTO bench_floor (body) VALUES ($1)", "x" * 512)
+                samples.append((time.perf_counter() - t) * 1000)
+        finally:
+            await conn.execute("DROP TABLE bench_floor")
+    finally:
+        await conn.close()
+    floors["pg_commit_ms"] = round(statistics.median(samples), 3)
+    return floors
+
+
 class Waiter:
     def __init__(self) -> None:
         self.pending: dict[str, asyncio.Future[float]] = {}
@@ -134,18 +174,23 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
     admin = await nats.connect(servers, **creds["admin"])
     await wait_for_consumers(admin, list(workers))
     floor = await _floor(admin, creds["admin"])
+    hops = await _hop_floors(admin, db_url)
     callers = {agent: await nats.connect(servers, **creds[agent]) for agent in AGENTS}
     waiter = Waiter()
     for agent, nc in callers.items():
         await nc.subscribe(agent_responses(agent), cb=waiter.on_chunk)
     loop = asyncio.get_running_loop()
 
+    asked: dict[str, tuple[float, float]] = {}
+
     async def ask(req: AgentRequest) -> float:
         # Keep the future: the answer may arrive (and leave `pending`) before the ack.
         fut = waiter.pending[req.request_id] = loop.create_future()
-        t = time.perf_counter()
+        t, at = time.perf_counter(), time.time()
         await publish_request(callers[req.agent_id], req)
         answered: float = await asyncio.wait_for(fut, 60)
+        if req.agent_id == "bench-seq":
+            asked[req.request_id] = (at, at + answered - t)
         return (answered - t) * 1000
 
     # Warm-up: every worker has fetched, connected its pool and filled caches.
@@ -177,7 +222,7 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
         doors["doors"]["nats"]["throughput_rps"] = round(load / elapsed, 1)
     for nc in (*callers.values(), admin):
         await nc.drain()
-    stages, answered_by = await _stage_breakdown(db_url)
+    stages, answered_by = await _stage_breakdown(db_url, asked)
     return {
         **doors,
         "floor_rtt_ms_p50": floor,
@@ -186,6 +231,7 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
         # load at the moment: a ratio travels between machines, milliseconds do not).
         "floor_ms": floor,
         "e2e_p50_over_floor": round(_pct(latencies, 0.5) / floor, 1) if floor else None,
+        **hops,
         "e2e_ms_p50": _pct(latencies, 0.5),
         "e2e_ms_p99": _pct(latencies, 0.99),
         # The same requests from the agent whose policy sets every limit (LIMITED_AGENT).
@@ -199,17 +245,23 @@ async def _measure(nats_url: str, db_url: str, requests: int, load: int, window:
     }
 
 
-async def _stage_breakdown(db_url: str) -> tuple[dict[str, float], dict[str, int]]:
+async def _stage_breakdown(db_url: str, asked: dict[str, tuple[float, float]]
+                           ) -> tuple[dict[str, float], dict[str, int]]:
     """Median per-stage figures of the sequential requests, from the request log:
     `<stage>.at` is when the stage started (ms after acceptance), `<stage>` how long
-    it worked; and every logged answer counted by the model that gave it."""
+    it worked, `admitted` from the publish to the acceptance and `after_final_row` from
+    the final's row (`total_before_final`) to the final seen (the turn's write, the
+    final's publish and its delivery), by `asked` (request id -> epoch seconds of the
+    publish and of the final seen); and every logged answer counted by the model that
+    gave it."""
     import asyncpg
 
     from shared.store import asyncpg_dsn
 
     conn = await asyncpg.connect(asyncpg_dsn(db_url))
     try:
-        rows = await conn.fetch("SELECT stage_ms, total_ms FROM request_log "
+        rows = await conn.fetch("SELECT request_id, stage_ms, total_ms, "
+                                "extract(epoch FROM created_at)::float8 AS at FROM request_log "
                                 "WHERE agent_id = 'bench-seq' AND outcome = 'ok'")
         answered = await conn.fetch("SELECT coalesce(answered_by, '') AS model, count(*) "
                                     "FROM request_log GROUP BY 1 ORDER BY 2 DESC")
@@ -223,6 +275,12 @@ async def _stage_breakdown(db_url: str) -> tuple[dict[str, float], dict[str, int
             values.setdefault(key, []).append(float(value))
         if row["total_ms"] is not None:
             values.setdefault("total_before_final", []).append(float(row["total_ms"]))
+        if row["request_id"] in asked:
+            published, seen = asked[row["request_id"]]
+            values.setdefault("admitted", []).append((row["at"] - published) * 1000)
+            if row["total_ms"] is not None:
+                values.setdefault("after_final_row", []).append(
+                    (seen - row["at"]) * 1000 - float(row["total_ms"]))
     return ({k: round(statistics.median(v), 3) for k, v in sorted(values.items())},
             {row["model"]: row["count"] for row in answered})
 
