@@ -93,7 +93,7 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
 class JsDelivery:
     """A JetStream message as the `Delivery` a stage handler sees."""
 
-    __slots__ = ("dlq_subject", "js", "msg", "touched")
+    __slots__ = ("again", "dlq_subject", "js", "msg", "nacked", "touched")
 
     def __init__(self, msg: Msg, js: JetStreamContext, dlq_subject: str) -> None:
         self.msg = msg
@@ -101,6 +101,10 @@ class JsDelivery:
         self.dlq_subject = dlq_subject
         # Loop time of the last sign of life sent for it (or of its arrival).
         self.touched = 0.0
+        # Later deliveries of the same message to this replica while it held this one
+        # (StageConsumer._on_message): kept alive with it, settled after it.
+        self.again: list[Msg] = []
+        self.nacked = False
 
     @property
     def data(self) -> bytes:
@@ -130,10 +134,13 @@ class JsDelivery:
         return bool(self.msg.is_acked)
 
     async def nack(self, delay: float | None = None) -> None:
+        self.nacked = True
         await self.msg.nak(delay=delay)
 
     async def in_progress(self) -> None:
         await self.msg.in_progress()
+        for msg in self.again:
+            await msg.in_progress()
 
     async def dead_letter(self, stage: str, reason: str) -> None:
         await self.js.publish(
@@ -216,6 +223,8 @@ class StageConsumer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.Task[None] | None = None
         self._held: set[JsDelivery] = set()
+        # Every message this replica holds (handled or waiting), by stream sequence.
+        self._holding: dict[int, JsDelivery] = {}
         # Delivered, not yet handled: waiting for a free slot, in turns by agent.
         self._waiting: AgentTurns[JsDelivery] = AgentTurns()
         self._reconnects = 0
@@ -238,6 +247,7 @@ class StageConsumer:
         """Stop pulling, let in-flight handlers finish, give back what arrives meanwhile."""
         self._stopping = True
         for delivery in self._waiting.take_all():  # another replica takes them at once
+            self._holding.pop(delivery.stream_seq, None)
             with contextlib.suppress(Exception):
                 await delivery.nack()
         self._count()
@@ -282,11 +292,24 @@ class StageConsumer:
         if self._stopping:
             await msg.nak()
             return
-        if not self.spec.lookahead:
-            self._start(msg)
-            return
         delivery = JsDelivery(msg, self._js, self._dlq_subject)
         delivery.touched = self._last_seen
+        seq = delivery.stream_seq
+        held = self._holding.get(seq) if seq else None
+        if held is not None:
+            # Redelivered to this replica while it still holds the message: its pull was
+            # still open while it could not answer (SIGSTOPped, a stalled loop). Handled
+            # twice at once in one process, the two deliveries each sent a final
+            # (`bench chaos` sigstop_replicas): the one in hand answers for both.
+            log.warning("[%s] message %d delivered again while held here; not handled twice",
+                        self.spec.durable, seq)
+            held.again.append(msg)
+            return
+        if seq:
+            self._holding[seq] = delivery
+        if not self.spec.lookahead:
+            self._start(msg, delivery)
+            return
         self._waiting.push(envelope_agent(msg.data), delivery)
         self._dispatch()
 
@@ -372,6 +395,13 @@ class StageConsumer:
             outcome = await self._handler_failed(delivery, exc)
         finally:
             self._held.discard(delivery)
+            if self._holding.get(delivery.stream_seq) is delivery:
+                del self._holding[delivery.stream_seq]
+            if delivery.again and not delivery.nacked:
+                # Settled: the later deliveries' acks say so too (nacked: it comes back).
+                for again in delivery.again:
+                    with contextlib.suppress(Exception):
+                        await again.ack()
             self._inflight -= 1
             self._record(outcome, time.perf_counter() - started, delivery)
             self._dispatch()

@@ -162,7 +162,7 @@ async def test_a_stage_takes_waiting_messages_in_turns_by_agent(admin_nc: Client
 
 
 async def test_waiting_messages_are_kept_alive_and_given_back_at_stop(admin_nc: Client) -> None:
-    # A replica handling one message at a time, for longer than the ack wait, while 5
+    # A replica handling one message at a time, for longer than two ack waits, while 5
     # more wait their turn: none is redelivered meanwhile (progress acks reach those
     # waiting too), and at stop those never handled go back to the stream at once.
     nc = admin_nc
@@ -177,11 +177,11 @@ async def test_waiting_messages_are_kept_alive_and_given_back_at_stop(admin_nc: 
         await release.wait()
 
     spec = StageSpec(stream=stream, subject=subject, durable="work", max_inflight=1,
-                     ack_wait=1.0, max_deliver=3, lookahead=8)
+                     ack_wait=1.5, max_deliver=3, lookahead=8)
     consumer = StageConsumer(nc, spec, slow)
     await consumer.start()
     try:
-        await asyncio.sleep(2.5)  # two and a half ack waits
+        await asyncio.sleep(3.5)  # more than two ack waits
         assert sum(seen.values()) == 1
         assert consumer.stats.waiting == 5
         assert consumer.stats.inflight == 1
@@ -208,3 +208,43 @@ async def test_waiting_messages_are_kept_alive_and_given_back_at_stop(admin_nc: 
         await second.stop()
     assert sorted(again) == sorted({str(i).encode() for i in range(6)} - set(seen))
     assert set(again.values()) == {1}
+
+
+@pytest.mark.parametrize("lookahead", [0, 8])
+async def test_a_message_redelivered_to_the_replica_holding_it_is_handled_once(
+    admin_nc: Client, lookahead: int, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The replica's loop stalls past the ack wait (as a SIGSTOPped process does) while
+    # its pull is still open: the server redelivers the message into that same pull. Read
+    # after the stall, the second delivery must not start a second handling beside the
+    # first (two finals of one request in `bench chaos`); the first's ack settles both.
+    import time as clock
+
+    nc = admin_nc
+    stream, subject = await _stream(nc)
+    calls: Counter[bytes] = Counter()
+    finished = asyncio.Event()
+
+    async def stalls(msg: Delivery) -> None:
+        calls[msg.data] += 1
+        if calls[msg.data] == 1:
+            clock.sleep(2.2)  # the whole loop stalls: no progress acks go out
+            await asyncio.sleep(1.0)  # the redelivery is read meanwhile
+            finished.set()
+
+    spec = StageSpec(stream=stream, subject=subject, durable="work", max_inflight=4,
+                     ack_wait=1.0, max_deliver=5, lookahead=lookahead)
+    consumer = StageConsumer(nc, spec, stalls)
+    await consumer.start()
+    try:
+        await nc.jetstream().publish(subject, b"once", stream=stream)
+        await asyncio.wait_for(finished.wait(), 10)
+        await asyncio.sleep(1.5)  # past another ack wait: nothing comes back
+    finally:
+        await consumer.stop()
+    assert calls[b"once"] == 1
+    # It was delivered again, into the same replica, and settled with the first.
+    assert "delivered again while held here" in caplog.text
+    info = await nc.jetstream().consumer_info(stream, "work")
+    assert info.num_ack_pending == 0
+    assert info.num_pending == 0
