@@ -228,7 +228,7 @@ async def test_a_message_redelivered_to_the_replica_holding_it_is_handled_once(
     async def stalls(msg: Delivery) -> None:
         calls[msg.data] += 1
         if calls[msg.data] == 1:
-            clock.sleep(2.2)  # the whole loop stalls: no progress acks go out
+            clock.sleep(2.2)  # noqa: ASYNC251 -- the loop itself stalls: no progress acks
             await asyncio.sleep(1.0)  # the redelivery is read meanwhile
             finished.set()
 
