@@ -298,11 +298,7 @@ class FairConsumer(StageConsumer):
             return
         agent = agent_of(msg.subject)
         self.admitted_by_agent[agent] = self.admitted_by_agent.get(agent, 0) + 1
-        self._inflight += 1
-        self.stats.inflight = self._inflight
-        task = asyncio.create_task(self._run(msg))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._start(msg)
 
     async def _on_doorbell(self, msg: Msg) -> None:
         agent = msg.subject.rsplit(".", 1)[-1]

@@ -314,6 +314,7 @@ class StageConsumer:
         self._dispatch()
 
     def _start(self, msg: Msg, delivery: JsDelivery | None = None) -> None:
+        """Handle `msg` now (as `delivery`, when it was made on arrival)."""
         self._inflight += 1
         self._count()
         task = asyncio.create_task(self._run(msg, delivery))

@@ -76,7 +76,6 @@ from intentroute.workers import STAGES, wait_for_consumers
 from services.gateway.limits.logic import price_table
 from services.gateway.limits.store import budget_overshoot
 from shared.client.caller import publish_until_stored
-from shared.contracts.codec import decode_chunk
 from shared.policy.agent import AgentPolicy, Price
 from shared.runtime.streams import ensure_streams
 from shared.store import asyncpg_dsn, migrate
@@ -109,31 +108,19 @@ def _over(p95: float | None, quiet: float | None) -> float | None:
     return round(p95 / quiet, 2) if p95 and quiet else None
 
 
-class Finals:
-    """Final chunks as seen live: first arrival per request, distinct finals; and every
-    message on a victim's answer subjects (`on_victims`: subject's request id, data)."""
+class VictimFinals(flooders.Finals):
+    """The victims' finals (bench.flooders.Finals), and every message on their answer
+    subjects (`on_victims`: the subject's request id, the data), chunk or not."""
 
     def __init__(self) -> None:
-        self.first: dict[str, tuple[float, str]] = {}
-        self.distinct: dict[str, set[bytes]] = defaultdict(set)
-        self.arrived = asyncio.Event()
+        super().__init__()
         self.on_victims: list[tuple[str, bytes]] = []
 
     async def on_chunk(self, msg: Msg) -> None:
         _, _, agent, request_id = msg.subject.split(".", 3)
         if agent in VICTIMS:
             self.on_victims.append((request_id, msg.data))
-        try:
-            chunk = decode_chunk(msg.data)
-        except Exception:  # not a chunk: counted above if it reached a victim
-            return
-        if not chunk.is_final:
-            return
-        self.distinct[chunk.request_id].add(msg.data)
-        if chunk.request_id not in self.first:
-            self.first[chunk.request_id] = (time.monotonic(),
-                                            chunk.error.code if chunk.error else "")
-            self.arrived.set()
+        await super().on_chunk(msg)
 
 
 class Fairness:
@@ -153,7 +140,7 @@ class Fairness:
         self.nats = NatsServer(state / "nats", creds_dir=auth_files(state).creds_dir)
         self.pg = PostgresServer(state / "postgres")
         self.supervisor = Supervisor()
-        self.finals = Finals()
+        self.finals = VictimFinals()
         # request id -> (agent, publish time); victims' by phase; epoch publish time.
         self.sent: dict[str, tuple[str, float]] = {}
         # The floods' results from their process (bench.flooders), by phase.
@@ -422,6 +409,7 @@ class Fairness:
             "budget_overshoot": overshoot,
             "settings": {k: v for k, v in self.extra_env.items()},
         }
+
 
 def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
         env: dict[str, str] | None = None, budget_day: float | None = BUDGET_DAY,

@@ -37,37 +37,47 @@ def request(agent: str, i: int) -> AgentRequest:
                         query_type="RETRIEVAL")
 
 
-class _Agent:
-    def __init__(self, agent: str) -> None:
-        self.agent = agent
-        self.sent: set[str] = set()
-        self.first: dict[str, str] = {}  # request id -> the first final's error code
+class Finals:
+    """Final chunks as seen live: per request, the first's arrival (monotonic) and error
+    code ("" for an answer), and every distinct final (two: a duplicate)."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[float, str]] = {}
         self.distinct: dict[str, set[bytes]] = defaultdict(set)
         self.arrived = asyncio.Event()
 
     async def on_chunk(self, msg: Msg) -> None:
         try:
             chunk = decode_chunk(msg.data)
-        except Exception:
+        except Exception:  # not a chunk
             return
         if not chunk.is_final:
             return
         self.distinct[chunk.request_id].add(msg.data)
         if chunk.request_id not in self.first:
-            self.first[chunk.request_id] = chunk.error.code if chunk.error else ""
+            self.first[chunk.request_id] = (time.monotonic(),
+                                            chunk.error.code if chunk.error else "")
             self.arrived.set()
 
+
+class _Agent:
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self.sent: set[str] = set()
+        self.finals = Finals()
+
     def done(self) -> bool:
-        return all(rid in self.first for rid in self.sent)
+        return all(rid in self.finals.first for rid in self.sent)
 
     def report(self) -> dict[str, Any]:
-        refused = Counter(code for rid, code in self.first.items()
-                          if code and rid in self.sent)
-        answered = sum(1 for rid, code in self.first.items() if not code and rid in self.sent)
-        return {"sent": len(self.sent), "answered": answered, "refused": dict(refused),
-                "lost": sum(1 for rid in self.sent if rid not in self.first),
+        codes = {rid: self.finals.first[rid][1] for rid in self.sent
+                 if rid in self.finals.first}
+        return {"sent": len(self.sent),
+                "answered": sum(1 for code in codes.values() if not code),
+                "refused": dict(Counter(code for code in codes.values() if code)),
+                "lost": len(self.sent) - len(codes),
                 "duplicate_finals": sum(1 for rid in self.sent
-                                        if len(self.distinct.get(rid, ())) > 1)}
+                                        if len(self.finals.distinct.get(rid, ())) > 1)}
 
 
 async def _flood(url: str, agents: list[tuple[str, dict[str, Any]]], count: int,
@@ -77,7 +87,7 @@ async def _flood(url: str, agents: list[tuple[str, dict[str, Any]]], count: int,
         for (agent, creds), state in zip(agents, states, strict=True):
             nc = await nats.connect(url, **creds)
             conns.append(nc)
-            await nc.subscribe(f"agent.response.{agent}.*", cb=state.on_chunk)
+            await nc.subscribe(f"agent.response.{agent}.*", cb=state.finals.on_chunk)
             await nc.flush()
         started = time.monotonic()
 
@@ -97,9 +107,9 @@ async def _flood(url: str, agents: list[tuple[str, dict[str, Any]]], count: int,
         give_up = started + deadline
         for state in states:
             while not state.done() and time.monotonic() < give_up:
-                state.arrived.clear()
+                state.finals.arrived.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(state.arrived.wait(), 1.0)
+                    await asyncio.wait_for(state.finals.arrived.wait(), 1.0)
         seconds = time.monotonic() - started
         await asyncio.sleep(1.0)  # a late duplicate
     finally:
