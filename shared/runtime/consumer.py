@@ -244,22 +244,28 @@ class StageConsumer:
         await self._pull()
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Stop pulling, let in-flight handlers finish, give back what arrives meanwhile."""
+        """Stop pulling, give back what waits and what arrives meanwhile, let in-flight
+        handlers finish (still kept alive)."""
         self._stopping = True
+        if self._repull is not None:
+            self._repull.cancel()
+        # The pull is closed before anything is given back: a message nacked while this
+        # replica's pull is still open comes straight back into it, and bounced so until
+        # max_deliver (a CI run saw 3 of 5 given-back messages counted redelivered). The
+        # drain hands what the server already sent to `_on_message`, which nacks it.
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.drain()  # type: ignore[attr-defined]
+            self._sub = None
         for delivery in self._waiting.take_all():  # another replica takes them at once
             self._holding.pop(delivery.stream_seq, None)
             with contextlib.suppress(Exception):
                 await delivery.nack()
         self._count()
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-        if self._repull is not None:
-            self._repull.cancel()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()  # type: ignore[attr-defined]
+        if self._watchdog is not None:  # kept the handlers alive until now
+            self._watchdog.cancel()
 
     async def _pull(self) -> None:
         if self._stopping or not self.nc.is_connected:
@@ -458,25 +464,28 @@ class StageConsumer:
         the pulls, and waiting for missing heartbeats would stall for seconds); a pull
         whose heartbeats stopped is asked again; messages still being handled (and
         those waiting their turn) get a sign of life, so a short ack_wait redelivers a
-        dead replica's messages fast while a long answer keeps its own."""
+        dead replica's messages fast while a long answer keeps its own (at stop too,
+        until the handlers finish: `stop` cancels it last)."""
         loop = asyncio.get_running_loop()
         keepalive = max(0.5, self.spec.ack_wait / 3)
-        while not self._stopping:
+        while True:
             await asyncio.sleep(0.25)
             now = loop.time()
-            reconnects = self.nc.stats.get("reconnects", 0)
-            if reconnects != self._reconnects and self.nc.is_connected:
-                self._reconnects = reconnects
-                log.info("[%s] reconnected: pulling again", self.spec.durable)
-                self._outstanding = 0
-                self._last_seen = now
-                await self._pull()
-            elif now - self._last_seen > 2 * self._heartbeat + 1:
-                self._outstanding = 0
-                self._last_seen = now
-                await self._pull()
+            if not self._stopping:
+                await self._pull_again_if_lost(now)
             for delivery in [*self._held, *self._waiting]:
                 if now - delivery.touched >= keepalive and not delivery.settled:
                     delivery.touched = now
                     with contextlib.suppress(Exception):
                         await delivery.in_progress()
+
+    async def _pull_again_if_lost(self, now: float) -> None:
+        reconnects = self.nc.stats.get("reconnects", 0)
+        if reconnects != self._reconnects and self.nc.is_connected:
+            self._reconnects = reconnects
+            log.info("[%s] reconnected: pulling again", self.spec.durable)
+        elif now - self._last_seen <= 2 * self._heartbeat + 1:
+            return
+        self._outstanding = 0
+        self._last_seen = now
+        await self._pull()

@@ -188,16 +188,19 @@ async def test_waiting_messages_are_kept_alive_and_given_back_at_stop(admin_nc: 
         assert consumer.stats.waiting == 5
         assert consumer.stats.inflight == 1
     finally:
-        release.set()
+        # The one being handled ends half a second into the stop, as an answer would.
+        asyncio.get_running_loop().call_later(0.5, release.set)
         await consumer.stop()
     info = await nc.jetstream().consumer_info(stream, "work")
     assert info.num_redelivered == 0
     # The five never handled were given back (nacked), not left for the ack wait: a
     # second replica takes them at once.
     again: Counter[bytes] = Counter()
+    deliveries: set[int] = set()
 
     async def take(msg: Delivery) -> None:
         again[msg.data] += 1
+        deliveries.add(msg.deliveries)
 
     second = StageConsumer(nc, _spec(stream, subject), take)
     await second.start()
@@ -210,6 +213,8 @@ async def test_waiting_messages_are_kept_alive_and_given_back_at_stop(admin_nc: 
         await second.stop()
     assert sorted(again) == sorted({str(i).encode() for i in range(6)} - set(seen))
     assert set(again.values()) == {1}
+    # Their second delivery: none came back to the stopping replica first.
+    assert deliveries == {2}
 
 
 @pytest.mark.parametrize("lookahead", [0, 8])
