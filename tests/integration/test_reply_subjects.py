@@ -108,7 +108,11 @@ async def test_an_agents_own_acknowledgement_still_comes_back(alice: Recorded) -
 @pytest.fixture
 async def replays(stack: AuthStack) -> AsyncIterator[ReplayService]:
     gateway = await nats.connect(stack.nats_url, **stack.service("gateway"))
-    service = ReplayService(gateway, follow_for=5.0, concurrency=4)
+    # Room for every replay a test sends at once: an agent's requests come through its
+    # service import, so the foreign reply subjects below are mapped (`_R_.`) and served
+    # too, into the asker's own account. With 4, the asker's own replay, sent last, was
+    # refused CONCURRENCY_LIMITED when the six before it were still running (a full run).
+    service = ReplayService(gateway, follow_for=5.0, concurrency=2 * len(FOREIGN_REPLIES))
     await service.start()
     await flushed(gateway)
     yield service
