@@ -14,6 +14,7 @@ series has a `stage` label unless said otherwise; OTLP carries the instrument na
     intentroute_stage_redeliveries_total deliveries that were not the first
     intentroute_stage_dead_letters_total messages this replica dead-lettered
     intentroute_stage_inflight           messages being handled now
+    intentroute_stage_waiting            messages held here waiting their agent's turn
     intentroute_consumer_pending         lag: in the stream, not delivered yet
     intentroute_consumer_ack_pending     delivered, not acknowledged yet
     intentroute_consumer_redelivered     redelivered, not acknowledged yet
@@ -127,6 +128,10 @@ class Metrics:
         meter.create_observable_gauge(
             "intentroute.stage.inflight", [per_stage(lambda s: s.inflight)],
             description="Messages being handled now")
+        meter.create_observable_gauge(
+            "intentroute.stage.waiting", [per_stage(lambda s: s.waiting)],
+            description="Messages this replica holds, waiting their agent's turn "
+                        "(STAGE_LOOKAHEAD)")
         for field, text in (("pending", "Messages in the stream not yet delivered"),
                             ("ack_pending", "Messages delivered, not yet acknowledged"),
                             ("redelivered", "Redelivered messages not yet acknowledged"),

@@ -101,6 +101,7 @@ async def test_a_worker_answers_the_services_api_and_serves_prometheus_metrics(
         assert metrics[("intentroute_consumer_pending", stage)] == 0
         assert metrics[("intentroute_consumer_ack_pending", stage)] == 0
         assert ("intentroute_stage_inflight", stage) in metrics
+        assert metrics[("intentroute_stage_waiting", stage)] == 0  # all three taken
         assert ("intentroute_dead_letters_stored", stage) in metrics
     finally:
         await ops.drain()
