@@ -162,3 +162,33 @@ async def test_a_replay_in_the_stacks_account_must_name_the_agents_inbox(
     assert (await own.next_msg(timeout=5)).data
     with pytest.raises(nats.errors.TimeoutError):
         await sub.next_msg(timeout=0.3)
+
+
+async def test_a_replay_past_the_services_room_is_told_to_ask_again(
+    stack: AuthStack, alice: Recorded, admin: nats.NATS
+) -> None:
+    # One slot. A replay of an answer still in progress follows it and keeps the slot;
+    # the next replay gets a typed final at once (CONCURRENCY_LIMITED, retry after 1 s),
+    # not a wait, and the first still gets the answer's final once it is stored.
+    gateway = await nats.connect(stack.nats_url, **stack.service("gateway"))
+    service = ReplayService(gateway, follow_for=5.0, concurrency=1)
+    await service.start()
+    try:
+        await flushed(gateway)
+        await admin.jetstream().publish("agent.response.alice.r9", encode(ResponseChunk(
+            request_id="r9", seq=0, text="half", kind=ChunkKind.TEXT)))
+        first, second = alice.nc.new_inbox(), alice.nc.new_inbox()
+        following = await alice.nc.subscribe(first)
+        refused = await alice.nc.subscribe(second)
+        await alice.nc.publish("agent.replay.alice", b"r9", reply=first)
+        assert b"half" in (await following.next_msg(timeout=5)).data
+        await alice.nc.publish("agent.replay.alice", b"r9", reply=second)
+        answer = (await refused.next_msg(timeout=5)).data
+        assert b'"CONCURRENCY_LIMITED"' in answer
+        assert b'"retry_after_ms":1000' in answer
+        await admin.jetstream().publish("agent.response.alice.r9", encode(ResponseChunk(
+            request_id="r9", seq=1, text="whole", kind=ChunkKind.FINAL, is_final=True)))
+        assert b"whole" in (await following.next_msg(timeout=5)).data
+    finally:
+        await service.stop()
+        await gateway.close()
