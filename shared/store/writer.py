@@ -50,6 +50,9 @@ _UNREACHABLE = (
     asyncpg.CannotConnectNowError,
     asyncpg.TooManyConnectionsError,
     asyncpg.OperatorInterventionError,
+    # The connection's protocol state broke when the server went away mid-statement
+    # (asyncpg issue #1069; seen as Postgres shut down under load in test_up_kill9).
+    asyncpg.InternalClientError,
 )
 # For other asyncpg callers (shared.store.feedback_table): the same sorting.
 UNREACHABLE = _UNREACHABLE
@@ -270,7 +273,11 @@ class GroupCommitWriter:
 
     async def _execute(self, rows: Sequence[Row]) -> None:
         async with self._pool.acquire() as conn:
-            await _write_batch(conn, rows, implicit_feedback=self.implicit_feedback)
+            try:
+                await _write_batch(conn, rows, implicit_feedback=self.implicit_feedback)
+            except asyncpg.InternalClientError:
+                conn.terminate()  # never handed out again in that state
+                raise
 
     async def _flush(self, batch: list[Pending]) -> None:
         try:

@@ -39,6 +39,31 @@ async def test_writer_survives_an_unexpected_failure(store: Store, monkeypatch) 
     assert stored == {second}
 
 
+async def test_a_connection_broken_mid_statement_is_retried_on_another(
+    store: Store, monkeypatch
+) -> None:
+    # asyncpg's InternalClientError: the connection's state broke as the server went
+    # away (Postgres shutting down under load). The rows are not the problem: the write
+    # is retried like any outage (before, the batch failed as a bug, with a traceback).
+    import asyncpg
+
+    real = writer._write_batch
+    calls = {"n": 0}
+
+    async def breaks_once(conn, rows, **kwargs):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise asyncpg.InternalClientError("cannot switch to state 12")
+        await real(conn, rows, **kwargs)
+
+    monkeypatch.setattr(writer, "_write_batch", breaks_once)
+    request_id = uuid.uuid4().hex
+    await store.write(log_row(request_id))
+    assert calls["n"] == 2
+    assert await store.pool.fetchval(
+        "SELECT count(*) FROM request_log WHERE request_id = $1", request_id) == 1
+
+
 async def test_accounting_fields_of_a_log_row_are_stored(store: Store) -> None:
     request_id = uuid.uuid4().hex
     row = RequestLogRow(request_id=request_id, agent_id="writer-test", session_id="s",
