@@ -22,8 +22,9 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True):
     # 8 kept other agents' p95 under 0.5 s in `bench fairness` on a loaded machine (16:
     # 0.57 s, 32: 1.6 s) but caps a fast pipeline; the delay keeps the waiting short in
     # time, whatever the pipeline's speed. With the stages taking turns by agent
-    # (STAGE_LOOKAHEAD) the window no longer decides what a victim waits, so 0.2 s (0.1 s
-    # with STAGE_LOOKAHEAD=0; issue 32, docs/explanation/fair-share.md).
+    # (STAGE_LOOKAHEAD) the window no longer decides what a victim waits, so 0.2 s: 0.1 s
+    # cost `bench pipeline` ~5-12% of its throughput (0.1 s with STAGE_LOOKAHEAD=0;
+    # issue 32, docs/explanation/fair-share.md).
     pipeline_backlog: Annotated[int, env("GATEWAY_PIPELINE_BACKLOG")] = 8
     pipeline_delay: Annotated[float, env("GATEWAY_PIPELINE_DELAY")] = 0.2
     fair_quantum: Annotated[int, env("GATEWAY_FAIR_QUANTUM")] = 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+import asyncpg
 import pytest
 
 from shared.store import writer
@@ -39,14 +40,12 @@ async def test_writer_survives_an_unexpected_failure(store: Store, monkeypatch) 
     assert stored == {second}
 
 
-async def test_a_connection_broken_mid_statement_is_retried_on_another(
+async def test_a_connection_broken_mid_statement_is_retried(
     store: Store, monkeypatch
 ) -> None:
     # asyncpg's InternalClientError: the connection's state broke as the server went
     # away (Postgres shutting down under load). The rows are not the problem: the write
     # is retried like any outage (before, the batch failed as a bug, with a traceback).
-    import asyncpg
-
     real = writer._write_batch
     calls = {"n": 0}
 
