@@ -13,7 +13,12 @@ message whose replica dies is redelivered to another after `ack_wait`.
 With `lookahead`, a replica asks for that many messages more than it handles at once;
 they wait in the replica, each agent's in order, and a free slot takes the next agent's
 (shared.runtime.turns): the stream is FIFO, so without it a request admitted behind a
-flood waited behind all of the flood's admitted work in every stage (issue 32).
+flood waited behind all of the flood's admitted work in every stage (issue 32). When
+every slot is taken, an agent with no handler running at the replica takes one of
+`max_inflight // 4` (at least one) spare slots: a flood holding all the slots makes
+another agent's message wait for none of them to end (the generator's slots end with
+their turn's group commit: ~10 ms of the victims' wait under `bench fairness`), and
+an agent can never hold more than one spare slot, so a flood's share stays its slots.
 """
 
 from __future__ import annotations
@@ -93,7 +98,7 @@ class StageSpec(msgspec.Struct, frozen=True, kw_only=True):
 class JsDelivery:
     """A JetStream message as the `Delivery` a stage handler sees."""
 
-    __slots__ = ("again", "dlq_subject", "js", "msg", "nacked", "touched")
+    __slots__ = ("again", "agent", "dlq_subject", "js", "msg", "nacked", "touched")
 
     def __init__(self, msg: Msg, js: JetStreamContext, dlq_subject: str) -> None:
         self.msg = msg
@@ -105,6 +110,8 @@ class JsDelivery:
         # (StageConsumer._on_message): kept alive with it, settled after it.
         self.again: list[Msg] = []
         self.nacked = False
+        # Whose message it is ("" unknown): a stage with lookahead counts its handlers by agent.
+        self.agent = ""
 
     @property
     def data(self) -> bytes:
@@ -227,6 +234,10 @@ class StageConsumer:
         self._holding: dict[int, JsDelivery] = {}
         # Delivered, not yet handled: waiting for a free slot, in turns by agent.
         self._waiting: AgentTurns[JsDelivery] = AgentTurns()
+        # Handlers running, per agent (a stage with lookahead): an agent with none gets
+        # one of `_spare` slots past `max_inflight` (`_dispatch`).
+        self._busy: dict[str, int] = {}
+        self._spare = max(1, spec.max_inflight // 4) if spec.lookahead else 0
         self._reconnects = 0
         self._repull: asyncio.TimerHandle | None = None
         # Pulls ended by the server (409/503) since the last message or heartbeat.
@@ -316,7 +327,8 @@ class StageConsumer:
         if not self.spec.lookahead:
             self._start(msg, delivery)
             return
-        self._waiting.push(envelope_agent(msg.data), delivery)
+        delivery.agent = envelope_agent(msg.data)
+        self._waiting.push(delivery.agent, delivery)
         self._dispatch()
 
     def _start(self, msg: Msg, delivery: JsDelivery | None = None) -> None:
@@ -328,12 +340,27 @@ class StageConsumer:
         task.add_done_callback(self._tasks.discard)
 
     def _dispatch(self) -> None:
-        """Free slots take the waiting messages, one agent's at a time (module doc)."""
-        while (self._waiting and self._inflight < self.spec.max_inflight
-               and not self._stopping):
-            delivery = self._waiting.pop()
+        """Free slots take the waiting messages, one agent's at a time (module doc); an
+        agent with no handler running here takes a spare slot when none is free."""
+        limit = self.spec.max_inflight
+        while self._waiting and not self._stopping:
+            if self._inflight < limit:
+                delivery = self._waiting.pop()
+            elif self._inflight < limit + self._spare:
+                found = self._waiting.pop_first(self._idle)
+                if found is None:
+                    break
+                delivery = found
+            else:
+                break
+            if delivery.agent:
+                self._busy[delivery.agent] = self._busy.get(delivery.agent, 0) + 1
             self._start(delivery.msg, delivery)
         self._count()
+
+    def _idle(self, agent: str) -> bool:
+        """No handler of `agent`'s runs here (a message of no known agent never is)."""
+        return bool(agent) and not self._busy.get(agent)
 
     def _count(self) -> None:
         self.stats.inflight = self._inflight
@@ -410,6 +437,12 @@ class StageConsumer:
                     with contextlib.suppress(Exception):
                         await again.ack()
             self._inflight -= 1
+            if delivery.agent:
+                left = self._busy.get(delivery.agent, 1) - 1
+                if left > 0:
+                    self._busy[delivery.agent] = left
+                else:
+                    self._busy.pop(delivery.agent, None)
             self._record(outcome, time.perf_counter() - started, delivery)
             self._dispatch()
             await self._pull()

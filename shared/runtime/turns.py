@@ -16,7 +16,7 @@ of the pipeline is already its share; the order here only decides who waits less
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -49,6 +49,24 @@ class AgentTurns(Generic[T]):
     def pop(self) -> T:
         """The oldest message of the agent whose turn it is; IndexError when empty."""
         agent = self._order.popleft()
+        queue = self._queues[agent]
+        item = queue.popleft()
+        self._count -= 1
+        if queue:
+            self._order.append(agent)
+        else:
+            del self._queues[agent]
+        return item
+
+    def pop_first(self, may: Callable[[str], bool]) -> T | None:
+        """The oldest message of the first agent in turn for which `may(agent)` holds
+        (None: no such agent waits); the others keep their turns."""
+        for agent in self._order:
+            if may(agent):
+                break
+        else:
+            return None
+        self._order.remove(agent)
         queue = self._queues[agent]
         item = queue.popleft()
         self._count -= 1

@@ -159,8 +159,72 @@ async def test_a_stage_takes_waiting_messages_in_turns_by_agent(admin_nc: Client
     fifo = await _handling_order(admin_nc, lookahead=0)
     assert fifo.index("victim-b") == 30
     fair = await _handling_order(admin_nc, lookahead=64)
-    assert fair.index("victim-b") == 2
+    # B has nothing in hand here: its message takes the spare slot on arrival, while
+    # A's first still holds the one slot (without it, third: A's next, then B's).
+    assert fair.index("victim-b") == 1
     assert fair.count("flood-a") == 30
+
+
+def _admitted(agent: str, i: int) -> bytes:
+    from shared.contracts.codec import encode
+    from shared.contracts.pipeline import Admitted
+    from shared.contracts.request import AgentRequest
+
+    return encode(Admitted(request=AgentRequest(request_id=f"{agent}-{i}", session_id="s",
+                                                agent_id=agent, query="q"), accepted_at=1.0))
+
+
+async def test_an_agent_with_nothing_in_hand_does_not_wait_for_a_free_slot(
+        admin_nc: Client) -> None:
+    # Every slot of a replica (4) is held by agent A's messages, which hold on. B's first
+    # message is handled at once, on the spare slot (4 // 4 = 1); C's first then waits
+    # (the one spare is taken), and B's second too (B has one in hand). Released, every
+    # message is handled.
+    nc = admin_nc
+    stream, subject = await _stream(nc)
+    js = nc.jetstream()
+    release = asyncio.Event()
+    running: list[str] = []
+    done: list[str] = []
+
+    async def hold(msg: Delivery) -> None:
+        rid = msg.data.split(b'"request_id":"', 1)[1].split(b'"', 1)[0].decode()
+        running.append(rid)
+        await release.wait()
+        done.append(rid)
+
+    spec = StageSpec(stream=stream, subject=subject, durable="work", max_inflight=4,
+                     ack_wait=30, max_deliver=3, lookahead=32)
+    consumer = StageConsumer(nc, spec, hold)
+    await consumer.start()
+    try:
+        for i in range(6):
+            await js.publish(subject, _admitted("flood-a", i), stream=stream)
+        for _ in range(100):
+            if len(running) == 4:
+                break
+            await asyncio.sleep(0.02)
+        for payload in (_admitted("victim-b", 0), _admitted("victim-b", 1),
+                        _admitted("victim-c", 0)):
+            await js.publish(subject, payload, stream=stream)
+        for _ in range(100):
+            if consumer.stats.waiting == 4:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # anything else that would start, started
+        assert running == ["flood-a-0", "flood-a-1", "flood-a-2", "flood-a-3", "victim-b-0"]
+        assert consumer.stats.inflight == 5
+        assert consumer.stats.waiting == 4
+        release.set()
+        for _ in range(200):
+            if len(done) == 9:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        release.set()
+        await consumer.stop()
+    assert sorted(done) == sorted([*(f"flood-a-{i}" for i in range(6)), "victim-b-0",
+                                   "victim-b-1", "victim-c-0"])
 
 
 async def test_waiting_messages_are_kept_alive_and_given_back_at_stop(admin_nc: Client) -> None:

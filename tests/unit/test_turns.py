@@ -42,3 +42,16 @@ def test_stopping_gives_every_waiting_message_back() -> None:
     assert list(turns) == []
     turns.push("a", 9)  # usable again
     assert turns.pop() == 9
+
+
+def test_the_first_agent_that_may_go_is_taken_and_the_others_keep_their_turns() -> None:
+    turns: AgentTurns[str] = AgentTurns()
+    for item in ("a0", "a1", "b0", "c0", "c1"):
+        turns.push(item[0], item)
+    # Only agents with nothing in hand may take a spare slot: "a" has one in hand.
+    assert turns.pop_first(lambda agent: agent != "a") == "b0"
+    assert turns.pop_first(lambda agent: agent == "x") is None
+    assert len(turns) == 4
+    # "c" went ahead of its turn once and goes to the back; "a" keeps its turn.
+    assert turns.pop_first(lambda agent: agent == "c") == "c0"
+    assert [turns.pop() for _ in range(3)] == ["a0", "c1", "a1"]

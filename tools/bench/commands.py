@@ -146,6 +146,9 @@ def bench_fairness(
              "phase)")] = 5,
     flooder_requests: Annotated[int, typer.Option(
         help="RETRIEVAL requests each of them publishes at once")] = 1000,
+    ask_every: Annotated[float, typer.Option(
+        help="Seconds between B's (and C's) questions: 0.25 gives four times the samples "
+             "behind each p95")] = 1.0,
 ) -> None:
     """Two gateway replicas with authentication on: agent A floods RETRIEVAL requests
     while B and C ask one a second; their latency during the flood against before it,
@@ -159,7 +162,8 @@ def bench_fairness(
     env = {} if backlog is None else {"GATEWAY_PIPELINE_BACKLOG": str(backlog)}
     budget = BUDGET_DAY if budget_day is None else (budget_day or None)
     emit(run(flood=flood, quiet=quiet, deadline=deadline, env=env, budget_day=budget,
-             injector=injector, flooders=flooders, flooder_requests=flooder_requests),
+             injector=injector, flooders=flooders, flooder_requests=flooder_requests,
+             ask_every=ask_every),
          json_out)
 
 

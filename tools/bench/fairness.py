@@ -2,10 +2,10 @@
 
 Loopback, authentication on (as `intentroute up`): embedded nats-server and Postgres,
 two gateway replicas and one of every other worker (extractive answers, BM25 over the
-demo knowledge base). Agents B and C each ask one RETRIEVAL question a second, first
-WARMUP seconds (not counted: a worker's first request is its lazy start), then for
-`quiet` seconds alone, then while agent A publishes `flood` RETRIEVAL questions
-as fast as it can, until A's flood is all answered (or `deadline` passes).
+demo knowledge base). Agents B and C each ask one RETRIEVAL question a second (every
+`ask_every` seconds), first WARMUP seconds (not counted: a worker's first request is
+its lazy start), then for `quiet` seconds alone, then while agent A publishes `flood`
+RETRIEVAL questions as fast as it can, until A's flood is all answered (or `deadline` passes).
 
 Keys: victim_where_ms (per phase, p50s of where B's and C's time went: `admitted`,
 publish to admission; `<stage>.at`, admission to that stage's start; `<stage>`, its
@@ -126,8 +126,10 @@ class VictimFinals(flooders.Finals):
 class Fairness:
     def __init__(self, state: Path, *, flood: int, quiet: float, deadline: float,
                  env: dict[str, str], budget_day: float | None = BUDGET_DAY,
-                 injector: int = 0, flooders: int = 0, flooder_requests: int = 0) -> None:
+                 injector: int = 0, flooders: int = 0, flooder_requests: int = 0,
+                 ask_every: float = 1.0) -> None:
         self.state = state
+        self.ask_every = ask_every
         self.flood = flood
         self.flooders = FLOODERS[:flooders]
         self.flooder_requests = flooder_requests
@@ -196,7 +198,7 @@ class Fairness:
             task.add_done_callback(sending.discard)
             i += 1
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
+                await asyncio.wait_for(stop.wait(), self.ask_every)
 
     async def in_child(self, agents: tuple[str, ...], count: int) -> dict[str, Any]:
         """`agents` flood `count` requests each from the child process (bench.flooders)."""
@@ -413,12 +415,12 @@ class Fairness:
 
 def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
         env: dict[str, str] | None = None, budget_day: float | None = BUDGET_DAY,
-        injector: int = 2000, flooders: int = 5, flooder_requests: int = 1000
-        ) -> dict[str, Any]:
+        injector: int = 2000, flooders: int = 5, flooder_requests: int = 1000,
+        ask_every: float = 1.0) -> dict[str, Any]:
     """See the module doc; `env` adds worker settings (GATEWAY_PIPELINE_BACKLOG, ...),
     `budget_day` is A's daily budget (None: none), `injector` D's messages (0: none),
     `flooders` the five-flooder phase's agents (0: none), each publishing
-    `flooder_requests`."""
+    `flooder_requests`; B and C each ask every `ask_every` seconds."""
     from services.retriever.indexing.embedded_ingest import ingest
     from shared.encoders.embeddings import SentenceTransformerEncoder
 
@@ -428,7 +430,7 @@ def run(flood: int = 5000, quiet: float = 8.0, deadline: float = 300.0,
                SentenceTransformerEncoder(), progress=False)
         bench = Fairness(state, flood=flood, quiet=quiet, deadline=deadline, env=env or {},
                          budget_day=budget_day, injector=injector, flooders=flooders,
-                         flooder_requests=flooder_requests)
+                         flooder_requests=flooder_requests, ask_every=ask_every)
         bench.nats.start()
         bench.pg.start()
         try:
