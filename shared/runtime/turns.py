@@ -9,6 +9,9 @@ replica, not behind the whole flood the stream holds in arrival order (issue 32:
 gateway's turns ended at admission, and victims then queued ~0.1 s behind admitted
 flood work in each stage).
 
+`pop_first` takes the first agent in turn that may go: the replica's spare slots go to
+an agent with no handler running there (shared.runtime.consumer).
+
 Weights are not applied here: the gateway admits in weighted turns, so an agent's share
 of the pipeline is already its share; the order here only decides who waits less.
 """
@@ -48,15 +51,7 @@ class AgentTurns(Generic[T]):
 
     def pop(self) -> T:
         """The oldest message of the agent whose turn it is; IndexError when empty."""
-        agent = self._order.popleft()
-        queue = self._queues[agent]
-        item = queue.popleft()
-        self._count -= 1
-        if queue:
-            self._order.append(agent)
-        else:
-            del self._queues[agent]
-        return item
+        return self._take(self._order.popleft())
 
     def pop_first(self, may: Callable[[str], bool]) -> T | None:
         """The oldest message of the first agent in turn for which `may(agent)` holds
@@ -67,6 +62,11 @@ class AgentTurns(Generic[T]):
         else:
             return None
         self._order.remove(agent)
+        return self._take(agent)
+
+    def _take(self, agent: str) -> T:
+        """`agent`'s oldest message; `agent`, out of the order, goes to its back if it
+        has more waiting."""
         queue = self._queues[agent]
         item = queue.popleft()
         self._count -= 1
