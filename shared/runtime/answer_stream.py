@@ -92,6 +92,11 @@ _UNACKED = (NatsTimeoutError, TimeoutError, NoRespondersError, NoStreamResponseE
 FINAL_RESEND_WINDOW = 30.0
 # Seconds to wait for the ack of one attempt (an ack normally takes milliseconds).
 FINAL_ACK_WAIT = 1.0
+# Seconds a delivery that lost the claim, with its own chunks past the claimed final,
+# waits for the claimant to store that final before it sends its own instead: the
+# claimant is alive in all but a kill between its claim and its final, and sends it
+# within milliseconds of its claim (`bench chaos` saw both go out when it did not wait).
+CLAIMANT_WAIT = 2 * FINAL_ACK_WAIT
 
 
 def _seq_of(payload: bytes) -> int:
@@ -112,7 +117,9 @@ class AnswerStream:
     at once (one cut off from the server mid-answer, the other its redelivery): before
     it is sent, the final chunk is stored as the run's claim (ANSWER_CLAIMS, only if no
     claim is stored yet). A delivery that finds another's claim sends that chunk, byte
-    for byte, if it is not stored yet, so a caller never sees two different finals.
+    for byte, if it is not stored yet, so a caller never sees two different finals; one
+    whose own chunks went past the claimed one waits for the claimant to store it (up to
+    CLAIMANT_WAIT) and sends its own final only if it does not come.
 
     The latest text piece is held back until the next one comes, so the last piece
     rides on the final chunk: one message fewer per answer (an answer made in one
@@ -313,14 +320,33 @@ class AnswerStream:
             # Another delivery of this run (the server redelivered the message while
             # this one was cut off, or this one is the redelivery) claimed the answer
             # first and has not sent it (it may have died): it goes out byte for byte,
-            # unless this delivery's chunks went past it (it was never stored, nor seen):
-            # then this delivery's own final goes, so the answer never goes back.
+            # unless this delivery's chunks went past it: then this delivery's own final
+            # goes, so the answer never goes back, but only once the claimant has had
+            # the time to store its own (alive, it is sending it now: two different
+            # finals would reach the caller, the stream keeping one).
             if _seq_of(claimed) < self.seq:
+                if await self._stored_within(CLAIMANT_WAIT):
+                    log.warning("[%s] answered by the delivery that claimed it; final "
+                                "chunk not sent", self.request_id)
+                    return
                 claimed = payload
             log.warning("[%s] sending the final chunk %s claimed", self.request_id,
                         "this delivery" if claimed == payload else "another delivery")
         await self._until_acked(lambda: self._publish_final(claimed))
         await self._mark_sent()
+
+    async def _stored_within(self, seconds: float) -> bool:
+        """Is this run's final stored within `seconds` (read every 50-200 ms)?"""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + time_left(seconds)
+        pause = 0.05
+        while True:
+            if await self.final_stored():
+                return True
+            if loop.time() + pause > until:
+                return False
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
     async def _publish_final(self, payload: bytes) -> None:
         await self._bus.publish_durable(self.subject, payload, stream=response.STREAM,

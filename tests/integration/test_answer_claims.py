@@ -122,6 +122,71 @@ async def test_a_redelivery_that_streamed_past_the_stored_answer_sends_nothing(
     assert await stored_finals(admin_nc, rid) == seen
 
 
+async def test_a_redelivery_ahead_of_a_live_claimant_waits_for_its_final(
+    worker_nc: Client, admin_nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bench chaos`: both deliveries held back (Postgres away) until the same moment.
+    The first claims its final, then takes a moment to publish it; the redelivery has
+    streamed past that final's seq, loses the claim, and used to send its own final all
+    the same: two different finals reached the caller (the stream stored one)."""
+    rid = uuid.uuid4().hex
+    first = AnswerStream(Bus(worker_nc), AGENT, rid, run="5")
+    redelivery = AnswerStream(Bus(worker_nc), AGENT, rid, run="5", start_seq=1)
+    publish = first._publish_final
+
+    async def slow_publish(payload: bytes) -> None:
+        await asyncio.sleep(0.3)
+        await publish(payload)
+
+    monkeypatch.setattr(first, "_publish_final", slow_publish)
+
+    async def answer() -> None:
+        await first.text("the first answer")
+        await redelivery.reset()
+        await redelivery.text("a second answer")
+        await redelivery.status("still going")
+
+        async def then_redelivery() -> None:
+            await asyncio.sleep(0.1)  # the first has claimed by now
+            await redelivery.final(decision=None)
+
+        await asyncio.gather(first.final(decision=None), then_redelivery())
+
+    seen = await finals_seen(admin_nc, rid, answer)
+    assert [decode_chunk(c).text for c in seen] == ["the first answer"]
+    assert await stored_finals(admin_nc, rid) == seen
+
+
+async def test_a_redelivery_ahead_of_a_dead_claimant_sends_its_own_final_after_the_wait(
+    worker_nc: Client, admin_nc: Client
+) -> None:
+    """The claimant died between its claim and its final, and the redelivery streamed
+    past the claimed chunk's seq: once the claimant's time is up, its own final goes
+    (the answer never goes back)."""
+    from shared.runtime.answer_stream import CLAIMANT_WAIT
+
+    rid = uuid.uuid4().hex
+    bus = Bus(worker_nc)
+    dead = encode(ResponseChunk(request_id=rid, seq=1, text="claimed", kind=ChunkKind.FINAL,
+                                is_final=True))
+    assert await bus.publish_first(response.claim_subject(AGENT, rid, "6"), dead,
+                                   stream=response.CLAIM_STREAM, msg_id=f"dead-{rid}") == dead
+    redelivery = AnswerStream(bus, AGENT, rid, run="6", start_seq=1)
+    took: list[float] = []
+
+    async def answer() -> None:
+        await redelivery.reset()
+        await redelivery.text("its own answer")
+        started = time.monotonic()
+        await redelivery.final(decision=None)
+        took.append(time.monotonic() - started)
+
+    seen = await finals_seen(admin_nc, rid, answer)
+    assert [decode_chunk(c).text for c in seen] == ["its own answer"]
+    assert await stored_finals(admin_nc, rid) == seen
+    assert took[0] >= CLAIMANT_WAIT - 0.25
+
+
 async def test_a_claimed_answer_whose_delivery_died_is_sent_by_the_next(
     worker_nc: Client, admin_nc: Client
 ) -> None:
