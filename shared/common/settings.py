@@ -112,7 +112,9 @@ class CommonSettings(msgspec.Struct, frozen=True, kw_only=True):
     # other agent there, not the flood's whole queue (0: arrival order). 256 covers the
     # gateway's admitted window at a busy stage here (~650 req/s x 0.2 s plus the
     # residence; with 64 most of the window still waited in the stream, in arrival
-    # order: `bench fairness`, docs/explanation/fair-share.md).
+    # order: `bench fairness`, docs/explanation/fair-share.md). With it, when every slot
+    # of a replica is taken, an agent with no handler running there takes one of
+    # batch // 4 spare slots (at least one; one per agent).
     stage_lookahead: Annotated[int, env("STAGE_LOOKAHEAD")] = 256
     # Seconds a request may take end to end (callers may ask for less: `timeout_ms`).
     request_deadline: Annotated[float, env("REQUEST_DEADLINE", unit="seconds")] = 120.0
