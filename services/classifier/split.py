@@ -670,7 +670,11 @@ def _whole(message: str) -> Split:
     return Split([Part(message[start:end], start, end)])
 
 
-def _parts(message: str, spans: list[tuple[int, int, str]]) -> list[Part]:
+# A part's span in the message and the context it carries (a list's lead-in).
+_Spans = list[tuple[int, int, str]]
+
+
+def _parts(message: str, spans: _Spans) -> list[Part]:
     parts: list[Part] = []
     for i, (start, end, context) in enumerate(spans):
         start, end = _trim(message, start, end)
@@ -686,9 +690,6 @@ def _parts(message: str, spans: list[tuple[int, int, str]]) -> list[Part]:
         parts.append(Part(text, start, end, refers_to=refers, context=context,
                           request=request))
     return parts
-
-
-_Spans = list[tuple[int, int, str]]
 
 
 def _split(message: str, overrides: Mapping[int, bool]) -> Split:

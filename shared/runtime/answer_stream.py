@@ -336,17 +336,17 @@ class AnswerStream:
         await self._mark_sent()
 
     async def _stored_within(self, seconds: float) -> bool:
-        """Is this run's final stored within `seconds` (read every 50-200 ms)?"""
+        """Is this run's final stored within `seconds`? Read 50, 100 and 200 ms from
+        now, then every 200 ms: the caller has just read that it is not."""
         loop = asyncio.get_running_loop()
         until = loop.time() + time_left(seconds)
         pause = 0.05
-        while True:
+        while loop.time() + pause <= until:
+            await asyncio.sleep(pause)
             if await self.final_stored():
                 return True
-            if loop.time() + pause > until:
-                return False
-            await asyncio.sleep(pause)
             pause = min(pause * 2, 0.2)
+        return False
 
     async def _publish_final(self, payload: bytes) -> None:
         await self._bus.publish_durable(self.subject, payload, stream=response.STREAM,

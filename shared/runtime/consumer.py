@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -236,7 +237,7 @@ class StageConsumer:
         self._waiting: AgentTurns[JsDelivery] = AgentTurns()
         # Handlers running, per agent (a stage with lookahead): an agent with none gets
         # one of `_spare` slots past `max_inflight` (`_dispatch`).
-        self._busy: dict[str, int] = {}
+        self._busy: Counter[str] = Counter()
         self._spare = max(1, spec.max_inflight // 4) if spec.lookahead else 0
         self._reconnects = 0
         self._repull: asyncio.TimerHandle | None = None
@@ -334,6 +335,8 @@ class StageConsumer:
     def _start(self, msg: Msg, delivery: JsDelivery | None = None) -> None:
         """Handle `msg` now (as `delivery`, when it was made on arrival)."""
         self._inflight += 1
+        if delivery is not None and delivery.agent:
+            self._busy[delivery.agent] += 1
         self._count()
         task = asyncio.create_task(self._run(msg, delivery))
         self._tasks.add(task)
@@ -353,8 +356,6 @@ class StageConsumer:
                 delivery = found
             else:
                 break
-            if delivery.agent:
-                self._busy[delivery.agent] = self._busy.get(delivery.agent, 0) + 1
             self._start(delivery.msg, delivery)
         self._count()
 
@@ -438,11 +439,9 @@ class StageConsumer:
                         await again.ack()
             self._inflight -= 1
             if delivery.agent:
-                left = self._busy.get(delivery.agent, 1) - 1
-                if left > 0:
-                    self._busy[delivery.agent] = left
-                else:
-                    self._busy.pop(delivery.agent, None)
+                self._busy[delivery.agent] -= 1
+                if self._busy[delivery.agent] <= 0:
+                    del self._busy[delivery.agent]
             self._record(outcome, time.perf_counter() - started, delivery)
             self._dispatch()
             await self._pull()

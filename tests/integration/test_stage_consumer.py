@@ -116,19 +116,22 @@ async def test_nacked_and_failed_messages_come_back_with_their_delivery_count(
     assert sorted(seen) == [(b"nack", 1), (b"nack", 2), (b"raise", 1), (b"raise", 2)]
 
 
-async def _handling_order(nc: Client, lookahead: int) -> list[str]:
-    """Agent A's 30 stage messages stored, then agent B's one, at a replica handling one
-    at a time: the agents in the order the replica handled them."""
+def _admitted(agent: str, i: int) -> bytes:
     from shared.contracts.codec import encode
     from shared.contracts.pipeline import Admitted
     from shared.contracts.request import AgentRequest
 
+    return encode(Admitted(request=AgentRequest(request_id=f"{agent}-{i}", session_id="s",
+                                                agent_id=agent, query="q"), accepted_at=1.0))
+
+
+async def _handling_order(nc: Client, lookahead: int) -> list[str]:
+    """Agent A's 30 stage messages stored, then agent B's one, at a replica handling one
+    at a time: the agents in the order the replica handled them."""
     stream, subject = await _stream(nc)
     js = nc.jetstream()
     for i, agent in enumerate(["flood-a"] * 30 + ["victim-b"]):
-        env = Admitted(request=AgentRequest(request_id=f"r{i}", session_id="s",
-                                            agent_id=agent, query="q"), accepted_at=1.0)
-        await js.publish(subject, encode(env), stream=stream)
+        await js.publish(subject, _admitted(agent, i), stream=stream)
     order: list[str] = []
     done = asyncio.Event()
 
@@ -163,15 +166,6 @@ async def test_a_stage_takes_waiting_messages_in_turns_by_agent(admin_nc: Client
     # A's first still holds the one slot (without it, third: A's next, then B's).
     assert fair.index("victim-b") == 1
     assert fair.count("flood-a") == 30
-
-
-def _admitted(agent: str, i: int) -> bytes:
-    from shared.contracts.codec import encode
-    from shared.contracts.pipeline import Admitted
-    from shared.contracts.request import AgentRequest
-
-    return encode(Admitted(request=AgentRequest(request_id=f"{agent}-{i}", session_id="s",
-                                                agent_id=agent, query="q"), accepted_at=1.0))
 
 
 async def test_an_agent_with_nothing_in_hand_does_not_wait_for_a_free_slot(
